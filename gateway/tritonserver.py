@@ -1,0 +1,165 @@
+"""A real ``tritonserver`` process on this machine, from NVIDIA's ``nvidia-pytriton`` wheel.
+
+Used by ``triton-gateway local`` and by the integration tests. The wheel bundles a
+CPU-capable tritonserver with the Python backend; it is installed in a dedicated
+virtual environment that is also the environment of Triton's Python stub (the first
+``python3`` on the server's PATH), which must have ``numpy<2``.
+
+This module only manages the process: the gateway talks to it like any other Triton.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from gateway.errors import ConfigurationError
+
+_LOCATE = """
+import importlib.util, json, sys, sysconfig
+spec = importlib.util.find_spec("pytriton")
+print(json.dumps({
+    "package": None if spec is None else spec.submodule_search_locations[0],
+    "libdir": sysconfig.get_config_var("LIBDIR"),
+    "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+}))
+"""
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    """Where the bundled tritonserver and its pieces live inside a Python environment."""
+
+    binary: Path
+    backends: Path
+    caches: Path
+    stub: Path
+    library_path: tuple[Path, ...]
+    python_bin: Path
+
+    @classmethod
+    def locate(cls, python_env: Path) -> TritonInstall:
+        """Ask the environment's interpreter where ``pytriton`` is, without importing it."""
+        python = python_env / "bin" / "python"
+        if not python.exists():
+            raise ConfigurationError(f"no Python interpreter at {python}")
+        found = subprocess.run([str(python), "-c", _LOCATE], capture_output=True, text=True, check=True)
+        facts = json.loads(found.stdout)
+        if facts["package"] is None:
+            raise ConfigurationError(f"nvidia-pytriton is not installed in {python_env}")
+        root = Path(facts["package"]) / "tritonserver"
+        return cls(
+            binary=root / "bin" / "tritonserver",
+            backends=root / "backends",
+            caches=root / "caches",
+            stub=root / "python_backend_stubs" / facts["python"] / "triton_python_backend_stub",
+            library_path=(Path(facts["libdir"]), Path(facts["package"]).parent / "nvidia_pytriton.libs"),
+            python_bin=python.parent,
+        )
+
+
+@dataclass
+class TritonServer:
+    """One tritonserver process, listening on loopback only."""
+
+    python_env: Path
+    model_repository: Path
+    workdir: Path
+    grpc_port: int
+    http_port: int
+    metrics_port: int
+    host: str = "127.0.0.1"
+    model_config_name: str = "cpu"
+    log_verbose: int = 0
+    _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def log_file(self) -> Path:
+        return self.workdir / "tritonserver.log"
+
+    def _prepare(self, install: TritonInstall) -> Path:
+        """Backends dir with the Python stub for this interpreter placed beside the backend."""
+        backends = self.workdir / "backends"
+        if backends.exists():
+            shutil.rmtree(backends)
+        shutil.copytree(install.backends, backends)
+        shutil.copy2(install.stub, backends / "python" / install.stub.name)
+        return backends
+
+    def start(self) -> None:
+        install = TritonInstall.locate(self.python_env)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        backends = self._prepare(install)
+        env = dict(os.environ)
+        # The stub runs the first python3 on PATH: make it the Triton environment's.
+        env["PATH"] = f"{install.python_bin}{os.pathsep}{env.get('PATH', '')}"
+        library_path = [str(p) for p in install.library_path]
+        if env.get("LD_LIBRARY_PATH"):
+            library_path.append(env["LD_LIBRARY_PATH"])
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(library_path)
+        command = [
+            str(install.binary),
+            f"--model-repository={self.model_repository.resolve()}",
+            f"--backend-directory={backends}",
+            f"--cache-directory={install.caches}",
+            f"--model-config-name={self.model_config_name}",
+            f"--grpc-address={self.host}",
+            f"--grpc-port={self.grpc_port}",
+            f"--http-address={self.host}",
+            f"--http-port={self.http_port}",
+            f"--metrics-address={self.host}",
+            f"--metrics-port={self.metrics_port}",
+            "--allow-metrics=true",
+            "--allow-cpu-metrics=true",
+            "--model-control-mode=none",
+            "--exit-timeout-secs=5",
+            f"--log-verbose={self.log_verbose}",
+        ]
+        log = self.log_file.open("ab")
+        self._process = subprocess.Popen(
+            command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        log.close()
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Block until Triton says it is ready (all models loaded), or raise."""
+        deadline = time.monotonic() + timeout
+        url = f"http://{self.host}:{self.http_port}/v2/health/ready"
+        while time.monotonic() < deadline:
+            if self._process is None or self._process.poll() is not None:
+                raise ConfigurationError(f"tritonserver exited during start-up; see {self.log_file}")
+            try:
+                if httpx.get(url, timeout=1.0).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise ConfigurationError(f"tritonserver not ready after {timeout:.0f} s; see {self.log_file}")
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM, wait for the PID to exit (the ports are free after), SIGKILL if it hangs."""
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()

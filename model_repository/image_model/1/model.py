@@ -1,0 +1,46 @@
+"""Triton Python model: the CPU twin of a TensorRT plan, run by ONNX Runtime.
+
+Selected by configs/cpu.pbtxt. Inputs and outputs are named by the model config, so
+the same file serves any ONNX model whose graph uses those names. All requests of a
+batch are concatenated and run in one ONNX Runtime call.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, Any]) -> None:
+        config = json.loads(args["model_config"])
+        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        path = Path(args["model_repository"]) / args["model_version"] / params["onnx_file"]
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = int(params.get("intra_op_threads", "0"))
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.inputs = [item["name"] for item in config["input"]]
+        self.outputs = [item["name"] for item in config["output"]]
+
+    def execute(self, requests: list[Any]) -> list[Any]:
+        feeds = {
+            name: np.concatenate([pb_utils.get_input_tensor_by_name(r, name).as_numpy() for r in requests])
+            for name in self.inputs
+        }
+        sizes = [pb_utils.get_input_tensor_by_name(r, self.inputs[0]).as_numpy().shape[0] for r in requests]
+        results = self.session.run(self.outputs, feeds)
+        responses = []
+        start = 0
+        for size in sizes:
+            tensors = [
+                pb_utils.Tensor(name, np.ascontiguousarray(result[start : start + size]))
+                for name, result in zip(self.outputs, results)
+            ]
+            responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
+            start += size
+        return responses
