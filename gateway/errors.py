@@ -1,3 +1,271 @@
-"""placeholder"""
-class ConfigurationError(Exception):
-    pass
+"""The gateway's errors and their RFC 9457 ``application/problem+json`` rendering.
+
+Every error a client can see is a :class:`GatewayError`; each class has a stable
+``type`` slug, an HTTP status and a title::
+
+    GatewayError (500 internal)
+    ├── ClientError (4xx: the request is at fault; logged as a warning)
+    │   ├── MalformedRequestError      400 malformed-request   bad JSON, multipart or base64
+    │   ├── NotFoundError              404 not-found           no such route
+    │   ├── MethodNotAllowedError      405 method-not-allowed
+    │   ├── PayloadTooLargeError       413 payload-too-large   body, image bytes or count caps
+    │   │   └── ImageTooLargeError     413 image-too-large     pixel, side or frame caps
+    │   ├── UnsupportedMediaTypeError  415 unsupported-media-type   Content-Type not accepted
+    │   │   └── UnsupportedImageFormatError 415 unsupported-image-format  sniffed format
+    │   └── InvalidInputError          422 invalid-input       well-formed but invalid
+    │       └── InvalidImageError      422 invalid-image       rejected by the model's preprocess
+    ├── UpstreamError (5xx: Triton is at fault; logged with details, never shown)
+    │   ├── TritonFailureError         502 triton-failure
+    │   ├── TritonUnavailableError     503 triton-unavailable  (+ Retry-After)
+    │   └── TritonTimeoutError         504 triton-timeout
+    └── ConfigurationError             the gateway cannot start as configured (never an HTTP answer)
+
+Bodies never echo the client's input, Triton's messages or a stack trace.
+"""
+
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger("gateway.errors")
+
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+TYPE_PREFIX = "urn:triton-gateway:problem:"
+
+
+class GatewayError(Exception):
+    """Base of every error the gateway reports; unexpected ones become a bare 500."""
+
+    # Class-level defaults; an instance may narrow its status (see _on_http_exception).
+    status: int = 500
+    slug: str = "internal"
+    title: str = "Internal error"
+
+    def __init__(
+        self,
+        detail: str,
+        *,
+        input_index: int | None = None,
+        errors: list[dict[str, Any]] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.input_index = input_index
+        self.errors = errors
+        self.headers = headers or {}
+
+    def at(self, index: int) -> GatewayError:
+        """Name the input (0-based, in request order) this error is about."""
+        self.input_index = index
+        return self
+
+    def problem(self, request_id: str | None, instance: str | None) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "type": TYPE_PREFIX + self.slug,
+            "title": self.title,
+            "status": self.status,
+            "detail": self.detail,
+        }
+        if instance:
+            body["instance"] = instance
+        if request_id:
+            body["request_id"] = request_id
+        if self.input_index is not None:
+            body["input_index"] = self.input_index
+        if self.errors:
+            body["errors"] = self.errors
+        return body
+
+
+class ClientError(GatewayError):
+    """The request is at fault (4xx)."""
+
+    status = 400
+    slug = "bad-request"
+    title = "Bad request"
+
+
+class MalformedRequestError(ClientError):
+    """The body is not well-formed: bad JSON, multipart or base64."""
+
+    status = 400
+    slug = "malformed-request"
+    title = "Malformed request"
+
+
+class NotFoundError(ClientError):
+    """No such route."""
+
+    status = 404
+    slug = "not-found"
+    title = "Not found"
+
+
+class MethodNotAllowedError(ClientError):
+    """The route exists but not for this method."""
+
+    status = 405
+    slug = "method-not-allowed"
+    title = "Method not allowed"
+
+
+class PayloadTooLargeError(ClientError):
+    """A size or count cap was exceeded: body, image bytes, images per request."""
+
+    status = 413
+    slug = "payload-too-large"
+    title = "Payload too large"
+
+
+class ImageTooLargeError(PayloadTooLargeError):
+    """An image's header declares more pixels, a longer side or more frames than allowed."""
+
+    slug = "image-too-large"
+    title = "Image too large"
+
+
+class UnsupportedMediaTypeError(ClientError):
+    """The Content-Type is not one /classify accepts."""
+
+    status = 415
+    slug = "unsupported-media-type"
+    title = "Unsupported media type"
+
+
+class UnsupportedImageFormatError(UnsupportedMediaTypeError):
+    """The bytes (sniffed, not the declared type) are not an accepted image format."""
+
+    slug = "unsupported-image-format"
+    title = "Unsupported image format"
+
+
+class InvalidInputError(ClientError):
+    """Well-formed but invalid: empty input, bad top_k, NaN, wrong types."""
+
+    status = 422
+    slug = "invalid-input"
+    title = "Invalid input"
+
+
+class InvalidImageError(InvalidInputError):
+    """The image passed the header checks but the model's preprocessing could not decode it."""
+
+    slug = "invalid-image"
+    title = "Invalid image"
+
+
+class UpstreamError(GatewayError):
+    """Triton is at fault (5xx)."""
+
+    status = 502
+    slug = "upstream-error"
+    title = "Upstream error"
+
+
+class TritonFailureError(UpstreamError):
+    """Triton answered with an error that is not the client's fault."""
+
+    status = 502
+    slug = "triton-failure"
+    title = "Triton failed"
+
+
+class TritonUnavailableError(UpstreamError):
+    """Triton, or the model, cannot take requests now; retry later."""
+
+    status = 503
+    slug = "triton-unavailable"
+    title = "Triton unavailable"
+
+
+class TritonTimeoutError(UpstreamError):
+    """Triton did not answer within the deadline."""
+
+    status = 504
+    slug = "triton-timeout"
+    title = "Triton timed out"
+
+
+class ConfigurationError(GatewayError):
+    """The gateway or its local Triton cannot start as configured."""
+
+    slug = "configuration"
+    title = "Configuration error"
+
+
+def request_id_of(request: Request) -> str | None:
+    return getattr(request.state, "request_id", None)
+
+
+def problem_response(
+    error: GatewayError, request: Request, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    body = error.problem(request_id_of(request), request.url.path)
+    merged = {**error.headers, **(headers or {})}
+    return JSONResponse(body, status_code=error.status, headers=merged, media_type=PROBLEM_MEDIA_TYPE)
+
+
+async def _on_gateway_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, GatewayError)
+    if exc.status >= 500:
+        logger.error(
+            "%s %s -> %d %s: %s",
+            request.method,
+            request.url.path,
+            exc.status,
+            exc.slug,
+            exc.detail,
+            exc_info=exc.__cause__ or exc,
+        )
+    else:
+        logger.warning("%s %s -> %d %s: %s", request.method, request.url.path, exc.status, exc.slug, exc.detail)
+    return problem_response(exc, request)
+
+
+def summarise_validation_errors(errors: list[Any]) -> list[dict[str, Any]]:
+    """Pydantic/FastAPI errors without the offending input (which may be huge or private)."""
+    return [{"loc": [str(part) for part in e.get("loc", ())], "msg": str(e.get("msg", ""))} for e in errors]
+
+
+async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    error = InvalidInputError("the request parameters are invalid", errors=summarise_validation_errors(list(exc.errors())))
+    return await _on_gateway_error(request, error)
+
+
+async def _on_http_exception(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    error: GatewayError
+    if exc.status_code == 404:
+        error = NotFoundError(f"no route for {request.url.path}")
+    elif exc.status_code == 405:
+        error = MethodNotAllowedError(f"{request.method} is not allowed on {request.url.path}")
+    elif 400 <= exc.status_code < 500:
+        error = ClientError(HTTPStatus(exc.status_code).phrase)
+        error.status = exc.status_code
+    else:
+        error = GatewayError(HTTPStatus(exc.status_code).phrase)
+    return problem_response(error, request, headers=dict(exc.headers or {}))
+
+
+async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    logger.error("%s %s -> 500: unexpected error", request.method, request.url.path, exc_info=exc)
+    response = problem_response(GatewayError("the gateway failed unexpectedly"), request)
+    if (request_id := request_id_of(request)) is not None:
+        response.headers["X-Request-ID"] = request_id
+    return response
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(GatewayError, _on_gateway_error)
+    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, _on_http_exception)
+    app.add_exception_handler(Exception, _on_unexpected)

@@ -1,0 +1,76 @@
+"""`triton-gateway` command line: parse arguments, run. Nothing else."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from gateway.errors import ConfigurationError
+from gateway.settings import Settings
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="triton-gateway", description="A validating front door for Triton.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the gateway against an existing Triton (GATEWAY_TRITON__URL)")
+    serve.add_argument("--host", help="listen address (default GATEWAY_HOST or 0.0.0.0)")
+    serve.add_argument("--port", type=int, help="listen port (default GATEWAY_PORT or 8080)")
+
+    local = commands.add_parser("local", help="start a local CPU tritonserver and the gateway together")
+    local.add_argument("--host", default="127.0.0.1", help="gateway listen address (default 127.0.0.1)")
+    local.add_argument("--port", type=int, default=8080, help="gateway port (default 8080)")
+    local.add_argument(
+        "--triton-env",
+        type=Path,
+        default=Path(".venv-triton"),
+        help="virtualenv with nvidia-pytriton and the models' packages (default .venv-triton)",
+    )
+    local.add_argument("--model-repository", type=Path, default=Path("model_repository"))
+    local.add_argument("--workdir", type=Path, default=Path(".triton"), help="Triton's log and backends")
+    local.add_argument("--ready-timeout", type=float, default=120.0, help="seconds to wait for Triton")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        print(f"triton-gateway: invalid settings:\n{exc}", file=sys.stderr)
+        return 2
+    try:
+        if args.command == "serve":
+            import uvicorn
+
+            from gateway.app import create_app
+
+            uvicorn.run(
+                create_app(settings),
+                host=args.host or settings.host,
+                port=args.port or settings.port,
+                log_level=settings.log_level,
+                timeout_graceful_shutdown=10,
+            )
+            return 0
+        from gateway.local import LocalOptions, run_local
+
+        options = LocalOptions(
+            host=args.host,
+            port=args.port,
+            triton_env=args.triton_env,
+            model_repository=args.model_repository,
+            workdir=args.workdir,
+            ready_timeout=args.ready_timeout,
+        )
+        return run_local(settings, options)
+    except ConfigurationError as exc:
+        print(f"triton-gateway: {exc.detail}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

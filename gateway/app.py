@@ -1,0 +1,87 @@
+"""create_app(settings) -> FastAPI: lifespan, middleware, routes, error handlers, docs."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from gateway import __version__
+from gateway.backend import InferenceBackend
+from gateway.dependencies import GatewayState
+from gateway.docs import install_docs
+from gateway.errors import install_error_handlers
+from gateway.requestid import RequestIdMiddleware
+from gateway.routes import classify, health
+from gateway.schemas import ImageJSONRequest, Problem
+from gateway.settings import Settings
+
+BackendFactory = Callable[[Settings], InferenceBackend]
+
+DESCRIPTION = """
+A validating front door for NVIDIA Triton Inference Server.
+
+`POST /classify` checks every input cheaply (magic bytes, sizes, header dimensions)
+before it reaches Triton, then runs it through a Triton ensemble
+(preprocess -> model -> postprocess) over gRPC. Errors are RFC 9457
+`application/problem+json`; every response carries `X-Request-ID`.
+"""
+
+
+def _triton_backend(settings: Settings) -> InferenceBackend:
+    from gateway.triton import TritonBackend
+
+    return TritonBackend(settings.triton)
+
+
+def create_app(settings: Settings, backend_factory: BackendFactory | None = None) -> FastAPI:
+    """Build the gateway. ``backend_factory`` replaces Triton (tests); it runs in the lifespan."""
+    make_backend = backend_factory or _triton_backend
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[GatewayState]:
+        # The gRPC channel belongs to the server's event loop: build it here, not at import.
+        backend = make_backend(settings)
+        try:
+            yield GatewayState(settings=settings, backend=backend)
+        finally:
+            await backend.close()
+
+    openapi_url = "/openapi.json" if settings.docs_enabled else None
+    app = FastAPI(
+        title="triton-gateway",
+        version=__version__,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=openapi_url,
+    )
+    app.add_middleware(RequestIdMiddleware)
+    install_error_handlers(app)
+    app.include_router(classify.router)
+    app.include_router(health.router)
+    if openapi_url is not None:
+        install_docs(app, openapi_url)
+        app.openapi = _openapi_with_components(app)  # type: ignore[method-assign]
+    return app
+
+
+def _openapi_with_components(app: FastAPI) -> Callable[[], dict[str, Any]]:
+    """FastAPI's schema plus the models referenced only from hand-written request/response specs."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(
+                title=app.title, version=app.version, description=app.description, routes=app.routes
+            )
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for model in (Problem, ImageJSONRequest):
+                components[model.__name__] = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    return openapi

@@ -1,0 +1,67 @@
+"""What the routes need from an inference server, as a protocol.
+
+:class:`gateway.triton.TritonBackend` is the real one; API tests pass fakes that
+produce faults a real server cannot produce on demand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class ScoredLabel:
+    """One prediction."""
+
+    label: str
+    score: float
+    class_id: int
+
+
+@dataclass(frozen=True)
+class Classification:
+    """The model's answer for one input, predictions highest score first."""
+
+    predictions: list[ScoredLabel]
+    model_version: str
+
+
+@dataclass(frozen=True)
+class ModelStatus:
+    """A model as Triton sees it; ``composing`` lists an ensemble's steps."""
+
+    name: str
+    ready: bool
+    versions: list[str] = field(default_factory=list)
+    platform: str = ""
+    composing: list[ModelStatus] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ServerStatus:
+    """Whether Triton answers, and what it says it is."""
+
+    live: bool
+    version: str = ""
+
+
+class InferenceBackend(Protocol):
+    """The inference server behind the gateway."""
+
+    async def classify(
+        self, model: str, version: str, inputs: Sequence[bytes], top_k: int, request_id: str
+    ) -> list[Classification]:
+        """One classification per input, in input order; raises GatewayError subclasses."""
+        ...
+
+    async def server_status(self) -> ServerStatus:
+        """Never raises: an unreachable server is ``live=False``."""
+        ...
+
+    async def model_status(self, model: str, version: str) -> ModelStatus:
+        """Never raises: an unreachable server or unknown model is ``ready=False``."""
+        ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,136 @@
+"""Reading /classify bodies from the wire, with size caps enforced while reading.
+
+Turns the three accepted transports (multipart, raw image bytes, JSON) into one
+:class:`ClassifyInput`; what the bytes are worth is judged later by
+:mod:`gateway.validation`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
+from starlette.formparsers import MultiPartException
+from starlette.requests import Request
+from starlette.types import Message, Receive
+
+from gateway.errors import (
+    InvalidInputError,
+    MalformedRequestError,
+    PayloadTooLargeError,
+    UnsupportedMediaTypeError,
+    summarise_validation_errors,
+)
+from gateway.schemas import ImageJSONRequest
+from gateway.settings import Settings
+from gateway.validation import decode_base64_image, parse_json_object
+
+RAW_IMAGE_TYPES = ("image/jpeg", "image/png", "image/webp", "application/octet-stream")
+ACCEPTED_TYPES = ("multipart/form-data", "application/json", *RAW_IMAGE_TYPES)
+# Bounds the multipart parser itself; the image count cap is checked after parsing so
+# that it answers 413 rather than the parser's generic error.
+_MAX_PARTS = 1000
+
+
+@dataclass(frozen=True)
+class ClassifyInput:
+    """What the client sent, transport removed."""
+
+    images: list[bytes]
+    top_k: int | None = None
+
+
+def media_type(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+
+
+def _capped(receive: Receive, limit: int) -> Receive:
+    """A receive channel that raises once more than ``limit`` body bytes have arrived."""
+    seen = 0
+
+    async def wrapped() -> Message:
+        nonlocal seen
+        message = await receive()
+        if message["type"] == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise PayloadTooLargeError(f"the body exceeds the {limit} byte limit for this content type")
+        return message
+
+    return wrapped
+
+
+def _limited(request: Request, limit: int) -> Request:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLargeError(f"the body ({declared} bytes) exceeds the {limit} byte limit")
+    return Request(request.scope, _capped(request.receive, limit))
+
+
+async def _read_multipart(request: Request, settings: Settings) -> ClassifyInput:
+    capped = _limited(request, settings.max_body_bytes)
+    try:
+        async with capped.form(max_files=_MAX_PARTS, max_fields=_MAX_PARTS) as form:
+            parts = form.getlist("file")
+            if not parts:
+                raise InvalidInputError("the multipart body has no 'file' part")
+            if len(parts) > settings.image.max_images:
+                raise PayloadTooLargeError(
+                    f"{len(parts)} images in one request; the limit is {settings.image.max_images}"
+                )
+            images: list[bytes] = []
+            for index, part in enumerate(parts):
+                if not isinstance(part, UploadFile):
+                    raise InvalidInputError("a 'file' part must be a file upload").at(index)
+                if part.size is not None and part.size > settings.image.max_bytes:
+                    raise PayloadTooLargeError(
+                        f"the image is {part.size} bytes; the limit is {settings.image.max_bytes}"
+                    ).at(index)
+                images.append(await part.read())
+    except (MultiPartException, HTTPException) as exc:
+        raise MalformedRequestError("the multipart body is malformed") from exc
+    return ClassifyInput(images=images)
+
+
+async def _read_raw(request: Request, settings: Settings) -> ClassifyInput:
+    body = await _limited(request, settings.image.max_bytes).body()
+    return ClassifyInput(images=[body])
+
+
+async def _read_json(request: Request, settings: Settings) -> ClassifyInput:
+    body = await _limited(request, settings.max_json_body_bytes).body()
+    document = parse_json_object(body)
+    try:
+        parsed = ImageJSONRequest.model_validate(document)
+    except ValidationError as exc:
+        raise InvalidInputError("the JSON body is invalid", errors=summarise_validation_errors(exc.errors())) from exc
+    if (parsed.image is None) == (parsed.images is None):
+        raise InvalidInputError("give exactly one of 'image' or 'images'")
+    encoded = [parsed.image] if parsed.image is not None else list(parsed.images or [])
+    if not encoded:
+        raise InvalidInputError("'images' is empty")
+    if len(encoded) > settings.image.max_images:
+        raise PayloadTooLargeError(f"{len(encoded)} images in one request; the limit is {settings.image.max_images}")
+    images: list[bytes] = []
+    for index, text in enumerate(encoded):
+        try:
+            images.append(decode_base64_image(text, settings.image))
+        except (MalformedRequestError, PayloadTooLargeError) as exc:
+            exc.at(index)
+            raise
+    return ClassifyInput(images=images, top_k=parsed.top_k)
+
+
+async def read_classify_input(request: Request, settings: Settings) -> ClassifyInput:
+    """Dispatch on the declared media type; the image bytes themselves are sniffed later."""
+    kind = media_type(request)
+    if kind == "multipart/form-data":
+        return await _read_multipart(request, settings)
+    if kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json")):
+        return await _read_json(request, settings)
+    if kind in RAW_IMAGE_TYPES:
+        return await _read_raw(request, settings)
+    shown = kind or "no Content-Type"
+    raise UnsupportedMediaTypeError(f"{shown} is not accepted; send one of {', '.join(ACCEPTED_TYPES)}")

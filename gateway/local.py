@@ -1,0 +1,84 @@
+"""`triton-gateway local`: a real tritonserver on loopback plus the gateway, as one command.
+
+Starts Triton (CPU, ``--model-config-name=cpu``) from the Triton environment, waits
+until every model is loaded, points the gateway at it, serves, and on Ctrl-C or
+SIGTERM shuts the gateway down gracefully and then Triton.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvicorn
+
+from gateway.app import create_app
+from gateway.settings import Settings
+from gateway.tritonserver import TritonServer
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass(frozen=True)
+class LocalOptions:
+    """What `triton-gateway local` is told on its command line."""
+
+    host: str
+    port: int
+    triton_env: Path
+    model_repository: Path
+    workdir: Path
+    ready_timeout: float = 120.0
+
+
+def _say(message: str) -> None:
+    print(f"[triton-gateway] {message}", file=sys.stderr, flush=True)
+
+
+async def _serve(server: uvicorn.Server, options: LocalOptions) -> None:
+    task = asyncio.create_task(server.serve())
+    while not server.started and not task.done():
+        await asyncio.sleep(0.05)
+    if server.started:
+        base = f"http://{'localhost' if options.host in ('127.0.0.1', '0.0.0.0') else options.host}:{options.port}"
+        _say(f"ready: API {base}/classify  docs {base}/docs  health {base}/readyz  (Ctrl-C stops)")
+    await task
+
+
+def run_local(settings: Settings, options: LocalOptions) -> int:
+    triton = TritonServer(
+        python_env=options.triton_env,
+        model_repository=options.model_repository,
+        workdir=options.workdir,
+        grpc_port=free_port(),
+        http_port=free_port(),
+        metrics_port=free_port(),
+    )
+    _say(f"starting tritonserver (CPU) on {triton.grpc_url}; log: {triton.log_file}")
+    triton.start()
+    try:
+        triton.wait_ready(options.ready_timeout)
+        _say("tritonserver is ready (all models loaded)")
+        settings = settings.model_copy(
+            update={"triton": settings.triton.model_copy(update={"url": triton.grpc_url})}
+        )
+        config = uvicorn.Config(
+            create_app(settings),
+            host=options.host,
+            port=options.port,
+            log_level=settings.log_level,
+            timeout_graceful_shutdown=10,
+        )
+        asyncio.run(_serve(uvicorn.Server(config), options))
+    finally:
+        _say("stopping tritonserver")
+        triton.stop()
+    return 0

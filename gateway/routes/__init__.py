@@ -1,0 +1,1 @@
+"""HTTP routes: thin handlers (parse -> validate -> backend -> schema)."""

@@ -1,0 +1,146 @@
+"""Request and response bodies, as the OpenAPI document shows them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+
+from gateway.settings import MODEL_MAX_TOP_K
+
+# A 1x1 PNG: small enough for /docs' "Try it out" and a real image all the same.
+EXAMPLE_PNG_BASE64 = (
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
+)
+
+
+class ImageJSONRequest(BaseModel):
+    """`application/json` body for images: exactly one of `image` or `images`, base64-encoded."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"image": EXAMPLE_PNG_BASE64, "top_k": 3},
+                {"images": [EXAMPLE_PNG_BASE64, EXAMPLE_PNG_BASE64]},
+            ]
+        },
+    )
+
+    image: StrictStr | None = Field(None, description="One image, base64 (a data: URL is accepted).")
+    images: list[StrictStr] | None = Field(None, description="Several images, base64, answered in order.")
+    top_k: StrictInt | None = Field(
+        None, ge=1, le=MODEL_MAX_TOP_K, description="Predictions per input (also a query parameter)."
+    )
+
+
+class Prediction(BaseModel):
+    """One label with its probability."""
+
+    label: str = Field(description="Class name, e.g. 'tabby'.")
+    score: float = Field(description="Softmax probability in [0, 1].")
+    class_id: int = Field(description="Index of the class in the model's label file.")
+
+
+class ClassificationResult(BaseModel):
+    """The predictions for one input, highest score first."""
+
+    index: int = Field(description="Position of the input in the request (0-based).")
+    predictions: list[Prediction]
+
+
+class ClassifyResponse(BaseModel):
+    """One result per input, in input order."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "model": "image_classifier",
+                    "model_version": "1",
+                    "request_id": "0f5c2d1e9b7a4c3d8e6f1a2b3c4d5e6f",
+                    "results": [
+                        {
+                            "index": 0,
+                            "predictions": [
+                                {"label": "Egyptian cat", "score": 0.37, "class_id": 285},
+                                {"label": "tiger cat", "score": 0.37, "class_id": 282},
+                            ],
+                        }
+                    ],
+                }
+            ]
+        }
+    )
+
+    model: str = Field(description="The Triton model (ensemble) that answered.")
+    model_version: str = Field(description="The version of it that answered.")
+    request_id: str = Field(description="Also in the X-Request-ID header and sent to Triton.")
+    results: list[ClassificationResult]
+
+
+class ProblemItem(BaseModel):
+    """One of several problems in a request."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class Problem(BaseModel):
+    """An RFC 9457 problem document (`application/problem+json`)."""
+
+    type: str = Field(description="Stable identifier of the kind of problem, e.g. urn:triton-gateway:problem:invalid-image")
+    title: str
+    status: int
+    detail: str
+    instance: str | None = Field(None, description="The path the request was made to.")
+    request_id: str | None = None
+    input_index: int | None = Field(None, description="The input (0-based) the problem is about, if one.")
+    errors: list[dict[str, Any]] | None = Field(None, description="Every problem found, when there are several.")
+
+
+class ComposingModel(BaseModel):
+    """A step of an ensemble."""
+
+    name: str
+    ready: bool
+    versions: list[str]
+
+
+class ModelInfo(BaseModel):
+    """A classifier the gateway serves."""
+
+    name: str
+    task: str = Field(description="'image-classification'.")
+    ready: bool
+    versions: list[str] = Field(description="Versions Triton has ready.")
+    platform: str
+    accepts: list[str] = Field(description="Input media types.")
+    composing_models: list[ComposingModel]
+
+
+class TritonInfo(BaseModel):
+    """The Triton server behind the gateway."""
+
+    url: str
+    live: bool
+    version: str = Field(description="Triton's server version, empty when it does not answer.")
+
+
+class ModelsResponse(BaseModel):
+    """Everything /classify can reach."""
+
+    triton: TritonInfo
+    models: list[ModelInfo]
+
+
+class Readiness(BaseModel):
+    """/readyz: each check and whether it passed."""
+
+    status: str
+    checks: dict[str, bool]
+
+
+class Liveness(BaseModel):
+    """/livez."""
+
+    status: str

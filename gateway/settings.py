@@ -1,0 +1,88 @@
+"""Gateway settings, read from the environment (prefix ``GATEWAY_``, ``__`` for nesting).
+
+Every field documents its default; the README's configuration table mirrors this file.
+Limits refuse values that would disable them (zero, negative) or exceed what the
+model repository supports.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MiB = 1024 * 1024
+# image_postprocess's config.pbtxt caps top-k at 20 (parameter max_top_k).
+MODEL_MAX_TOP_K = 20
+
+
+class TritonSettings(BaseModel):
+    """How to reach Triton."""
+
+    url: str = Field(
+        "127.0.0.1:8001",
+        description="host:port of Triton's gRPC endpoint (GATEWAY_TRITON__URL).",
+        pattern=r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$",
+    )
+    timeout_seconds: float = Field(
+        10.0, gt=0, le=300, description="Deadline for each inference call to Triton; past it, 504."
+    )
+    health_timeout_seconds: float = Field(
+        2.0, gt=0, le=60, description="Deadline for each health/metadata call (/readyz, /models)."
+    )
+    retry_after_seconds: int = Field(
+        5, ge=1, le=3600, description="Retry-After sent with 503 when Triton or a model is unavailable."
+    )
+
+
+class ImageLimits(BaseModel):
+    """Checks made on every image before it reaches Triton (from bytes and header only)."""
+
+    max_bytes: int = Field(8 * MiB, gt=0, le=256 * MiB, description="Largest encoded image, in bytes.")
+    max_images: int = Field(16, ge=1, le=256, description="Most images in one request.")
+    max_pixels: int = Field(40_000_000, gt=0, description="Largest width x height, read from the header.")
+    max_side: int = Field(16_384, gt=0, description="Largest width or height, read from the header.")
+    max_frames: int = Field(100, ge=1, description="Most frames in an animated PNG or WebP.")
+
+
+class Settings(BaseSettings):
+    """Everything the gateway can be told. Environment: GATEWAY_<FIELD>, GATEWAY_<GROUP>__<FIELD>."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="GATEWAY_", env_nested_delimiter="__", extra="ignore", frozen=True
+    )
+
+    host: str = Field("0.0.0.0", description="Address `triton-gateway serve` listens on.")
+    port: int = Field(8080, ge=1, le=65535, description="Port `triton-gateway serve` listens on.")
+    image_model: str = Field("image_classifier", min_length=1, description="Triton ensemble for images.")
+    image_model_version: str = Field(
+        "", pattern=r"^\d*$", description="Version of the image ensemble; empty means Triton's latest."
+    )
+    default_top_k: int = Field(5, ge=1, le=MODEL_MAX_TOP_K, description="Predictions per input when not asked.")
+    max_top_k: int = Field(
+        MODEL_MAX_TOP_K, ge=1, le=MODEL_MAX_TOP_K, description="Largest top_k a client may ask for."
+    )
+    max_body_bytes: int = Field(
+        32 * MiB,
+        gt=0,
+        le=1024 * MiB,
+        description="Largest multipart body; a base64 JSON body may be 4/3 of this (plus 64 KiB).",
+    )
+    triton: TritonSettings = Field(default_factory=TritonSettings)
+    image: ImageLimits = Field(default_factory=ImageLimits)
+    docs_enabled: bool = Field(True, description="Serve /docs, /redoc and /openapi.json.")
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        if self.default_top_k > self.max_top_k:
+            raise ValueError("default_top_k must not exceed max_top_k")
+        if self.image.max_bytes > self.max_body_bytes:
+            raise ValueError("image.max_bytes must not exceed max_body_bytes")
+        return self
+
+    @property
+    def max_json_body_bytes(self) -> int:
+        """Base64 grows data by 4/3; leave room for the JSON around it."""
+        return -(-self.max_body_bytes * 4 // 3) + 64 * 1024

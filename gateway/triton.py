@@ -1,0 +1,166 @@
+"""The gateway's only contact with ``tritonclient``: an async gRPC backend.
+
+Triton's failures are translated here, by gRPC status code and never by message
+text, into :mod:`gateway.errors` (the pattern of httpx's ``map_httpcore_exceptions``).
+Triton's own messages are logged, never returned to clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import tritonclient.grpc.aio as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from gateway.backend import Classification, ModelStatus, ScoredLabel, ServerStatus
+from gateway.errors import (
+    GatewayError,
+    InvalidImageError,
+    TritonFailureError,
+    TritonTimeoutError,
+    TritonUnavailableError,
+)
+from gateway.settings import TritonSettings
+
+logger = logging.getLogger("gateway.triton")
+
+# tritonclient reports the gRPC status as str(grpc.StatusCode.X).
+_INVALID = {"StatusCode.INVALID_ARGUMENT", "StatusCode.OUT_OF_RANGE"}
+_UNAVAILABLE = {
+    "StatusCode.UNAVAILABLE",
+    "StatusCode.NOT_FOUND",  # the model is not loaded (unknown to Triton)
+    "StatusCode.RESOURCE_EXHAUSTED",  # queue full
+    "StatusCode.CANCELLED",
+}
+_TIMEOUT = {"StatusCode.DEADLINE_EXCEEDED"}
+# When several inputs fail differently, the client hears the most actionable error.
+_SEVERITY: dict[type[GatewayError], int] = {
+    TritonUnavailableError: 3,
+    TritonTimeoutError: 2,
+    TritonFailureError: 1,
+}
+
+
+def map_triton_error(exc: InferenceServerException, *, retry_after: int) -> GatewayError:
+    """Translate one tritonclient exception into the gateway's error tree."""
+    status = exc.status() or ""
+    if status in _INVALID:
+        return InvalidImageError("the model's preprocessing rejected the input (corrupt or truncated data)")
+    if status in _UNAVAILABLE:
+        return TritonUnavailableError(
+            "Triton or the model is not available", headers={"Retry-After": str(retry_after)}
+        )
+    if status in _TIMEOUT:
+        return TritonTimeoutError("Triton did not answer in time")
+    return TritonFailureError("Triton failed to process the request")
+
+
+def _strings(array: np.ndarray[Any, Any]) -> list[str]:
+    return [item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item) for item in array]
+
+
+class TritonBackend:
+    """Implements :class:`gateway.backend.InferenceBackend` over ``tritonclient.grpc.aio``.
+
+    Build it inside a running event loop (the app's lifespan) and ``close()`` it there.
+    """
+
+    def __init__(self, settings: TritonSettings) -> None:
+        self._settings = settings
+        self._client = grpcclient.InferenceServerClient(settings.url)
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def _classify_one(
+        self, model: str, version: str, data: bytes, top_k: int, request_id: str
+    ) -> Classification:
+        image = grpcclient.InferInput("IMAGE", [1, 1], "BYTES")
+        image.set_data_from_numpy(np.array([[data]], dtype=np.object_))
+        k = grpcclient.InferInput("TOP_K", [1, 1], "INT32")
+        k.set_data_from_numpy(np.array([[top_k]], dtype=np.int32))
+        result = await self._client.infer(
+            model,
+            [image, k],
+            model_version=version,
+            request_id=request_id,
+            client_timeout=self._settings.timeout_seconds,
+        )
+        labels = _strings(result.as_numpy("LABELS")[0])
+        scores = result.as_numpy("SCORES")[0].tolist()
+        ids = result.as_numpy("CLASS_IDS")[0].tolist()
+        predictions = [ScoredLabel(label=l, score=float(s), class_id=int(i)) for l, s, i in zip(labels, scores, ids)]
+        return Classification(predictions=predictions, model_version=result.get_response().model_version)
+
+    async def classify(
+        self, model: str, version: str, inputs: Sequence[bytes], top_k: int, request_id: str
+    ) -> list[Classification]:
+        # One Triton request per input: Triton's dynamic batcher merges them into one
+        # batch, and a bad input fails only its own request, so the error names it.
+        outcomes = await asyncio.gather(
+            *(self._classify_one(model, version, data, top_k, request_id) for data in inputs),
+            return_exceptions=True,
+        )
+        results: list[Classification] = []
+        failures: list[tuple[int, GatewayError]] = []
+        for index, outcome in enumerate(outcomes):
+            if isinstance(outcome, InferenceServerException):
+                error = map_triton_error(outcome, retry_after=self._settings.retry_after_seconds)
+                logger.warning(
+                    "triton %s on input %d of request %s: %s",
+                    outcome.status(),
+                    index,
+                    request_id,
+                    outcome.message(),
+                )
+                error.__cause__ = outcome
+                failures.append((index, error))
+            elif isinstance(outcome, BaseException):
+                raise outcome
+            else:
+                results.append(outcome)
+        if not failures:
+            return results
+        upstream = [(i, e) for i, e in failures if not isinstance(e, InvalidImageError)]
+        if upstream:
+            index, error = max(upstream, key=lambda pair: _SEVERITY.get(type(pair[1]), 0))
+            raise error
+        index, error = failures[0]
+        error.errors = [{"input_index": i, "detail": e.detail} for i, e in failures]
+        raise error.at(index)
+
+    async def server_status(self) -> ServerStatus:
+        timeout = self._settings.health_timeout_seconds
+        try:
+            live = bool(await self._client.is_server_live(client_timeout=timeout))
+            metadata = await self._client.get_server_metadata(client_timeout=timeout)
+        except InferenceServerException:
+            return ServerStatus(live=False)
+        return ServerStatus(live=live, version=str(metadata.version))
+
+    async def model_status(self, model: str, version: str) -> ModelStatus:
+        timeout = self._settings.health_timeout_seconds
+        try:
+            ready = bool(await self._client.is_model_ready(model, version, client_timeout=timeout))
+            if not ready:
+                return ModelStatus(name=model, ready=False)
+            metadata = await self._client.get_model_metadata(model, version, client_timeout=timeout)
+            config = (await self._client.get_model_config(model, version, client_timeout=timeout)).config
+        except InferenceServerException:
+            return ModelStatus(name=model, ready=False)
+        steps = [
+            (step.model_name, "" if step.model_version < 0 else str(step.model_version))
+            for step in config.ensemble_scheduling.step
+        ]
+        composing = await asyncio.gather(*(self.model_status(name, ver) for name, ver in steps))
+        return ModelStatus(
+            name=model,
+            ready=all(step.ready for step in composing),
+            versions=list(metadata.versions),
+            platform=str(metadata.platform),
+            composing=list(composing),
+        )

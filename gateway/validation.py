@@ -1,0 +1,145 @@
+"""Cheap checks on client input before anything reaches Triton. Pure functions, no web framework.
+
+Images are judged by their bytes and their header only: the format is sniffed from
+magic bytes (the declared Content-Type is not trusted) and the dimensions and frame
+count come from Pillow's header parser; pixels are never decoded here.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from PIL import Image, UnidentifiedImageError
+
+from gateway.errors import (
+    ImageTooLargeError,
+    InvalidInputError,
+    MalformedRequestError,
+    PayloadTooLargeError,
+    UnsupportedImageFormatError,
+)
+from gateway.settings import ImageLimits
+
+# Formats Triton's image_preprocess decodes, by Pillow's name.
+ACCEPTED_FORMATS = ("JPEG", "PNG", "WEBP")
+
+# Signatures of formats we recognise, accepted or not: naming a refused format
+# ("TIFF is not accepted") helps more than "unrecognised".
+_SIGNATURES: tuple[tuple[bytes, str], ...] = (
+    (b"\xff\xd8\xff", "JPEG"),
+    (b"\x89PNG\r\n\x1a\n", "PNG"),
+    (b"GIF87a", "GIF"),
+    (b"GIF89a", "GIF"),
+    (b"II*\x00", "TIFF"),
+    (b"MM\x00*", "TIFF"),
+    (b"BM", "BMP"),
+    (b"%!PS", "EPS"),
+    (b"\xc5\xd0\xd3\xc6", "EPS"),
+    (b"%PDF-", "PDF"),
+    (b"\x00\x00\x01\x00", "ICO"),
+    (b"8BPS", "PSD"),
+    (b"\xff\x0a", "JPEG XL"),
+    (b"\x00\x00\x00\x0cJXL ", "JPEG XL"),
+)
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """What the header says about an accepted image."""
+
+    format: str
+    width: int
+    height: int
+    frames: int
+    size_bytes: int
+
+
+def sniff_format(data: bytes) -> str | None:
+    """The format the magic bytes announce, or None when unrecognised."""
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "WEBP"
+    if data[4:8] == b"ftyp":
+        brand = data[8:12]
+        return "AVIF" if brand in (b"avif", b"avis") else "HEIF"
+    for signature, name in _SIGNATURES:
+        if data.startswith(signature):
+            return name
+    head = data[:256].lstrip().lower()
+    if head.startswith((b"<?xml", b"<svg")) or b"<svg" in head:
+        return "SVG"
+    return None
+
+
+def inspect_image(data: bytes, limits: ImageLimits) -> ImageInfo:
+    """Check one encoded image against the limits, from its bytes and header only."""
+    if not data:
+        raise InvalidInputError("the image is empty (0 bytes)")
+    if len(data) > limits.max_bytes:
+        raise PayloadTooLargeError(f"the image is {len(data)} bytes; the limit is {limits.max_bytes}")
+    detected = sniff_format(data)
+    if detected not in ACCEPTED_FORMATS:
+        what = "not a recognised image format" if detected is None else f"{detected}, which is not accepted"
+        raise UnsupportedImageFormatError(f"the data is {what}; send {', '.join(ACCEPTED_FORMATS)}")
+    try:
+        # Reads the header only; restricting formats keeps Pillow from trying others.
+        with Image.open(io.BytesIO(data), formats=[detected]) as image:
+            width, height = image.size
+            frames = int(getattr(image, "n_frames", 1))
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError) as exc:
+        raise InvalidInputError(f"the {detected} header cannot be read") from exc
+    if width < 1 or height < 1:
+        raise InvalidInputError(f"the {detected} header declares an empty image ({width}x{height})")
+    if max(width, height) > limits.max_side:
+        raise ImageTooLargeError(f"{width}x{height} has a side over the {limits.max_side} pixel limit")
+    if width * height > limits.max_pixels:
+        raise ImageTooLargeError(f"{width}x{height} is {width * height} pixels; the limit is {limits.max_pixels}")
+    if frames > limits.max_frames:
+        raise ImageTooLargeError(f"the image has {frames} frames; the limit is {limits.max_frames}")
+    return ImageInfo(format=detected, width=width, height=height, frames=frames, size_bytes=len(data))
+
+
+def decode_base64_image(text: str, limits: ImageLimits) -> bytes:
+    """Base64 (standard alphabet, padding required, a data: URL prefix allowed) -> bytes."""
+    if text.startswith("data:"):
+        header, sep, text = text.partition(",")
+        if not sep or not header.endswith(";base64"):
+            raise MalformedRequestError("a data: URL must be base64 encoded (data:<type>;base64,<data>)")
+    if len(text) > -(-limits.max_bytes * 4 // 3) + 1024:
+        raise PayloadTooLargeError(f"the encoded image exceeds the {limits.max_bytes} byte limit")
+    compact = "".join(text.split())  # MIME-style line breaks are common in base64 from tools
+    try:
+        return base64.b64decode(compact, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise MalformedRequestError("an image is not valid base64") from exc
+
+
+def _refuse_constant(name: str) -> Any:
+    raise InvalidInputError(f"{name} is not a valid JSON number")
+
+
+def parse_json_object(body: bytes) -> dict[str, Any]:
+    """Strict JSON: UTF-8, an object at the top, no NaN or Infinity."""
+    try:
+        value = json.loads(body, parse_constant=_refuse_constant)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise MalformedRequestError("the body is not valid JSON") from exc
+    except RecursionError as exc:
+        raise MalformedRequestError("the JSON is nested too deeply") from exc
+    if not isinstance(value, dict):
+        raise InvalidInputError("the JSON body must be an object")
+    return value
+
+
+def resolve_top_k(query: int | None, body: int | None, default: int, maximum: int) -> int:
+    """top_k may come from the query or the JSON body, not both with different values."""
+    if query is not None and body is not None and query != body:
+        raise InvalidInputError("top_k is given twice, with different values")
+    top_k = query if query is not None else body if body is not None else default
+    if not 1 <= top_k <= maximum:
+        raise InvalidInputError(f"top_k must be between 1 and {maximum}")
+    return top_k
