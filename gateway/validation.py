@@ -90,7 +90,10 @@ def inspect_image(data: bytes, limits: ImageLimits) -> ImageInfo:
         with Image.open(io.BytesIO(data), formats=[detected]) as image:
             width, height = image.size
             frames = int(getattr(image, "n_frames", 1))
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError) as exc:
+    except Image.DecompressionBombError as exc:
+        # Pillow's own guard (far above our cap) fired while reading the header.
+        raise ImageTooLargeError(f"the header declares over {limits.max_pixels} pixels") from exc
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as exc:
         raise InvalidInputError(f"the {detected} header cannot be read") from exc
     if width < 1 or height < 1:
         raise InvalidInputError(f"the {detected} header declares an empty image ({width}x{height})")

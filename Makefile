@@ -1,0 +1,77 @@
+# Two commands matter: `make run` and `make test`. Everything else is what they build on.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+TRITON_ENV := .venv-triton
+BUILD_ENV := .venv-build
+PORT ?= 8080
+PIP := --disable-pip-version-check --quiet
+# NVIDIA's wheel bundling a CPU-capable tritonserver 2.51 with the Python backend.
+PYTRITON := nvidia-pytriton==0.7.0
+APT_TEST_PACKAGES := chromium
+
+.PHONY: help run test lint typecheck models install system-deps test-system-deps clean
+
+help:
+	@echo "make run    install, build the models, start Triton (CPU) and the gateway on :$(PORT)"
+	@echo "make test   install (apt packages included), build the models, lint and run the whole suite"
+	@echo "make models export the ONNX models into model_repository/ (skips what is up to date)"
+	@echo "make lint   ruff + mypy"
+	@echo "make clean  remove the virtual environments and built models"
+
+# Debian's Python needs python3-venv for `python3 -m venv`.
+system-deps:
+	@$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || { \
+	  echo "installing python3-venv (apt)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq python3-venv; }
+
+test-system-deps: system-deps
+	@missing=""; for p in $(APT_TEST_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing$$missing (apt)"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+# The gateway and the test suite.
+$(VENV)/.installed: pyproject.toml | system-deps
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install $(PIP) -e '.[dev]'
+	touch $@
+
+# Triton's own environment: the Python backend stub runs its python3 (numpy<2!).
+$(TRITON_ENV)/.installed: deploy/triton/requirements.txt | system-deps
+	$(PYTHON) -m venv $(TRITON_ENV)
+	$(TRITON_ENV)/bin/pip install $(PIP) -r deploy/triton/requirements.txt
+	$(TRITON_ENV)/bin/pip install $(PIP) --no-deps $(PYTRITON)
+	touch $@
+
+# Export-time only (torch); never needed to serve.
+$(BUILD_ENV)/.installed: deploy/model-build/requirements.txt deploy/model-build/requirements-nodeps.txt | system-deps
+	$(PYTHON) -m venv $(BUILD_ENV)
+	$(BUILD_ENV)/bin/pip install $(PIP) -r deploy/model-build/requirements.txt
+	$(BUILD_ENV)/bin/pip install $(PIP) --no-deps -r deploy/model-build/requirements-nodeps.txt
+	touch $@
+
+install: $(VENV)/.installed $(TRITON_ENV)/.installed
+
+models: $(BUILD_ENV)/.installed
+	$(BUILD_ENV)/bin/python deploy/model-build/build.py --repository model_repository
+
+run: install models
+	$(VENV)/bin/triton-gateway local --port $(PORT) --triton-env $(TRITON_ENV)
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check gateway tests deploy model_repository
+	$(VENV)/bin/ruff format --check gateway tests deploy model_repository
+	$(VENV)/bin/mypy
+
+test: test-system-deps install models lint
+	TRITON_GATEWAY_TRITON_ENV=$(TRITON_ENV) $(VENV)/bin/pytest
+
+clean:
+	rm -rf $(VENV) $(TRITON_ENV) $(BUILD_ENV) .triton
+	find model_repository -name '*.onnx' -o -name '*.onnx.stamp' | xargs -r rm -f

@@ -1,0 +1,44 @@
+"""Triton failures map to gateway errors by gRPC status code, never by message."""
+
+from __future__ import annotations
+
+import pytest
+from tritonclient.utils import InferenceServerException
+
+from gateway.errors import (
+    InvalidImageError,
+    TritonFailureError,
+    TritonTimeoutError,
+    TritonUnavailableError,
+)
+from gateway.triton import map_triton_error
+
+
+@pytest.mark.parametrize(
+    ("status", "expected", "http"),
+    [
+        ("StatusCode.INVALID_ARGUMENT", InvalidImageError, 422),
+        ("StatusCode.UNAVAILABLE", TritonUnavailableError, 503),
+        ("StatusCode.NOT_FOUND", TritonUnavailableError, 503),
+        ("StatusCode.RESOURCE_EXHAUSTED", TritonUnavailableError, 503),
+        ("StatusCode.DEADLINE_EXCEEDED", TritonTimeoutError, 504),
+        ("StatusCode.INTERNAL", TritonFailureError, 502),
+        ("StatusCode.UNKNOWN", TritonFailureError, 502),
+        (None, TritonFailureError, 502),
+    ],
+)
+def test_status_code_mapping(status: str | None, expected: type, http: int) -> None:
+    error = map_triton_error(InferenceServerException("secret internal text", status=status), retry_after=7)
+    assert type(error) is expected
+    assert error.status == http
+    assert "secret" not in error.detail
+
+
+def test_unavailable_carries_retry_after() -> None:
+    error = map_triton_error(InferenceServerException("x", status="StatusCode.UNAVAILABLE"), retry_after=7)
+    assert error.headers["Retry-After"] == "7"
+
+
+def test_message_text_does_not_change_the_mapping() -> None:
+    misleading = InferenceServerException("Deadline Exceeded; unavailable", status="StatusCode.INTERNAL")
+    assert type(map_triton_error(misleading, retry_after=1)) is TritonFailureError
