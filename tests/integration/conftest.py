@@ -1,0 +1,146 @@
+"""A real tritonserver (session-wide) and the real gateway in front of it, over real HTTP.
+
+The Triton environment comes from TRITON_GATEWAY_TRITON_ENV (``make test`` sets it);
+a missing environment or model is a loud failure, never a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from support import ServedApp
+
+from gateway.app import create_app
+from gateway.local import free_port
+from gateway.settings import Settings, TritonSettings
+from gateway.tritonserver import TritonServer
+
+ROOT = Path(__file__).resolve().parents[2]
+REPOSITORY = ROOT / "model_repository"
+_servers: list[TritonServer] = []
+
+
+def triton_env() -> Path:
+    env = Path(os.environ.get("TRITON_GATEWAY_TRITON_ENV", ROOT / ".venv-triton"))
+    if not env.is_absolute():
+        env = ROOT / env
+    if not (env / "bin" / "python").exists():
+        pytest.fail(f"no Triton environment at {env}: run the suite with `make test`")
+    return env
+
+
+def start_triton(repository: Path, workdir: Path) -> TritonServer:
+    if not (REPOSITORY / "image_model" / "1" / "model.onnx").exists():
+        pytest.fail("model_repository/image_model/1/model.onnx is missing: run `make models`")
+    server = TritonServer(
+        python_env=triton_env(),
+        model_repository=repository,
+        workdir=workdir,
+        grpc_port=free_port(),
+        http_port=free_port(),
+        metrics_port=free_port(),
+    )
+    _servers.append(server)
+    server.start()
+    server.wait_ready(timeout=180)
+    return server
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Attach the tail of every tritonserver log to a failing test's report."""
+    report = yield
+    if report.failed:
+        for server in _servers:
+            if server.log_file.exists():
+                tail = server.log_file.read_text(errors="replace").splitlines()[-60:]
+                report.sections.append((f"tritonserver log {server.log_file}", "\n".join(tail)))
+    return report
+
+
+@pytest.fixture(scope="session")
+def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
+    server = start_triton(REPOSITORY, tmp_path_factory.mktemp("triton"))
+    yield server
+    server.stop()
+
+
+def gateway_settings(url: str, **overrides: object) -> Settings:
+    return Settings(triton=TritonSettings(url=url), **overrides)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session")
+def gateway(triton: TritonServer) -> Iterator[ServedApp]:
+    served = ServedApp(create_app(gateway_settings(triton.grpc_url))).start()
+    yield served
+    served.stop()
+
+
+@pytest.fixture
+def http(gateway: ServedApp) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=gateway.url, timeout=60) as client:
+        yield client
+
+
+@pytest.fixture
+def serve_gateway() -> Iterator[Callable[[Settings], httpx.Client]]:
+    """Serve extra gateways with other settings; all stopped at the end of the test."""
+    started: list[tuple[ServedApp, httpx.Client]] = []
+
+    def serve(settings: Settings) -> httpx.Client:
+        served = ServedApp(create_app(settings)).start()
+        client = httpx.Client(base_url=served.url, timeout=60)
+        started.append((served, client))
+        return client
+
+    yield serve
+    for served, client in started:
+        client.close()
+        served.stop()
+
+
+FAULTY_MODEL = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        raise pb_utils.TritonModelException("this model always fails")
+'''
+
+FAULTY_CONFIG = """
+name: "faulty_classifier"
+backend: "python"
+max_batch_size: 32
+input [
+  { name: "IMAGE" data_type: TYPE_STRING dims: [ 1 ] },
+  { name: "TOP_K" data_type: TYPE_INT32 dims: [ 1 ] }
+]
+output [
+  { name: "LABELS" data_type: TYPE_STRING dims: [ -1 ] },
+  { name: "SCORES" data_type: TYPE_FP32 dims: [ -1 ] },
+  { name: "CLASS_IDS" data_type: TYPE_INT32 dims: [ -1 ] }
+]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+
+
+@pytest.fixture
+def faults_triton(tmp_path: Path) -> Iterator[TritonServer]:
+    """A Triton of this test's own (it may be stopped), with the real repository plus a
+    model that always fails, for the faults a healthy server does not produce."""
+    repository = tmp_path / "repository"
+    shutil.copytree(REPOSITORY, repository, ignore=shutil.ignore_patterns("*.stamp", "__pycache__"))
+    faulty = repository / "faulty_classifier"
+    (faulty / "1").mkdir(parents=True)
+    (faulty / "1" / "model.py").write_text(FAULTY_MODEL)
+    (faulty / "config.pbtxt").write_text(FAULTY_CONFIG)
+    server = start_triton(repository, tmp_path / "triton")
+    yield server
+    server.stop()
+    _servers.remove(server)

@@ -1,0 +1,75 @@
+"""`triton-gateway local`: one command brings up Triton and the gateway, and takes both down."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from support import chelsea_jpeg
+
+from gateway.local import free_port
+
+from .conftest import REPOSITORY, triton_env
+
+CATS = {"tiger cat", "tabby", "Egyptian cat"}
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if text in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_local_command_serves_and_shuts_down_cleanly(tmp_path: Path) -> None:
+    port = free_port()
+    workdir = tmp_path / "local-triton"
+    command = [
+        sys.executable, "-m", "gateway", "local",
+        "--port", str(port),
+        "--triton-env", str(triton_env()),
+        "--model-repository", str(REPOSITORY),
+        "--workdir", str(workdir),
+    ]  # fmt: skip
+    log = (tmp_path / "local.log").open("wb")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+    try:
+        deadline = time.monotonic() + 180
+        ready = None
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2)
+                if ready.status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        output = (tmp_path / "local.log").read_text()
+        assert ready is not None and ready.status_code == 200, output
+        assert f"docs http://localhost:{port}/docs" in output
+
+        response = httpx.post(
+            f"http://127.0.0.1:{port}/classify", files={"file": ("cat.jpg", chelsea_jpeg())}, timeout=60
+        )
+        assert response.json()["results"][0]["predictions"][0]["label"] in CATS
+        assert _processes_mentioning(str(workdir)), "tritonserver should be running"
+
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+        assert _processes_mentioning(str(workdir)) == [], "tritonserver must exit with the gateway"
+        assert "stopping tritonserver" in (tmp_path / "local.log").read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        log.close()
