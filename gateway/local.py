@@ -8,6 +8,7 @@ SIGTERM shuts the gateway down gracefully and then Triton.
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
 import sys
 from dataclasses import dataclass
@@ -53,6 +54,14 @@ async def _serve(server: uvicorn.Server, options: LocalOptions) -> None:
     await task
 
 
+class _StopRequested(Exception):
+    """SIGINT or SIGTERM arrived; unwinds to run_local so Triton is always stopped."""
+
+
+def _on_stop_signal(signum: int, frame: object) -> None:
+    raise _StopRequested(signum)
+
+
 def run_local(settings: Settings, options: LocalOptions) -> int:
     triton = TritonServer(
         python_env=options.triton_env,
@@ -62,9 +71,12 @@ def run_local(settings: Settings, options: LocalOptions) -> int:
         http_port=free_port(),
         metrics_port=free_port(),
     )
+    # uvicorn handles the signal while serving (graceful shutdown), then re-raises it
+    # once done: these handlers turn that into an orderly return instead of a kill.
+    previous = {sig: signal.signal(sig, _on_stop_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     _say(f"starting tritonserver (CPU) on {triton.grpc_url}; log: {triton.log_file}")
-    triton.start()
     try:
+        triton.start()
         triton.wait_ready(options.ready_timeout)
         _say("tritonserver is ready (all models loaded)")
         settings = settings.model_copy(
@@ -78,7 +90,12 @@ def run_local(settings: Settings, options: LocalOptions) -> int:
             timeout_graceful_shutdown=10,
         )
         asyncio.run(_serve(uvicorn.Server(config), options))
+    except _StopRequested:
+        pass
     finally:
         _say("stopping tritonserver")
         triton.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    _say("stopped")
     return 0

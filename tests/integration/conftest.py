@@ -64,6 +64,16 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 @pytest.fixture(scope="session")
+def triton_python_env() -> Path:
+    return triton_env()
+
+
+@pytest.fixture(scope="session")
+def model_repository() -> Path:
+    return REPOSITORY
+
+
+@pytest.fixture(scope="session")
 def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
     server = start_triton(REPOSITORY, tmp_path_factory.mktemp("triton"))
     yield server

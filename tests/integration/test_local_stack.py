@@ -14,8 +14,6 @@ from support import chelsea_jpeg
 
 from gateway.local import free_port
 
-from .conftest import REPOSITORY, triton_env
-
 CATS = {"tiger cat", "tabby", "Egyptian cat"}
 
 
@@ -31,14 +29,16 @@ def _processes_mentioning(text: str) -> list[int]:
     return found
 
 
-def test_local_command_serves_and_shuts_down_cleanly(tmp_path: Path) -> None:
+def test_local_command_serves_and_shuts_down_cleanly(
+    tmp_path: Path, triton_python_env: Path, model_repository: Path
+) -> None:
     port = free_port()
     workdir = tmp_path / "local-triton"
     command = [
         sys.executable, "-m", "gateway", "local",
         "--port", str(port),
-        "--triton-env", str(triton_env()),
-        "--model-repository", str(REPOSITORY),
+        "--triton-env", str(triton_python_env),
+        "--model-repository", str(model_repository),
         "--workdir", str(workdir),
     ]  # fmt: skip
     log = (tmp_path / "local.log").open("wb")
