@@ -16,7 +16,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="triton-gateway", description="A validating front door for Triton.")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    serve = commands.add_parser("serve", help="run the gateway against an existing Triton (GATEWAY_TRITON__URL)")
+    serve = commands.add_parser(
+        "serve", help="run the gateway against an existing Triton (GATEWAY_TRITON__URL)"
+    )
     serve.add_argument("--host", help="listen address (default GATEWAY_HOST or 0.0.0.0)")
     serve.add_argument("--port", type=int, help="listen port (default GATEWAY_PORT or 8080)")
 

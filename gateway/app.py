@@ -80,7 +80,9 @@ def _openapi_with_components(app: FastAPI) -> Callable[[], dict[str, Any]]:
             )
             components = schema.setdefault("components", {}).setdefault("schemas", {})
             for model in (Problem, ImageJSONRequest):
-                components[model.__name__] = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                components[model.__name__] = model.model_json_schema(
+                    ref_template="#/components/schemas/{model}"
+                )
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -105,14 +105,18 @@ async def _read_json(request: Request, settings: Settings) -> ClassifyInput:
     try:
         parsed = ImageJSONRequest.model_validate(document)
     except ValidationError as exc:
-        raise InvalidInputError("the JSON body is invalid", errors=summarise_validation_errors(exc.errors())) from exc
+        raise InvalidInputError(
+            "the JSON body is invalid", errors=summarise_validation_errors(exc.errors())
+        ) from exc
     if (parsed.image is None) == (parsed.images is None):
         raise InvalidInputError("give exactly one of 'image' or 'images'")
     encoded = [parsed.image] if parsed.image is not None else list(parsed.images or [])
     if not encoded:
         raise InvalidInputError("'images' is empty")
     if len(encoded) > settings.image.max_images:
-        raise PayloadTooLargeError(f"{len(encoded)} images in one request; the limit is {settings.image.max_images}")
+        raise PayloadTooLargeError(
+            f"{len(encoded)} images in one request; the limit is {settings.image.max_images}"
+        )
     images: list[bytes] = []
     for index, text in enumerate(encoded):
         try:

@@ -226,7 +226,9 @@ async def _on_gateway_error(request: Request, exc: Exception) -> JSONResponse:
             exc_info=exc.__cause__ or exc,
         )
     else:
-        logger.warning("%s %s -> %d %s: %s", request.method, request.url.path, exc.status, exc.slug, exc.detail)
+        logger.warning(
+            "%s %s -> %d %s: %s", request.method, request.url.path, exc.status, exc.slug, exc.detail
+        )
     return problem_response(exc, request)
 
 
@@ -237,7 +239,9 @@ def summarise_validation_errors(errors: list[Any]) -> list[dict[str, Any]]:
 
 async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    error = InvalidInputError("the request parameters are invalid", errors=summarise_validation_errors(list(exc.errors())))
+    error = InvalidInputError(
+        "the request parameters are invalid", errors=summarise_validation_errors(list(exc.errors()))
+    )
     return await _on_gateway_error(request, error)
 
 

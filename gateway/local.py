@@ -46,7 +46,8 @@ def _say(message: str) -> None:
 
 async def _serve(server: uvicorn.Server, options: LocalOptions) -> None:
     task = asyncio.create_task(server.serve())
-    while not server.started and not task.done():
+    # uvicorn exposes readiness only as a flag; poll it briefly.
+    while not server.started and not task.done():  # noqa: ASYNC110
         await asyncio.sleep(0.05)
     if server.started:
         base = f"http://{'localhost' if options.host in ('127.0.0.1', '0.0.0.0') else options.host}:{options.port}"
@@ -54,12 +55,12 @@ async def _serve(server: uvicorn.Server, options: LocalOptions) -> None:
     await task
 
 
-class _StopRequested(Exception):
+class _StopRequestedError(Exception):
     """SIGINT or SIGTERM arrived; unwinds to run_local so Triton is always stopped."""
 
 
 def _on_stop_signal(signum: int, frame: object) -> None:
-    raise _StopRequested(signum)
+    raise _StopRequestedError(signum)
 
 
 def run_local(settings: Settings, options: LocalOptions) -> int:
@@ -90,7 +91,7 @@ def run_local(settings: Settings, options: LocalOptions) -> int:
             timeout_graceful_shutdown=10,
         )
         asyncio.run(_serve(uvicorn.Server(config), options))
-    except _StopRequested:
+    except _StopRequestedError:
         pass
     finally:
         _say("stopping tritonserver")

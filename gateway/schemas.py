@@ -88,14 +88,18 @@ class ProblemItem(BaseModel):
 class Problem(BaseModel):
     """An RFC 9457 problem document (`application/problem+json`)."""
 
-    type: str = Field(description="Stable identifier of the kind of problem, e.g. urn:triton-gateway:problem:invalid-image")
+    type: str = Field(
+        description="Stable identifier of the kind of problem, e.g. urn:triton-gateway:problem:invalid-image"
+    )
     title: str
     status: int
     detail: str
     instance: str | None = Field(None, description="The path the request was made to.")
     request_id: str | None = None
     input_index: int | None = Field(None, description="The input (0-based) the problem is about, if one.")
-    errors: list[dict[str, Any]] | None = Field(None, description="Every problem found, when there are several.")
+    errors: list[dict[str, Any]] | None = Field(
+        None, description="Every problem found, when there are several."
+    )
 
 
 class ComposingModel(BaseModel):

@@ -59,7 +59,9 @@ class Settings(BaseSettings):
     image_model_version: str = Field(
         "", pattern=r"^\d*$", description="Version of the image ensemble; empty means Triton's latest."
     )
-    default_top_k: int = Field(5, ge=1, le=MODEL_MAX_TOP_K, description="Predictions per input when not asked.")
+    default_top_k: int = Field(
+        5, ge=1, le=MODEL_MAX_TOP_K, description="Predictions per input when not asked."
+    )
     max_top_k: int = Field(
         MODEL_MAX_TOP_K, ge=1, le=MODEL_MAX_TOP_K, description="Largest top_k a client may ask for."
     )

@@ -93,7 +93,10 @@ class TritonBackend:
         labels = _strings(result.as_numpy("LABELS")[0])
         scores = result.as_numpy("SCORES")[0].tolist()
         ids = result.as_numpy("CLASS_IDS")[0].tolist()
-        predictions = [ScoredLabel(label=l, score=float(s), class_id=int(i)) for l, s, i in zip(labels, scores, ids)]
+        predictions = [
+            ScoredLabel(label=l, score=float(s), class_id=int(i))
+            for l, s, i in zip(labels, scores, ids, strict=True)
+        ]
         return Classification(predictions=predictions, model_version=result.get_response().model_version)
 
     async def classify(

@@ -100,7 +100,9 @@ def inspect_image(data: bytes, limits: ImageLimits) -> ImageInfo:
     if max(width, height) > limits.max_side:
         raise ImageTooLargeError(f"{width}x{height} has a side over the {limits.max_side} pixel limit")
     if width * height > limits.max_pixels:
-        raise ImageTooLargeError(f"{width}x{height} is {width * height} pixels; the limit is {limits.max_pixels}")
+        raise ImageTooLargeError(
+            f"{width}x{height} is {width * height} pixels; the limit is {limits.max_pixels}"
+        )
     if frames > limits.max_frames:
         raise ImageTooLargeError(f"the image has {frames} frames; the limit is {limits.max_frames}")
     return ImageInfo(format=detected, width=width, height=height, frames=frames, size_bytes=len(data))

@@ -136,7 +136,9 @@ class FakeBackend:
         return [
             Classification(
                 predictions=[
-                    ScoredLabel(label=hashlib.sha1(data).hexdigest()[:8], score=1.0 / (rank + 1), class_id=rank)
+                    ScoredLabel(
+                        label=hashlib.sha1(data).hexdigest()[:8], score=1.0 / (rank + 1), class_id=rank
+                    )
                     for rank in range(top_k)
                 ],
                 model_version="3",

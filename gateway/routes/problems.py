@@ -24,7 +24,11 @@ _DESCRIPTIONS: dict[int, tuple[str, str, str]] = {
         "the model's preprocessing rejected the input (corrupt or truncated data)",
     ),
     502: ("Triton failed.", "triton-failure", "Triton failed to process the request"),
-    503: ("Triton or the model is unavailable; see Retry-After.", "triton-unavailable", "Triton or the model is not available"),
+    503: (
+        "Triton or the model is unavailable; see Retry-After.",
+        "triton-unavailable",
+        "Triton or the model is not available",
+    ),
     504: ("Triton did not answer within the deadline.", "triton-timeout", "Triton did not answer in time"),
 }
 
@@ -43,6 +47,8 @@ def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         }
         responses[status] = {
             "description": description,
-            "content": {PROBLEM_MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}, "example": example}},
+            "content": {
+                PROBLEM_MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}, "example": example}
+            },
         }
     return responses

@@ -20,7 +20,6 @@ from gateway.errors import (
 from gateway.settings import ImageLimits, Settings
 
 
-
 def label_of(data: bytes) -> str:
     return hashlib.sha1(data).hexdigest()[:8]
 
@@ -31,7 +30,8 @@ def assert_problem(response, status: int, slug: str) -> dict:  # type: ignore[no
     body = response.json()
     assert body["status"] == status
     assert body["type"] == f"urn:triton-gateway:problem:{slug}"
-    assert body["title"] and body["detail"]
+    assert body["title"]
+    assert body["detail"]
     assert body["request_id"] == response.headers["x-request-id"]
     assert "Traceback" not in response.text
     return body
@@ -73,14 +73,18 @@ def test_json_single_and_batch(client: TestClient, backend: FakeBackend) -> None
 
 
 def test_request_id_is_accepted_forwarded_and_returned(client: TestClient, backend: FakeBackend) -> None:
-    response = client.post("/classify", content=small_png(), headers={"content-type": "image/png", "x-request-id": "trace-42"})
+    response = client.post(
+        "/classify", content=small_png(), headers={"content-type": "image/png", "x-request-id": "trace-42"}
+    )
     assert response.headers["x-request-id"] == "trace-42"
     assert response.json()["request_id"] == "trace-42"
     assert backend.calls[-1][2] == "trace-42"
 
 
 def test_invalid_request_id_is_replaced(client: TestClient) -> None:
-    response = client.post("/classify", content=small_png(), headers={"content-type": "image/png", "x-request-id": "bad id"})
+    response = client.post(
+        "/classify", content=small_png(), headers={"content-type": "image/png", "x-request-id": "bad id"}
+    )
     assert response.headers["x-request-id"] != "bad id"
     assert response.json()["request_id"] == response.headers["x-request-id"]
 
@@ -89,14 +93,34 @@ def test_invalid_request_id_is_replaced(client: TestClient) -> None:
     ("kwargs", "status", "slug"),
     [
         ({"content": b"", "headers": {"content-type": "image/jpeg"}}, 422, "invalid-input"),
-        ({"content": random_bytes(), "headers": {"content-type": "image/jpeg"}}, 415, "unsupported-image-format"),
+        (
+            {"content": random_bytes(), "headers": {"content-type": "image/jpeg"}},
+            415,
+            "unsupported-image-format",
+        ),
         ({"content": EPS_BYTES, "headers": {"content-type": "image/png"}}, 415, "unsupported-image-format"),
-        ({"content": png_header_only(50_000, 50_000), "headers": {"content-type": "image/png"}}, 413, "image-too-large"),
+        (
+            {"content": png_header_only(50_000, 50_000), "headers": {"content-type": "image/png"}},
+            413,
+            "image-too-large",
+        ),
         ({"content": small_png(), "headers": {"content-type": "text/plain"}}, 415, "unsupported-media-type"),
         ({"content": small_png()}, 415, "unsupported-media-type"),
-        ({"content": b'{"image": "@@@"}', "headers": {"content-type": "application/json"}}, 400, "malformed-request"),
-        ({"content": b'{"image": ', "headers": {"content-type": "application/json"}}, 400, "malformed-request"),
-        ({"content": b'{"image": "AAAA", "top_k": NaN}', "headers": {"content-type": "application/json"}}, 422, "invalid-input"),
+        (
+            {"content": b'{"image": "@@@"}', "headers": {"content-type": "application/json"}},
+            400,
+            "malformed-request",
+        ),
+        (
+            {"content": b'{"image": ', "headers": {"content-type": "application/json"}},
+            400,
+            "malformed-request",
+        ),
+        (
+            {"content": b'{"image": "AAAA", "top_k": NaN}', "headers": {"content-type": "application/json"}},
+            422,
+            "invalid-input",
+        ),
         ({"json": {"image": 5}}, 422, "invalid-input"),
         ({"json": {"images": []}}, 422, "invalid-input"),
         ({"json": {}}, 422, "invalid-input"),
@@ -113,22 +137,33 @@ def test_invalid_request_id_is_replaced(client: TestClient) -> None:
             400,
             "malformed-request",
         ),
-        ({"content": b"no boundary", "headers": {"content-type": "multipart/form-data"}}, 400, "malformed-request"),
+        (
+            {"content": b"no boundary", "headers": {"content-type": "multipart/form-data"}},
+            400,
+            "malformed-request",
+        ),
         ({"data": {"other": "field"}, "files": {"nope": ("a", b"x")}}, 422, "invalid-input"),
     ],
 )
-def test_bad_input_gets_problem_json(client: TestClient, backend: FakeBackend, kwargs: dict, status: int, slug: str) -> None:
+def test_bad_input_gets_problem_json(
+    client: TestClient, backend: FakeBackend, kwargs: dict, status: int, slug: str
+) -> None:
     response = client.post("/classify", **kwargs)
     assert_problem(response, status, slug)
     assert backend.calls == []
     # ... and the next valid request succeeds.
-    assert client.post("/classify", content=small_png(), headers={"content-type": "image/png"}).status_code == 200
+    assert (
+        client.post("/classify", content=small_png(), headers={"content-type": "image/png"}).status_code
+        == 200
+    )
 
 
 def test_bad_top_k_query(client: TestClient) -> None:
     for value in ("0", "21", "abc"):
         body = assert_problem(
-            client.post(f"/classify?top_k={value}", content=small_png(), headers={"content-type": "image/png"}),
+            client.post(
+                f"/classify?top_k={value}", content=small_png(), headers={"content-type": "image/png"}
+            ),
             422,
             "invalid-input",
         )
@@ -178,7 +213,11 @@ def test_body_cap_is_enforced_while_reading() -> None:
         assert_problem(multipart, 413, "payload-too-large")
         one_big_part = client.post("/classify", files=[("file", ("a", big))])
         assert_problem(one_big_part, 413, "payload-too-large")
-        too_long_json = client.post("/classify", content=json.dumps({"image": "A" * 100_000}), headers={"content-type": "application/json"})
+        too_long_json = client.post(
+            "/classify",
+            content=json.dumps({"image": "A" * 100_000}),
+            headers={"content-type": "application/json"},
+        )
         assert_problem(too_long_json, 413, "payload-too-large")
         assert backend.calls == []
 
@@ -192,7 +231,9 @@ def test_body_cap_is_enforced_while_reading() -> None:
         (InvalidImageError("x").at(0), 422, "invalid-image"),
     ],
 )
-def test_backend_failures_map_to_statuses(backend: FakeBackend, client: TestClient, error, status: int, slug: str) -> None:  # type: ignore[no-untyped-def]
+def test_backend_failures_map_to_statuses(
+    backend: FakeBackend, client: TestClient, error, status: int, slug: str
+) -> None:  # type: ignore[no-untyped-def]
     backend.fail_with = error
     response = client.post("/classify", content=small_png(), headers={"content-type": "image/png"})
     assert_problem(response, status, slug)
@@ -201,10 +242,10 @@ def test_backend_failures_map_to_statuses(backend: FakeBackend, client: TestClie
 
 
 def test_unexpected_backend_crash_is_a_bare_500(backend: FakeBackend, client: TestClient) -> None:
-    class Boom(Exception):
+    class BoomError(Exception):
         pass
 
-    backend.fail_with = Boom("internal secret")  # type: ignore[assignment]
+    backend.fail_with = BoomError("internal secret")  # type: ignore[assignment]
     response = client.post("/classify", content=small_png(), headers={"content-type": "image/png"})
     body = assert_problem(response, 500, "internal")
     assert "secret" not in response.text

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from fastapi.testclient import TestClient
-
 from support import FakeBackend
 
 
@@ -46,7 +45,9 @@ def test_openapi_declares_inputs_examples_and_errors(client: TestClient) -> None
     spec = client.get("/openapi.json").json()
     operation = spec["paths"]["/classify"]["post"]
     content = operation["requestBody"]["content"]
-    assert {"multipart/form-data", "image/jpeg", "image/png", "image/webp", "application/json"} <= set(content)
+    assert {"multipart/form-data", "image/jpeg", "image/png", "image/webp", "application/json"} <= set(
+        content
+    )
     assert content["application/json"]["examples"]
     assert {"400", "413", "415", "422", "502", "503", "504"} <= set(operation["responses"])
     assert operation["responses"]["413"]["content"]["application/problem+json"]["example"]["status"] == 413

@@ -114,14 +114,14 @@ def serve_gateway() -> Iterator[Callable[[Settings], httpx.Client]]:
         served.stop()
 
 
-FAULTY_MODEL = '''
+FAULTY_MODEL = """
 import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
     def execute(self, requests):
         raise pb_utils.TritonModelException("this model always fails")
-'''
+"""
 
 FAULTY_CONFIG = """
 name: "faulty_classifier"

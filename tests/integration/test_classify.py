@@ -95,7 +95,8 @@ def test_batch_keeps_input_order(http: httpx.Client) -> None:
     assert response.status_code == 200, response.text
     tops = [top_label(r) for r in response.json()["results"]]
     assert tops[0] == tops[2] == tops[4] == "espresso"
-    assert tops[1] in CATS and tops[3] in CATS
+    assert tops[1] in CATS
+    assert tops[3] in CATS
     encoded = [base64.b64encode(d).decode() for d in reversed(order)]
     reversed_tops = [top_label(r) for r in http.post("/classify", json={"images": encoded}).json()["results"]]
     assert reversed_tops == list(reversed(tops))
@@ -121,22 +122,71 @@ def test_request_id_round_trip(http: httpx.Client) -> None:
     ("name", "request_kwargs", "status", "slug"),
     [
         ("zero bytes", {"content": b"", "headers": {"content-type": "image/jpeg"}}, 422, "invalid-input"),
-        ("random bytes", {"content": random_bytes(), "headers": {"content-type": "image/jpeg"}}, 415, "unsupported-image-format"),
-        ("truncated jpeg", {"content": truncated_jpeg(), "headers": {"content-type": "image/jpeg"}}, 422, "invalid-image"),
-        ("50000x50000 png", {"content": png_header_only(50_000, 50_000), "headers": {"content-type": "image/png"}}, 413, "image-too-large"),
-        ("eps", {"files": {"file": ("x.eps", EPS_BYTES, "application/postscript")}}, 415, "unsupported-image-format"),
-        ("tiff", {"files": {"file": ("x.tiff", tiff_bytes(), "image/tiff")}}, 415, "unsupported-image-format"),
-        ("svg", {"content": SVG_BYTES, "headers": {"content-type": "image/png"}}, 415, "unsupported-image-format"),
-        ("wrong content type", {"content": chelsea_jpeg(), "headers": {"content-type": "text/plain"}}, 415, "unsupported-media-type"),
+        (
+            "random bytes",
+            {"content": random_bytes(), "headers": {"content-type": "image/jpeg"}},
+            415,
+            "unsupported-image-format",
+        ),
+        (
+            "truncated jpeg",
+            {"content": truncated_jpeg(), "headers": {"content-type": "image/jpeg"}},
+            422,
+            "invalid-image",
+        ),
+        (
+            "50000x50000 png",
+            {"content": png_header_only(50_000, 50_000), "headers": {"content-type": "image/png"}},
+            413,
+            "image-too-large",
+        ),
+        (
+            "eps",
+            {"files": {"file": ("x.eps", EPS_BYTES, "application/postscript")}},
+            415,
+            "unsupported-image-format",
+        ),
+        (
+            "tiff",
+            {"files": {"file": ("x.tiff", tiff_bytes(), "image/tiff")}},
+            415,
+            "unsupported-image-format",
+        ),
+        (
+            "svg",
+            {"content": SVG_BYTES, "headers": {"content-type": "image/png"}},
+            415,
+            "unsupported-image-format",
+        ),
+        (
+            "wrong content type",
+            {"content": chelsea_jpeg(), "headers": {"content-type": "text/plain"}},
+            415,
+            "unsupported-media-type",
+        ),
         ("invalid base64", {"json": {"image": "this is not base64!"}}, 400, "malformed-request"),
-        ("NaN in json", {"content": b'{"image": "AAAA", "top_k": NaN}', "headers": {"content-type": "application/json"}}, 422, "invalid-input"),
-        ("malformed json", {"content": b'{"image": "AAA', "headers": {"content-type": "application/json"}}, 400, "malformed-request"),
+        (
+            "NaN in json",
+            {"content": b'{"image": "AAAA", "top_k": NaN}', "headers": {"content-type": "application/json"}},
+            422,
+            "invalid-input",
+        ),
+        (
+            "malformed json",
+            {"content": b'{"image": "AAA', "headers": {"content-type": "application/json"}},
+            400,
+            "malformed-request",
+        ),
         ("bad top_k", {"json": {"image": "AAAA", "top_k": 99}}, 422, "invalid-input"),
         ("wrong type", {"json": {"image": 42}}, 422, "invalid-input"),
     ],
 )
 def test_bad_input_is_a_4xx_problem_and_the_next_request_succeeds(
-    http: httpx.Client, name: str, request_kwargs: dict, status: int, slug: str  # type: ignore[type-arg]
+    http: httpx.Client,
+    name: str,
+    request_kwargs: dict,
+    status: int,
+    slug: str,  # type: ignore[type-arg]
 ) -> None:
     assert_problem(http.post("/classify", **request_kwargs), status, slug)
     after = http.post("/classify", content=coffee_png(), headers={"content-type": "image/png"})
@@ -145,7 +195,11 @@ def test_bad_input_is_a_4xx_problem_and_the_next_request_succeeds(
 
 
 def test_truncated_image_in_a_batch_is_named(http: httpx.Client) -> None:
-    files = [("file", ("a", coffee_png())), ("file", ("b", truncated_jpeg())), ("file", ("c", chelsea_jpeg()))]
+    files = [
+        ("file", ("a", coffee_png())),
+        ("file", ("b", truncated_jpeg())),
+        ("file", ("c", chelsea_jpeg())),
+    ]
     body = assert_problem(http.post("/classify", files=files), 422, "invalid-image")
     assert body["input_index"] == 1
     assert [e["input_index"] for e in body["errors"]] == [1]
@@ -160,7 +214,7 @@ def test_concurrent_failures_never_mix_up_results(http: httpx.Client) -> None:
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
         responses = list(pool.map(send, inputs))
-    for data, response in zip(inputs, responses):
+    for data, response in zip(inputs, responses, strict=True):
         if data == truncated_jpeg():
             assert response.status_code == 422
         elif data == random_bytes():
@@ -172,23 +226,33 @@ def test_concurrent_failures_never_mix_up_results(http: httpx.Client) -> None:
 
 
 def test_count_cap_is_413(serve_gateway: Callable[[Settings], httpx.Client], triton: TritonServer) -> None:
-    client = serve_gateway(Settings(triton=TritonSettings(url=triton.grpc_url), image=ImageLimits(max_images=2)))
+    client = serve_gateway(
+        Settings(triton=TritonSettings(url=triton.grpc_url), image=ImageLimits(max_images=2))
+    )
     files = [("file", (str(i), coffee_png())) for i in range(3)]
     assert_problem(client.post("/classify", files=files), 413, "payload-too-large")
 
 
 def test_body_cap_is_413(serve_gateway: Callable[[Settings], httpx.Client], triton: TritonServer) -> None:
     limits = ImageLimits(max_bytes=100_000)
-    client = serve_gateway(Settings(triton=TritonSettings(url=triton.grpc_url), max_body_bytes=150_000, image=limits))
+    client = serve_gateway(
+        Settings(triton=TritonSettings(url=triton.grpc_url), max_body_bytes=150_000, image=limits)
+    )
     assert_problem(
-        client.post("/classify", content=coffee_png(), headers={"content-type": "image/png"}), 413, "payload-too-large"
+        client.post("/classify", content=coffee_png(), headers={"content-type": "image/png"}),
+        413,
+        "payload-too-large",
     )
 
 
-def test_deadline_exceeded_is_504(serve_gateway: Callable[[Settings], httpx.Client], triton: TritonServer) -> None:
+def test_deadline_exceeded_is_504(
+    serve_gateway: Callable[[Settings], httpx.Client], triton: TritonServer
+) -> None:
     client = serve_gateway(Settings(triton=TritonSettings(url=triton.grpc_url, timeout_seconds=0.0005)))
     assert_problem(
-        client.post("/classify", content=chelsea_jpeg(), headers={"content-type": "image/jpeg"}), 504, "triton-timeout"
+        client.post("/classify", content=chelsea_jpeg(), headers={"content-type": "image/jpeg"}),
+        504,
+        "triton-timeout",
     )
 
 
@@ -206,4 +270,8 @@ def test_health_and_models(http: httpx.Client) -> None:
     (model,) = http.get("/models").json()["models"]
     assert model["ready"] is True
     assert model["versions"] == ["1"]
-    assert [m["name"] for m in model["composing_models"]] == ["image_preprocess", "image_model", "image_postprocess"]
+    assert [m["name"] for m in model["composing_models"]] == [
+        "image_preprocess",
+        "image_model",
+        "image_postprocess",
+    ]

@@ -35,9 +35,14 @@ def test_unknown_model_is_503_and_not_ready(
     assert client.get("/readyz").status_code == 503
 
 
-def test_triton_stopped(faults_triton: TritonServer, serve_gateway: Callable[[Settings], httpx.Client]) -> None:
+def test_triton_stopped(
+    faults_triton: TritonServer, serve_gateway: Callable[[Settings], httpx.Client]
+) -> None:
     client = serve_gateway(Settings(triton=TritonSettings(url=faults_triton.grpc_url)))
-    assert client.post("/classify", content=coffee_png(), headers={"content-type": "image/png"}).status_code == 200
+    assert (
+        client.post("/classify", content=coffee_png(), headers={"content-type": "image/png"}).status_code
+        == 200
+    )
     assert client.get("/readyz").status_code == 200
 
     faults_triton.stop()

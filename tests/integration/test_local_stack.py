@@ -55,7 +55,8 @@ def test_local_command_serves_and_shuts_down_cleanly(
                 pass
             time.sleep(0.5)
         output = (tmp_path / "local.log").read_text()
-        assert ready is not None and ready.status_code == 200, output
+        assert ready is not None, output
+        assert ready.status_code == 200, output
         assert f"docs http://localhost:{port}/docs" in output
 
         response = httpx.post(

@@ -12,7 +12,7 @@ def test_well_formed_ids_are_kept(good: str) -> None:
     assert accept_or_generate(good) == good
 
 
-@pytest.mark.parametrize("bad", [None, "", "has space", "a" * 129, "quote\"", "new\nline", "-leading"])
+@pytest.mark.parametrize("bad", [None, "", "has space", "a" * 129, 'quote"', "new\nline", "-leading"])
 def test_others_are_replaced(bad: str | None) -> None:
     generated = accept_or_generate(bad)
     assert generated != bad

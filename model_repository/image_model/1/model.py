@@ -39,7 +39,7 @@ class TritonPythonModel:
         for size in sizes:
             tensors = [
                 pb_utils.Tensor(name, np.ascontiguousarray(result[start : start + size]))
-                for name, result in zip(self.outputs, results)
+                for name, result in zip(self.outputs, results, strict=True)
             ]
             responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
             start += size

@@ -43,7 +43,7 @@ class TritonPythonModel:
 
         responses = []
         start = 0
-        for rows, k_values in zip(logits, top_ks):
+        for rows, k_values in zip(logits, top_ks, strict=True):
             count = rows.shape[0]
             k = int(k_values[0])
             if not 1 <= k <= self.max_top_k or np.any(k_values != k):

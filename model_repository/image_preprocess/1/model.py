@@ -23,7 +23,7 @@ from PIL import Image, ImageOps
 DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError)
 
 
-class InvalidImage(Exception):
+class InvalidImageError(Exception):
     """The bytes are not an image this model accepts."""
 
 
@@ -49,7 +49,7 @@ class TritonPythonModel:
     def _crop(self, data: bytes) -> np.ndarray:
         with Image.open(io.BytesIO(data), formats=self.formats) as image:
             if image.width * image.height > self.max_pixels:
-                raise InvalidImage(f"{image.width}x{image.height} exceeds {self.max_pixels} pixels")
+                raise InvalidImageError(f"{image.width}x{image.height} exceeds {self.max_pixels} pixels")
             if image.format == "JPEG":
                 # Shrinks by 1/2, 1/4 or 1/8 while decoding, staying >= the resize size.
                 image.draft("RGB", (self.resize, self.resize))
@@ -74,9 +74,9 @@ class TritonPythonModel:
                 for position, blob in enumerate(blobs):
                     try:
                         mine.append(self._crop(bytes(blob)))
-                    except (InvalidImage, *DECODE_ERRORS) as exc:
-                        raise InvalidImage(f"image {position} cannot be decoded: {exc}") from exc
-            except InvalidImage as exc:
+                    except (InvalidImageError, *DECODE_ERRORS) as exc:
+                        raise InvalidImageError(f"image {position} cannot be decoded: {exc}") from exc
+            except InvalidImageError as exc:
                 error = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
                 responses[index] = pb_utils.InferenceResponse(output_tensors=[], error=error)
                 continue
