@@ -10,11 +10,13 @@ This module only manages the process: the gateway talks to it like any other Tri
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +34,16 @@ print(json.dumps({
     "python": f"{sys.version_info.major}.{sys.version_info.minor}",
 }))
 """
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: Linux sends SIGTERM to Triton if the gateway dies first,
+    so a killed gateway never leaves an orphan server holding the ports."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 @dataclass(frozen=True)
@@ -129,7 +141,12 @@ class TritonServer:
         ]
         log = self.log_file.open("ab")
         self._process = subprocess.Popen(
-            command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            command,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         log.close()
 

@@ -17,7 +17,9 @@ from gateway.local import free_port
 CATS = {"tiger cat", "tabby", "Egyptian cat"}
 
 
-def _processes_mentioning(text: str) -> list[int]:
+def _tritonservers_in(workdir: Path) -> list[int]:
+    """PIDs of tritonserver processes using this workdir (its backends dir is only on their command line)."""
+    text = f"--backend-directory={workdir / 'backends'}"
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -63,14 +65,41 @@ def test_local_command_serves_and_shuts_down_cleanly(
             f"http://127.0.0.1:{port}/classify", files={"file": ("cat.jpg", chelsea_jpeg())}, timeout=60
         )
         assert response.json()["results"][0]["predictions"][0]["label"] in CATS
-        assert _processes_mentioning(str(workdir)), "tritonserver should be running"
+        assert _tritonservers_in(workdir), "tritonserver should be running"
 
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 0
-        assert _processes_mentioning(str(workdir)) == [], "tritonserver must exit with the gateway"
+        assert _tritonservers_in(workdir) == [], "tritonserver must exit with the gateway"
         assert "stopping tritonserver" in (tmp_path / "local.log").read_text()
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
         log.close()
+
+
+def test_killed_gateway_takes_triton_down(
+    tmp_path: Path, triton_python_env: Path, model_repository: Path
+) -> None:
+    """Even SIGKILL (no cleanup code runs) must not leave an orphan tritonserver."""
+    workdir = tmp_path / "orphan-check"
+    command = [
+        sys.executable, "-m", "gateway", "local",
+        "--port", str(free_port()),
+        "--triton-env", str(triton_python_env),
+        "--model-repository", str(model_repository),
+        "--workdir", str(workdir),
+    ]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not _tritonservers_in(workdir) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _tritonservers_in(workdir), "tritonserver never started"
+    finally:
+        process.kill()
+        process.wait()
+    deadline = time.monotonic() + 30
+    while _tritonservers_in(workdir) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _tritonservers_in(workdir) == []
