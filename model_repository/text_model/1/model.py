@@ -1,0 +1,1 @@
+../../image_model/1/model.py
