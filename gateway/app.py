@@ -16,7 +16,7 @@ from gateway.docs import install_docs
 from gateway.errors import install_error_handlers
 from gateway.requestid import RequestIdMiddleware
 from gateway.routes import classify, health
-from gateway.schemas import ImageJSONRequest, Problem
+from gateway.schemas import ClassifyJSONRequest, Problem
 from gateway.settings import Settings
 
 BackendFactory = Callable[[Settings], InferenceBackend]
@@ -79,7 +79,7 @@ def _openapi_with_components(app: FastAPI) -> Callable[[], dict[str, Any]]:
                 title=app.title, version=app.version, description=app.description, routes=app.routes
             )
             components = schema.setdefault("components", {}).setdefault("schemas", {})
-            for model in (Problem, ImageJSONRequest):
+            for model in (Problem, ClassifyJSONRequest):
                 components[model.__name__] = model.model_json_schema(
                     ref_template="#/components/schemas/{model}"
                 )

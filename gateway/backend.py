@@ -26,6 +26,7 @@ class Classification:
 
     predictions: list[ScoredLabel]
     model_version: str
+    truncated: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -50,10 +51,26 @@ class ServerStatus:
 class InferenceBackend(Protocol):
     """The inference server behind the gateway."""
 
-    async def classify(
-        self, model: str, version: str, inputs: Sequence[bytes], top_k: int, request_id: str
+    async def classify_images(
+        self, model: str, version: str, images: Sequence[bytes], top_k: int, request_id: str
     ) -> list[Classification]:
-        """One classification per input, in input order; raises GatewayError subclasses."""
+        """One classification per image, in input order; raises GatewayError subclasses."""
+        ...
+
+    async def classify_texts(
+        self,
+        model: str,
+        version: str,
+        texts: Sequence[str],
+        top_k: int,
+        candidate_labels: Sequence[str] | None,
+        request_id: str,
+    ) -> list[Classification]:
+        """One classification per text, in input order; raises GatewayError subclasses."""
+        ...
+
+    async def label_set(self, model: str) -> list[str] | None:
+        """The labels a label-listing model reports; None when it cannot be asked."""
         ...
 
     async def server_status(self) -> ServerStatus:

@@ -7,7 +7,7 @@ Turns the three accepted transports (multipart, raw image bytes, JSON) into one
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
@@ -23,9 +23,9 @@ from gateway.errors import (
     UnsupportedMediaTypeError,
     summarise_validation_errors,
 )
-from gateway.schemas import ImageJSONRequest
+from gateway.schemas import ClassifyJSONRequest
 from gateway.settings import Settings
-from gateway.validation import decode_base64_image, parse_json_object
+from gateway.validation import decode_base64_image, normalize_labels, normalize_text, parse_json_object
 
 RAW_IMAGE_TYPES = ("image/jpeg", "image/png", "image/webp", "application/octet-stream")
 ACCEPTED_TYPES = ("multipart/form-data", "application/json", *RAW_IMAGE_TYPES)
@@ -36,9 +36,11 @@ _MAX_PARTS = 1000
 
 @dataclass(frozen=True)
 class ClassifyInput:
-    """What the client sent, transport removed."""
+    """What the client sent, transport removed: images or texts, never both."""
 
-    images: list[bytes]
+    images: list[bytes] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    candidate_labels: list[str] | None = None
     top_k: int | None = None
 
 
@@ -103,13 +105,18 @@ async def _read_json(request: Request, settings: Settings) -> ClassifyInput:
     body = await _limited(request, settings.max_json_body_bytes).body()
     document = parse_json_object(body)
     try:
-        parsed = ImageJSONRequest.model_validate(document)
+        parsed = ClassifyJSONRequest.model_validate(document)
     except ValidationError as exc:
         raise InvalidInputError(
             "the JSON body is invalid", errors=summarise_validation_errors(exc.errors())
         ) from exc
-    if (parsed.image is None) == (parsed.images is None):
-        raise InvalidInputError("give exactly one of 'image' or 'images'")
+    given = [name for name in ("image", "images", "text", "texts") if getattr(parsed, name) is not None]
+    if len(given) != 1:
+        raise InvalidInputError("give exactly one of 'image', 'images', 'text' or 'texts'")
+    if given[0] in ("text", "texts"):
+        return _texts_from(parsed, settings)
+    if parsed.candidate_labels is not None:
+        raise InvalidInputError("candidate_labels applies to texts only")
     encoded = [parsed.image] if parsed.image is not None else list(parsed.images or [])
     if not encoded:
         raise InvalidInputError("'images' is empty")
@@ -125,6 +132,25 @@ async def _read_json(request: Request, settings: Settings) -> ClassifyInput:
             exc.at(index)
             raise
     return ClassifyInput(images=images, top_k=parsed.top_k)
+
+
+def _texts_from(parsed: ClassifyJSONRequest, settings: Settings) -> ClassifyInput:
+    raw = [parsed.text] if parsed.text is not None else list(parsed.texts or [])
+    if not raw:
+        raise InvalidInputError("'texts' is empty")
+    if len(raw) > settings.text.max_texts:
+        raise PayloadTooLargeError(f"{len(raw)} texts in one request; the limit is {settings.text.max_texts}")
+    texts: list[str] = []
+    for index, value in enumerate(raw):
+        try:
+            texts.append(normalize_text(value, settings.text.max_chars))
+        except (InvalidInputError, PayloadTooLargeError) as exc:
+            exc.at(index)
+            raise
+    labels = None
+    if parsed.candidate_labels is not None:
+        labels = normalize_labels(parsed.candidate_labels, settings.text)
+    return ClassifyInput(texts=texts, candidate_labels=labels, top_k=parsed.top_k)
 
 
 async def read_classify_input(request: Request, settings: Settings) -> ClassifyInput:

@@ -14,8 +14,8 @@ EXAMPLE_PNG_BASE64 = (
 )
 
 
-class ImageJSONRequest(BaseModel):
-    """`application/json` body for images: exactly one of `image` or `images`, base64-encoded."""
+class ClassifyJSONRequest(BaseModel):
+    """`application/json` body: exactly one of `image`, `images`, `text` or `texts`."""
 
     model_config = ConfigDict(
         extra="forbid",
@@ -23,12 +23,23 @@ class ImageJSONRequest(BaseModel):
             "examples": [
                 {"image": EXAMPLE_PNG_BASE64, "top_k": 3},
                 {"images": [EXAMPLE_PNG_BASE64, EXAMPLE_PNG_BASE64]},
+                {"text": "The striker scored twice in the final."},
+                {
+                    "texts": ["Whisk the eggs and fold in the flour."],
+                    "candidate_labels": ["cooking", "travel"],
+                },
             ]
         },
     )
 
     image: StrictStr | None = Field(None, description="One image, base64 (a data: URL is accepted).")
     images: list[StrictStr] | None = Field(None, description="Several images, base64, answered in order.")
+    text: StrictStr | None = Field(None, description="One text to classify.")
+    texts: list[StrictStr] | None = Field(None, description="Several texts, answered in order.")
+    candidate_labels: list[StrictStr] | None = Field(
+        None,
+        description="Texts only: classify against these labels (zero-shot) instead of the configured set.",
+    )
     top_k: StrictInt | None = Field(
         None, ge=1, le=MODEL_MAX_TOP_K, description="Predictions per input (also a query parameter)."
     )
@@ -47,6 +58,9 @@ class ClassificationResult(BaseModel):
 
     index: int = Field(description="Position of the input in the request (0-based).")
     predictions: list[Prediction]
+    truncated: bool | None = Field(
+        None, description="Texts only: the text was longer than the model's token limit and was cut."
+    )
 
 
 class ClassifyResponse(BaseModel):
@@ -114,12 +128,13 @@ class ModelInfo(BaseModel):
     """A classifier the gateway serves."""
 
     name: str
-    task: str = Field(description="'image-classification'.")
+    task: str = Field(description="'image-classification' or 'zero-shot-text-classification'.")
     ready: bool
     versions: list[str] = Field(description="Versions Triton has ready.")
     platform: str
     accepts: list[str] = Field(description="Input media types.")
     composing_models: list[ComposingModel]
+    labels: list[str] | None = Field(None, description="Texts: the configured label set.")
 
 
 class TritonInfo(BaseModel):

@@ -7,6 +7,7 @@ model repository supports.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
@@ -15,6 +16,15 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 MiB = 1024 * 1024
 # image_postprocess's config.pbtxt caps top-k at 20 (parameter max_top_k).
 MODEL_MAX_TOP_K = 20
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """A Triton ensemble the gateway serves, and for what."""
+
+    task: str
+    name: str
+    version: str
 
 
 class TritonSettings(BaseModel):
@@ -46,6 +56,17 @@ class ImageLimits(BaseModel):
     max_frames: int = Field(100, ge=1, description="Most frames in an animated PNG or WebP.")
 
 
+class TextLimits(BaseModel):
+    """Checks made on every text before it reaches Triton."""
+
+    max_chars: int = Field(10_000, ge=1, le=1_000_000, description="Most characters in one text (after NFC).")
+    max_texts: int = Field(
+        64, ge=1, le=64, description="Most texts in one request (the model's batch cap is 64)."
+    )
+    max_candidate_labels: int = Field(32, ge=1, le=256, description="Most candidate_labels in one request.")
+    max_label_chars: int = Field(100, ge=1, le=1000, description="Most characters in one candidate label.")
+
+
 class Settings(BaseSettings):
     """Everything the gateway can be told. Environment: GATEWAY_<FIELD>, GATEWAY_<GROUP>__<FIELD>."""
 
@@ -55,9 +76,17 @@ class Settings(BaseSettings):
 
     host: str = Field("0.0.0.0", description="Address `triton-gateway serve` listens on.")
     port: int = Field(8080, ge=1, le=65535, description="Port `triton-gateway serve` listens on.")
-    image_model: str = Field("image_classifier", min_length=1, description="Triton ensemble for images.")
+    image_model: str = Field("image_classifier", description="Triton ensemble for images; empty: no images.")
     image_model_version: str = Field(
         "", pattern=r"^\d*$", description="Version of the image ensemble; empty means Triton's latest."
+    )
+    text_model: str = Field("text_classifier", description="Triton ensemble for texts; empty: no texts.")
+    text_model_version: str = Field(
+        "", pattern=r"^\d*$", description="Version of the text ensemble; empty means Triton's latest."
+    )
+    text_labels_model: str = Field(
+        "text_labels",
+        description="Triton model listing the configured text labels (for /models); empty: none.",
     )
     default_top_k: int = Field(
         5, ge=1, le=MODEL_MAX_TOP_K, description="Predictions per input when not asked."
@@ -73,6 +102,7 @@ class Settings(BaseSettings):
     )
     triton: TritonSettings = Field(default_factory=TritonSettings)
     image: ImageLimits = Field(default_factory=ImageLimits)
+    text: TextLimits = Field(default_factory=TextLimits)
     docs_enabled: bool = Field(True, description="Serve /docs, /redoc and /openapi.json.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
 
@@ -82,7 +112,20 @@ class Settings(BaseSettings):
             raise ValueError("default_top_k must not exceed max_top_k")
         if self.image.max_bytes > self.max_body_bytes:
             raise ValueError("image.max_bytes must not exceed max_body_bytes")
+        if not (self.image_model or self.text_model):
+            raise ValueError("serve at least one of image_model and text_model")
         return self
+
+    def served_models(self) -> list[ServedModel]:
+        """The classifiers this gateway is configured to serve, in a stable order."""
+        served = []
+        if self.image_model:
+            served.append(ServedModel("image-classification", self.image_model, self.image_model_version))
+        if self.text_model:
+            served.append(
+                ServedModel("zero-shot-text-classification", self.text_model, self.text_model_version)
+            )
+        return served
 
     @property
     def max_json_body_bytes(self) -> int:

@@ -20,6 +20,7 @@ from gateway.backend import Classification, ModelStatus, ScoredLabel, ServerStat
 from gateway.errors import (
     GatewayError,
     InvalidImageError,
+    InvalidInputError,
     TritonFailureError,
     TritonTimeoutError,
     TritonUnavailableError,
@@ -45,11 +46,19 @@ _SEVERITY: dict[type[GatewayError], int] = {
 }
 
 
-def map_triton_error(exc: InferenceServerException, *, retry_after: int) -> GatewayError:
-    """Translate one tritonclient exception into the gateway's error tree."""
+def map_triton_error(
+    exc: InferenceServerException, *, retry_after: int, invalid: InvalidInputError | None = None
+) -> GatewayError:
+    """Translate one tritonclient exception into the gateway's error tree.
+
+    ``invalid`` is what INVALID_ARGUMENT means for this call (by default: an image the
+    model's preprocessing could not decode).
+    """
     status = exc.status() or ""
     if status in _INVALID:
-        return InvalidImageError("the model's preprocessing rejected the input (corrupt or truncated data)")
+        return invalid or InvalidImageError(
+            "the model's preprocessing rejected the input (corrupt or truncated data)"
+        )
     if status in _UNAVAILABLE:
         return TritonUnavailableError(
             "Triton or the model is not available", headers={"Retry-After": str(retry_after)}
@@ -76,6 +85,14 @@ class TritonBackend:
     async def close(self) -> None:
         await self._client.close()
 
+    def _error(
+        self, exc: InferenceServerException, what: str, invalid: InvalidInputError | None = None
+    ) -> GatewayError:
+        logger.warning("triton %s on %s: %s", exc.status(), what, exc.message())
+        error = map_triton_error(exc, retry_after=self._settings.retry_after_seconds, invalid=invalid)
+        error.__cause__ = exc
+        return error
+
     async def _classify_one(
         self, model: str, version: str, data: bytes, top_k: int, request_id: str
     ) -> Classification:
@@ -99,29 +116,20 @@ class TritonBackend:
         ]
         return Classification(predictions=predictions, model_version=result.get_response().model_version)
 
-    async def classify(
-        self, model: str, version: str, inputs: Sequence[bytes], top_k: int, request_id: str
+    async def classify_images(
+        self, model: str, version: str, images: Sequence[bytes], top_k: int, request_id: str
     ) -> list[Classification]:
         # One Triton request per input: Triton's dynamic batcher merges them into one
         # batch, and a bad input fails only its own request, so the error names it.
         outcomes = await asyncio.gather(
-            *(self._classify_one(model, version, data, top_k, request_id) for data in inputs),
+            *(self._classify_one(model, version, data, top_k, request_id) for data in images),
             return_exceptions=True,
         )
         results: list[Classification] = []
         failures: list[tuple[int, GatewayError]] = []
         for index, outcome in enumerate(outcomes):
             if isinstance(outcome, InferenceServerException):
-                error = map_triton_error(outcome, retry_after=self._settings.retry_after_seconds)
-                logger.warning(
-                    "triton %s on input %d of request %s: %s",
-                    outcome.status(),
-                    index,
-                    request_id,
-                    outcome.message(),
-                )
-                error.__cause__ = outcome
-                failures.append((index, error))
+                failures.append((index, self._error(outcome, f"input {index} of request {request_id}")))
             elif isinstance(outcome, BaseException):
                 raise outcome
             else:
@@ -135,6 +143,70 @@ class TritonBackend:
         index, error = failures[0]
         error.errors = [{"input_index": i, "detail": e.detail} for i, e in failures]
         raise error.at(index)
+
+    async def classify_texts(
+        self,
+        model: str,
+        version: str,
+        texts: Sequence[str],
+        top_k: int,
+        candidate_labels: Sequence[str] | None,
+        request_id: str,
+    ) -> list[Classification]:
+        # Texts go as one batch: the tokenizer pads to the longest of them, and they
+        # were validated here, so there is no bad input to isolate.
+        count = len(texts)
+        text = grpcclient.InferInput("TEXT", [count, 1], "BYTES")
+        text.set_data_from_numpy(np.array([[t.encode("utf-8")] for t in texts], dtype=np.object_))
+        k = grpcclient.InferInput("TOP_K", [count, 1], "INT32")
+        k.set_data_from_numpy(np.full((count, 1), top_k, dtype=np.int32))
+        inputs = [text, k]
+        if candidate_labels is not None:
+            labels = grpcclient.InferInput("CANDIDATE_LABELS", [count, len(candidate_labels)], "BYTES")
+            row = [label.encode("utf-8") for label in candidate_labels]
+            labels.set_data_from_numpy(np.array([row] * count, dtype=np.object_))
+            inputs.append(labels)
+        try:
+            result = await self._client.infer(
+                model,
+                inputs,
+                model_version=version,
+                request_id=request_id,
+                client_timeout=self._settings.timeout_seconds,
+            )
+        except InferenceServerException as exc:
+            invalid = InvalidInputError("the text model rejected the input")
+            raise self._error(exc, f"request {request_id}", invalid) from exc
+        version_answered = result.get_response().model_version
+        truncated = result.as_numpy("TRUNCATED").reshape(-1).tolist()
+        return [
+            Classification(
+                predictions=[
+                    ScoredLabel(label=label, score=float(score), class_id=int(class_id))
+                    for label, score, class_id in zip(_strings(labels_row), scores_row, ids_row, strict=True)
+                ],
+                model_version=version_answered,
+                truncated=bool(cut),
+            )
+            for labels_row, scores_row, ids_row, cut in zip(
+                result.as_numpy("LABELS"),
+                result.as_numpy("SCORES").tolist(),
+                result.as_numpy("CLASS_IDS").tolist(),
+                truncated,
+                strict=True,
+            )
+        ]
+
+    async def label_set(self, model: str) -> list[str] | None:
+        query = grpcclient.InferInput("QUERY", [1], "INT32")
+        query.set_data_from_numpy(np.zeros(1, dtype=np.int32))
+        try:
+            result = await self._client.infer(
+                model, [query], client_timeout=self._settings.health_timeout_seconds
+            )
+        except InferenceServerException:
+            return None
+        return _strings(result.as_numpy("LABELS"))
 
     async def server_status(self) -> ServerStatus:
         timeout = self._settings.health_timeout_seconds

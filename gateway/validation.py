@@ -1,5 +1,8 @@
 """Cheap checks on client input before anything reaches Triton. Pure functions, no web framework.
 
+Texts must be valid Unicode; they are normalised to NFC and stripped of control
+characters other than tab, LF and CR (see :func:`normalize_text`).
+
 Images are judged by their bytes and their header only: the format is sniffed from
 magic bytes (the declared Content-Type is not trusted) and the dimensions and frame
 count come from Pillow's header parser; pixels are never decoded here.
@@ -11,6 +14,8 @@ import base64
 import binascii
 import io
 import json
+import re
+import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +28,7 @@ from gateway.errors import (
     PayloadTooLargeError,
     UnsupportedImageFormatError,
 )
-from gateway.settings import ImageLimits
+from gateway.settings import ImageLimits, TextLimits
 
 # Formats Triton's image_preprocess decodes, by Pillow's name.
 ACCEPTED_FORMATS = ("JPEG", "PNG", "WEBP")
@@ -148,3 +153,38 @@ def resolve_top_k(query: int | None, body: int | None, default: int, maximum: in
     if not 1 <= top_k <= maximum:
         raise InvalidInputError(f"top_k must be between 1 and {maximum}")
     return top_k
+
+
+# C0 and C1 control characters (Unicode category Cc) except tab, line feed, carriage return.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def normalize_text(value: str, max_chars: int, what: str = "the text") -> str:
+    """The documented text rule: valid Unicode, NFC, control characters other than tab,
+    LF and CR removed, not empty or whitespace only, at most ``max_chars`` characters."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInputError(f"{what} is not valid Unicode (it has a lone surrogate)") from exc
+    if len(value) > 4 * max_chars:  # cheap early refusal before normalising a huge string
+        raise PayloadTooLargeError(f"{what} has over {max_chars} characters")
+    value = _CONTROL.sub("", unicodedata.normalize("NFC", value))
+    if not value.strip():
+        raise InvalidInputError(f"{what} is empty or only whitespace")
+    if len(value) > max_chars:
+        raise PayloadTooLargeError(f"{what} has {len(value)} characters; the limit is {max_chars}")
+    return value
+
+
+def normalize_labels(labels: list[str], limits: TextLimits) -> list[str]:
+    """candidate_labels: 1..max of them, each a valid short text, no repeats."""
+    if not labels:
+        raise InvalidInputError("candidate_labels is empty")
+    if len(labels) > limits.max_candidate_labels:
+        raise PayloadTooLargeError(
+            f"{len(labels)} candidate_labels; the limit is {limits.max_candidate_labels}"
+        )
+    clean = [normalize_text(label, limits.max_label_chars, "a candidate label").strip() for label in labels]
+    if len(set(clean)) != len(clean):
+        raise InvalidInputError("candidate_labels repeats a label")
+    return clean

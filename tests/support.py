@@ -125,9 +125,10 @@ class FakeBackend:
     live: bool = True
     ready: bool = True
     calls: list[tuple[str, int, str, int]] = field(default_factory=list)
+    texts: list[tuple[list[str], list[str] | None]] = field(default_factory=list)
     closed: bool = False
 
-    async def classify(
+    async def classify_images(
         self, model: str, version: str, inputs: Sequence[bytes], top_k: int, request_id: str
     ) -> list[Classification]:
         self.calls.append((model, len(inputs), request_id, top_k))
@@ -146,11 +147,39 @@ class FakeBackend:
             for data in inputs
         ]
 
+    async def classify_texts(
+        self,
+        model: str,
+        version: str,
+        texts: Sequence[str],
+        top_k: int,
+        candidate_labels: Sequence[str] | None,
+        request_id: str,
+    ) -> list[Classification]:
+        """Echoes each text back as its label, so tests can see what reached the backend."""
+        self.calls.append((model, len(texts), request_id, top_k))
+        self.texts.append((list(texts), None if candidate_labels is None else list(candidate_labels)))
+        if self.fail_with is not None:
+            raise self.fail_with
+        return [
+            Classification(
+                predictions=[ScoredLabel(label=text, score=1.0, class_id=0)],
+                model_version="2",
+                truncated=len(text) > 100,
+            )
+            for text in texts
+        ]
+
+    async def label_set(self, model: str) -> list[str] | None:
+        return ["sports", "politics"] if self.live else None
+
     async def server_status(self) -> ServerStatus:
         return ServerStatus(live=self.live, version="2.51.0" if self.live else "")
 
     async def model_status(self, model: str, version: str) -> ModelStatus:
-        steps = [ModelStatus(name=n, ready=self.ready, versions=["1"]) for n in ("pre", "net", "post")]
+        steps = [
+            ModelStatus(name=n, ready=self.ready, versions=["1"]) for n in (f"{model}.pre", f"{model}.net")
+        ]
         return ModelStatus(name=model, ready=self.ready, versions=["1"], platform="ensemble", composing=steps)
 
     async def close(self) -> None:

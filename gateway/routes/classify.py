@@ -6,12 +6,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 
-from gateway.bodies import read_classify_input
+from gateway.backend import Classification, InferenceBackend
+from gateway.bodies import ClassifyInput, read_classify_input
 from gateway.dependencies import BackendDep, RequestIdDep, SettingsDep
-from gateway.errors import ClientError
+from gateway.errors import ClientError, InvalidInputError
 from gateway.routes.problems import problem_responses
 from gateway.schemas import EXAMPLE_PNG_BASE64, ClassificationResult, ClassifyResponse, Prediction
-from gateway.settings import MODEL_MAX_TOP_K
+from gateway.settings import MODEL_MAX_TOP_K, Settings
 from gateway.validation import inspect_image, resolve_top_k
 
 router = APIRouter(tags=["classify"])
@@ -19,7 +20,10 @@ router = APIRouter(tags=["classify"])
 _BINARY = {"schema": {"type": "string", "format": "binary"}}
 REQUEST_BODY: dict[str, Any] = {
     "required": True,
-    "description": "Images as multipart `file` parts, as the raw body, or base64 in JSON.",
+    "description": (
+        "Images as multipart `file` parts, as the raw body, or base64 in JSON; "
+        "texts in JSON (`text` or `texts`, optionally with `candidate_labels`)."
+    ),
     "content": {
         "multipart/form-data": {
             "schema": {
@@ -40,25 +44,72 @@ REQUEST_BODY: dict[str, Any] = {
         "image/webp": _BINARY,
         "application/octet-stream": _BINARY,
         "application/json": {
-            "schema": {"$ref": "#/components/schemas/ImageJSONRequest"},
+            "schema": {"$ref": "#/components/schemas/ClassifyJSONRequest"},
             "examples": {
-                "one image": {"value": {"image": EXAMPLE_PNG_BASE64, "top_k": 3}},
-                "a batch": {"value": {"images": [EXAMPLE_PNG_BASE64, EXAMPLE_PNG_BASE64]}},
+                "one text": {"value": {"text": "The striker scored twice in the final."}},
+                "texts with your own labels": {
+                    "value": {
+                        "texts": [
+                            "Whisk the eggs and fold in the flour.",
+                            "Our flight to Lisbon leaves at dawn.",
+                        ],
+                        "candidate_labels": ["cooking", "travel"],
+                        "top_k": 2,
+                    }
+                },
+                "one image (base64)": {"value": {"image": EXAMPLE_PNG_BASE64, "top_k": 3}},
+                "a batch of images": {"value": {"images": [EXAMPLE_PNG_BASE64, EXAMPLE_PNG_BASE64]}},
             },
         },
     },
 }
 
 
+async def _classify_images(
+    payload: ClassifyInput, settings: Settings, backend: InferenceBackend, top_k: int, request_id: str
+) -> tuple[str, list[Classification]]:
+    if not settings.image_model:
+        raise InvalidInputError("this gateway serves no image model")
+    for index, data in enumerate(payload.images):
+        try:
+            inspect_image(data, settings.image)
+        except ClientError as exc:
+            exc.at(index)
+            raise
+    answers = await backend.classify_images(
+        settings.image_model, settings.image_model_version, payload.images, top_k, request_id
+    )
+    return settings.image_model, answers
+
+
+async def _classify_texts(
+    payload: ClassifyInput, settings: Settings, backend: InferenceBackend, top_k: int, request_id: str
+) -> tuple[str, list[Classification]]:
+    if not settings.text_model:
+        raise InvalidInputError("this gateway serves no text model")
+    answers = await backend.classify_texts(
+        settings.text_model,
+        settings.text_model_version,
+        payload.texts,
+        top_k,
+        payload.candidate_labels,
+        request_id,
+    )
+    return settings.text_model, answers
+
+
 @router.post(
     "/classify",
-    summary="Classify images",
+    summary="Classify images or texts",
     description=(
-        "Checks each image cheaply (magic bytes, size, header dimensions) and sends it to the "
-        "Triton ensemble. One result per input, in input order. The declared Content-Type "
-        "selects the transport only: the image format is sniffed from the bytes."
+        "Images: each is checked cheaply (magic bytes, size, header dimensions) and sent to the "
+        "image ensemble. Texts: validated (Unicode, NFC, control characters removed, caps) and "
+        "classified zero-shot against the configured labels or `candidate_labels`. One result "
+        "per input, in input order. The declared Content-Type selects the transport only: "
+        "an image's format is sniffed from its bytes."
     ),
     response_model=ClassifyResponse,
+    response_model_exclude_none=True,
     responses=problem_responses(400, 413, 415, 422, 502, 503, 504),
     openapi_extra={"requestBody": REQUEST_BODY},
 )
@@ -72,18 +123,11 @@ async def classify(
     ] = None,
 ) -> ClassifyResponse:
     payload = await read_classify_input(request, settings)
-    for index, data in enumerate(payload.images):
-        try:
-            inspect_image(data, settings.image)
-        except ClientError as exc:
-            exc.at(index)
-            raise
     k = resolve_top_k(top_k, payload.top_k, settings.default_top_k, settings.max_top_k)
-    answers = await backend.classify(
-        settings.image_model, settings.image_model_version, payload.images, k, request_id
-    )
+    handler = _classify_texts if payload.texts else _classify_images
+    model, answers = await handler(payload, settings, backend, k, request_id)
     return ClassifyResponse(
-        model=settings.image_model,
+        model=model,
         model_version=answers[0].model_version,
         request_id=request_id,
         results=[
@@ -92,6 +136,7 @@ async def classify(
                 predictions=[
                     Prediction(label=p.label, score=p.score, class_id=p.class_id) for p in answer.predictions
                 ],
+                truncated=answer.truncated,
             )
             for index, answer in enumerate(answers)
         ],

@@ -7,13 +7,24 @@ import asyncio
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
+from gateway.backend import InferenceBackend, ModelStatus
 from gateway.bodies import RAW_IMAGE_TYPES
 from gateway.dependencies import BackendDep, RequestIdDep, SettingsDep
 from gateway.errors import PROBLEM_MEDIA_TYPE, TYPE_PREFIX
 from gateway.routes.problems import problem_responses
 from gateway.schemas import ComposingModel, Liveness, ModelInfo, ModelsResponse, Readiness, TritonInfo
+from gateway.settings import ServedModel, Settings
 
 router = APIRouter(tags=["health"])
+
+_ACCEPTS = {
+    "image-classification": ["multipart/form-data", "application/json", *RAW_IMAGE_TYPES],
+    "zero-shot-text-classification": ["application/json"],
+}
+
+
+async def _statuses(backend: InferenceBackend, served: list[ServedModel]) -> list[ModelStatus]:
+    return list(await asyncio.gather(*(backend.model_status(m.name, m.version) for m in served)))
 
 
 @router.get("/livez", summary="The process is up (never calls Triton)")
@@ -28,11 +39,13 @@ async def livez() -> Liveness:
     responses=problem_responses(503),
 )
 async def readyz(settings: SettingsDep, backend: BackendDep, request_id: RequestIdDep) -> JSONResponse:
-    server, image = await asyncio.gather(
-        backend.server_status(), backend.model_status(settings.image_model, settings.image_model_version)
+    server, statuses = await asyncio.gather(
+        backend.server_status(), _statuses(backend, settings.served_models())
     )
-    checks = {"triton_live": server.live, f"model:{image.name}": image.ready}
-    checks.update({f"model:{step.name}": step.ready for step in image.composing})
+    checks = {"triton_live": server.live}
+    for status in statuses:
+        checks[f"model:{status.name}"] = status.ready
+        checks.update({f"model:{step.name}": step.ready for step in status.composing})
     if all(checks.values()):
         return JSONResponse(Readiness(status="ready", checks=checks).model_dump())
     failing = ", ".join(name for name, ok in checks.items() if not ok)
@@ -53,25 +66,36 @@ async def readyz(settings: SettingsDep, backend: BackendDep, request_id: Request
     )
 
 
+async def _labels(settings: Settings, backend: InferenceBackend, served: ServedModel) -> list[str] | None:
+    if served.task != "zero-shot-text-classification" or not settings.text_labels_model:
+        return None
+    return await backend.label_set(settings.text_labels_model)
+
+
 @router.get("/models", summary="The classifiers the gateway serves, as Triton reports them")
 async def models(settings: SettingsDep, backend: BackendDep) -> ModelsResponse:
-    server, image = await asyncio.gather(
-        backend.server_status(), backend.model_status(settings.image_model, settings.image_model_version)
+    served = settings.served_models()
+    server, statuses, labels = await asyncio.gather(
+        backend.server_status(),
+        _statuses(backend, served),
+        asyncio.gather(*(_labels(settings, backend, m) for m in served)),
     )
     return ModelsResponse(
         triton=TritonInfo(url=settings.triton.url, live=server.live, version=server.version),
         models=[
             ModelInfo(
-                name=image.name,
-                task="image-classification",
-                ready=image.ready,
-                versions=image.versions,
-                platform=image.platform,
-                accepts=["multipart/form-data", "application/json", *RAW_IMAGE_TYPES],
+                name=status.name,
+                task=model.task,
+                ready=status.ready,
+                versions=status.versions,
+                platform=status.platform,
+                accepts=_ACCEPTS[model.task],
                 composing_models=[
                     ComposingModel(name=step.name, ready=step.ready, versions=step.versions)
-                    for step in image.composing
+                    for step in status.composing
                 ],
+                labels=label_set,
             )
+            for model, status, label_set in zip(served, statuses, labels, strict=True)
         ],
     )

@@ -17,9 +17,11 @@ def test_readyz_ready(client: TestClient) -> None:
     assert response.json()["checks"] == {
         "triton_live": True,
         "model:image_classifier": True,
-        "model:pre": True,
-        "model:net": True,
-        "model:post": True,
+        "model:image_classifier.pre": True,
+        "model:image_classifier.net": True,
+        "model:text_classifier": True,
+        "model:text_classifier.pre": True,
+        "model:text_classifier.net": True,
     }
 
 
@@ -35,10 +37,26 @@ def test_readyz_not_ready_when_a_model_is_not(client: TestClient, backend: FakeB
 def test_models_lists_the_classifier(client: TestClient) -> None:
     body = client.get("/models").json()
     assert body["triton"] == {"url": "127.0.0.1:8001", "live": True, "version": "2.51.0"}
-    (model,) = body["models"]
-    assert model["name"] == "image_classifier"
-    assert model["task"] == "image-classification"
-    assert [m["name"] for m in model["composing_models"]] == ["pre", "net", "post"]
+    image, text = body["models"]
+    assert image["name"] == "image_classifier"
+    assert image["task"] == "image-classification"
+    assert [m["name"] for m in image["composing_models"]] == ["image_classifier.pre", "image_classifier.net"]
+    assert image["labels"] is None
+    assert text["name"] == "text_classifier"
+    assert text["task"] == "zero-shot-text-classification"
+    assert text["accepts"] == ["application/json"]
+    assert text["labels"] == ["sports", "politics"]
+
+
+def test_models_can_serve_one_kind_only(backend: FakeBackend) -> None:
+    from gateway.app import create_app
+    from gateway.settings import Settings
+
+    with TestClient(create_app(Settings(image_model=""), backend_factory=lambda _: backend)) as client:
+        assert [m["name"] for m in client.get("/models").json()["models"]] == ["text_classifier"]
+        assert "model:image_classifier" not in client.get("/readyz").json()["checks"]
+        response = client.post("/classify", content=b"\xff\xd8\xff", headers={"content-type": "image/jpeg"})
+        assert response.status_code == 422
 
 
 def test_openapi_declares_inputs_examples_and_errors(client: TestClient) -> None:
@@ -52,7 +70,8 @@ def test_openapi_declares_inputs_examples_and_errors(client: TestClient) -> None
     assert {"400", "413", "415", "422", "502", "503", "504"} <= set(operation["responses"])
     assert operation["responses"]["413"]["content"]["application/problem+json"]["example"]["status"] == 413
     schemas = spec["components"]["schemas"]
-    assert {"Problem", "ImageJSONRequest", "ClassifyResponse"} <= set(schemas)
+    assert {"Problem", "ClassifyJSONRequest", "ClassifyResponse"} <= set(schemas)
+    assert {"text", "texts", "candidate_labels"} <= set(schemas["ClassifyJSONRequest"]["properties"])
 
 
 def test_docs_pages_use_local_assets_only(client: TestClient) -> None:

@@ -188,3 +188,35 @@ def test_webp_encode_sanity() -> None:
     import numpy as np
 
     assert sniff_format(encode(np.zeros((2, 2, 3), dtype=np.uint8), "WEBP")) == "WEBP"
+
+
+def test_normalize_text_rules() -> None:
+    from gateway.validation import normalize_text
+
+    assert normalize_text("e\u0301", 10) == "\u00e9"
+    assert normalize_text("a\x00b\x1bc\x7fd\x85e", 10) == "abcde"
+    assert normalize_text("tab\tnew\nline\r", 20) == "tab\tnew\nline\r"
+    with pytest.raises(InvalidInputError, match="lone surrogate"):
+        normalize_text("\ud800", 10)
+    with pytest.raises(InvalidInputError, match="empty"):
+        normalize_text(" \x00\n", 10)
+    with pytest.raises(PayloadTooLargeError):
+        normalize_text("x" * 11, 10)
+    # The cap counts characters after NFC: 10 decomposed pairs make 10 characters.
+    assert len(normalize_text("e\u0301" * 10, 10)) == 10
+
+
+def test_normalize_labels_rules() -> None:
+    from gateway.settings import TextLimits
+    from gateway.validation import normalize_labels
+
+    limits = TextLimits(max_candidate_labels=3, max_label_chars=5)
+    assert normalize_labels([" a ", "b"], limits) == ["a", "b"]
+    with pytest.raises(InvalidInputError):
+        normalize_labels(["a", "a "], limits)
+    with pytest.raises(PayloadTooLargeError):
+        normalize_labels(["a", "b", "c", "d"], limits)
+    with pytest.raises(PayloadTooLargeError):
+        normalize_labels(["abcdef"], limits)
+    with pytest.raises(InvalidInputError):
+        normalize_labels([], limits)
