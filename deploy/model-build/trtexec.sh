@@ -18,11 +18,22 @@ repository=${1:-model_repository}
 precision=${PRECISION:-fp16}
 trtexec=${TRTEXEC:-$(command -v trtexec || echo /usr/src/tensorrt/bin/trtexec)}
 
-# name | ONNX input | min shape | opt shape | max shape  (batch first; must match
-# max_batch_size and dims in the model's config.pbtxt)
+# name | ONNX input(s) | min shape | opt shape | max shape  (batch first; must match
+# max_batch_size and dims in the model's config.pbtxt). Several inputs sharing one shape
+# are written "a:%s,b:%s". text_model: batch 1..64 x sequence 1..256 tokens.
 plans=(
   "image_model|input|1x3x224x224|8x3x224x224|32x3x224x224"
+  "text_model|input_ids:%s,attention_mask:%s|1x1|8x64|64x256"
 )
+
+# "input" + "1x3x224x224" -> input:1x3x224x224; "a:%s,b:%s" + "1x1" -> a:1x1,b:1x1
+shapes() {
+  if [[ $1 == *%s* ]]; then
+    printf '%s' "${1//%s/$2}"
+  else
+    printf '%s:%s' "$1" "$2"
+  fi
+}
 
 build() {
   local name=$1 input=$2 min=$3 opt=$4 max=$5
@@ -37,13 +48,13 @@ build() {
   fi
   local flags=()
   [[ $precision == fp16 ]] && flags+=(--fp16)
-  echo "[trtexec] building $plan ($precision, $input batch ${min%%x*}..${max%%x*}, optimum ${opt%%x*})"
+  echo "[trtexec] building $plan ($precision, shapes $min .. $max, optimum $opt)"
   "$trtexec" \
     --onnx="$onnx" \
     --saveEngine="$plan.tmp" \
-    --minShapes="$input:$min" \
-    --optShapes="$input:$opt" \
-    --maxShapes="$input:$max" \
+    --minShapes="$(shapes "$input" "$min")" \
+    --optShapes="$(shapes "$input" "$opt")" \
+    --maxShapes="$(shapes "$input" "$max")" \
     --skipInference \
     "${flags[@]}"
   mv "$plan.tmp" "$plan"
