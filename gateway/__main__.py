@@ -44,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as exc:
         print(f"triton-gateway: invalid settings:\n{exc}", file=sys.stderr)
         return 2
+    from gateway.logs import configure_logging
+
+    configure_logging(settings.log_level, settings.log_format)
     try:
         if args.command == "serve":
             import uvicorn
@@ -54,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
                 create_app(settings),
                 host=args.host or settings.host,
                 port=args.port or settings.port,
-                log_level=settings.log_level,
+                log_config=None,
+                access_log=False,  # the gateway writes its own access log
                 timeout_graceful_shutdown=10,
             )
             return 0

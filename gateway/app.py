@@ -8,18 +8,21 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from prometheus_client import CollectorRegistry
 
 from gateway import __version__
 from gateway.backend import InferenceBackend
 from gateway.dependencies import GatewayState
 from gateway.docs import install_docs
 from gateway.errors import install_error_handlers
+from gateway.metrics import GatewayMetrics, TritonMetricsScraper
 from gateway.requestid import RequestIdMiddleware
-from gateway.routes import classify, health
+from gateway.routes import classify, health, metrics_route
 from gateway.schemas import ClassifyJSONRequest, Problem
 from gateway.settings import Settings
+from gateway.telemetry import TelemetryMiddleware
 
-BackendFactory = Callable[[Settings], InferenceBackend]
+BackendFactory = Callable[[Settings, GatewayMetrics], InferenceBackend]
 
 DESCRIPTION = """
 A validating front door for NVIDIA Triton Inference Server.
@@ -31,23 +34,44 @@ before it reaches Triton, then runs it through a Triton ensemble
 """
 
 
-def _triton_backend(settings: Settings) -> InferenceBackend:
+def _triton_backend(settings: Settings, metrics: GatewayMetrics) -> InferenceBackend:
     from gateway.triton import TritonBackend
 
-    return TritonBackend(settings.triton)
+    return TritonBackend(settings.triton, metrics)
 
 
-def create_app(settings: Settings, backend_factory: BackendFactory | None = None) -> FastAPI:
-    """Build the gateway. ``backend_factory`` replaces Triton (tests); it runs in the lifespan."""
+def _url_kind(url: str) -> str:
+    host = url.rsplit(":", 1)[0].strip("[]")
+    return "loopback" if host in ("127.0.0.1", "localhost", "::1") else "remote"
+
+
+def create_app(
+    settings: Settings,
+    backend_factory: BackendFactory | None = None,
+    registry: CollectorRegistry | None = None,
+) -> FastAPI:
+    """Build the gateway. ``backend_factory`` replaces Triton (tests); it runs in the lifespan.
+    Metrics go to ``registry`` (a fresh one by default, never the global registry)."""
     make_backend = backend_factory or _triton_backend
+    metrics = GatewayMetrics(registry or CollectorRegistry())
+    metrics.build.info(
+        {
+            "version": __version__,
+            "triton_url_kind": _url_kind(settings.triton.url),
+            "image_model": settings.image_model,
+            "text_model": settings.text_model,
+        }
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[GatewayState]:
-        # The gRPC channel belongs to the server's event loop: build it here, not at import.
-        backend = make_backend(settings)
+        # Network clients belong to the server's event loop: built here, not at import.
+        backend = make_backend(settings, metrics)
+        scraper = TritonMetricsScraper(settings.triton.metrics_url, settings.triton.metrics_timeout_seconds)
         try:
-            yield GatewayState(settings=settings, backend=backend)
+            yield GatewayState(settings=settings, backend=backend, metrics=metrics, triton_metrics=scraper)
         finally:
+            await scraper.close()
             await backend.close()
 
     openapi_url = "/openapi.json" if settings.docs_enabled else None
@@ -60,10 +84,13 @@ def create_app(settings: Settings, backend_factory: BackendFactory | None = None
         redoc_url=None,
         openapi_url=openapi_url,
     )
+    # Added last = outermost: the request id exists before telemetry reads it.
+    app.add_middleware(TelemetryMiddleware, metrics=metrics)
     app.add_middleware(RequestIdMiddleware)
-    install_error_handlers(app)
+    install_error_handlers(app, metrics)
     app.include_router(classify.router)
     app.include_router(health.router)
+    app.include_router(metrics_route.router)
     if openapi_url is not None:
         install_docs(app, openapi_url)
         app.openapi = _openapi_with_components(app)  # type: ignore[method-assign]

@@ -7,6 +7,7 @@ from typing import Annotated, TypedDict
 from fastapi import Depends, Request
 
 from gateway.backend import InferenceBackend
+from gateway.metrics import GatewayMetrics, TritonMetricsScraper
 from gateway.settings import Settings
 
 
@@ -15,6 +16,8 @@ class GatewayState(TypedDict):
 
     settings: Settings
     backend: InferenceBackend
+    metrics: GatewayMetrics
+    triton_metrics: TritonMetricsScraper
 
 
 def get_settings(request: Request) -> Settings:
@@ -27,6 +30,16 @@ def get_backend(request: Request) -> InferenceBackend:
     return backend
 
 
+def get_metrics(request: Request) -> GatewayMetrics:
+    metrics: GatewayMetrics = request.state.metrics
+    return metrics
+
+
+def get_triton_metrics(request: Request) -> TritonMetricsScraper:
+    scraper: TritonMetricsScraper = request.state.triton_metrics
+    return scraper
+
+
 def get_request_id(request: Request) -> str:
     request_id: str = request.state.request_id
     return request_id
@@ -35,3 +48,5 @@ def get_request_id(request: Request) -> str:
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 BackendDep = Annotated[InferenceBackend, Depends(get_backend)]
 RequestIdDep = Annotated[str, Depends(get_request_id)]
+MetricsDep = Annotated[GatewayMetrics, Depends(get_metrics)]
+TritonMetricsDep = Annotated[TritonMetricsScraper, Depends(get_triton_metrics)]

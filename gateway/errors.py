@@ -27,12 +27,15 @@ from __future__ import annotations
 
 import logging
 from http import HTTPStatus
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+if TYPE_CHECKING:
+    from gateway.metrics import GatewayMetrics
 
 logger = logging.getLogger("gateway.errors")
 
@@ -215,6 +218,8 @@ def problem_response(
 
 async def _on_gateway_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, GatewayError)
+    if isinstance(exc, ClientError) and (metrics := getattr(request.app.state, "gateway_metrics", None)):
+        metrics.rejections.labels(reason=exc.slug).inc()
     if exc.status >= 500:
         logger.error(
             "%s %s -> %d %s: %s",
@@ -268,7 +273,9 @@ async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     return response
 
 
-def install_error_handlers(app: FastAPI) -> None:
+def install_error_handlers(app: FastAPI, metrics: GatewayMetrics) -> None:
+    # Handlers receive only the request: they find the metrics on the app.
+    app.state.gateway_metrics = metrics
     app.add_exception_handler(GatewayError, _on_gateway_error)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(StarletteHTTPException, _on_http_exception)

@@ -51,7 +51,10 @@ async def _serve(server: uvicorn.Server, options: LocalOptions) -> None:
         await asyncio.sleep(0.05)
     if server.started:
         base = f"http://{'localhost' if options.host in ('127.0.0.1', '0.0.0.0') else options.host}:{options.port}"
-        _say(f"ready: API {base}/classify  docs {base}/docs  health {base}/readyz  (Ctrl-C stops)")
+        _say(
+            f"ready: API {base}/classify  docs {base}/docs  health {base}/readyz  "
+            f"metrics {base}/metrics  (Ctrl-C stops)"
+        )
     await task
 
 
@@ -80,14 +83,14 @@ def run_local(settings: Settings, options: LocalOptions) -> int:
         triton.start()
         triton.wait_ready(options.ready_timeout)
         _say("tritonserver is ready (all models loaded)")
-        settings = settings.model_copy(
-            update={"triton": settings.triton.model_copy(update={"url": triton.grpc_url})}
-        )
+        local_triton = {"url": triton.grpc_url, "metrics_url": triton.metrics_url}
+        settings = settings.model_copy(update={"triton": settings.triton.model_copy(update=local_triton)})
         config = uvicorn.Config(
             create_app(settings),
             host=options.host,
             port=options.port,
-            log_level=settings.log_level,
+            log_config=None,
+            access_log=False,  # the gateway writes its own access log
             timeout_graceful_shutdown=10,
         )
         asyncio.run(_serve(uvicorn.Server(config), options))

@@ -41,6 +41,13 @@ class TritonSettings(BaseModel):
     health_timeout_seconds: float = Field(
         2.0, gt=0, le=60, description="Deadline for each health/metadata call (/readyz, /models)."
     )
+    metrics_url: str = Field(
+        "http://127.0.0.1:8002/metrics",
+        description="Triton's Prometheus endpoint, merged into the gateway's /metrics; empty: not merged.",
+    )
+    metrics_timeout_seconds: float = Field(
+        1.0, gt=0, le=30, description="Deadline for reading Triton's metrics during a scrape."
+    )
     retry_after_seconds: int = Field(
         5, ge=1, le=3600, description="Retry-After sent with 503 when Triton or a model is unavailable."
     )
@@ -105,6 +112,9 @@ class Settings(BaseSettings):
     text: TextLimits = Field(default_factory=TextLimits)
     docs_enabled: bool = Field(True, description="Serve /docs, /redoc and /openapi.json.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+    log_format: Literal["text", "json"] = Field(
+        "text", description="Log lines as plain text or one JSON object a line (for log shippers)."
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:

@@ -25,6 +25,7 @@ from gateway.errors import (
     TritonTimeoutError,
     TritonUnavailableError,
 )
+from gateway.metrics import GatewayMetrics
 from gateway.settings import TritonSettings
 
 logger = logging.getLogger("gateway.triton")
@@ -78,17 +79,20 @@ class TritonBackend:
     Build it inside a running event loop (the app's lifespan) and ``close()`` it there.
     """
 
-    def __init__(self, settings: TritonSettings) -> None:
+    def __init__(self, settings: TritonSettings, metrics: GatewayMetrics) -> None:
         self._settings = settings
+        self._metrics = metrics
         self._client = grpcclient.InferenceServerClient(settings.url)
 
     async def close(self) -> None:
         await self._client.close()
 
     def _error(
-        self, exc: InferenceServerException, what: str, invalid: InvalidInputError | None = None
+        self, exc: InferenceServerException, model: str, what: str, invalid: InvalidInputError | None = None
     ) -> GatewayError:
         logger.warning("triton %s on %s: %s", exc.status(), what, exc.message())
+        code = (exc.status() or "UNKNOWN").removeprefix("StatusCode.")
+        self._metrics.triton_failures.labels(model=model, code=code).inc()
         error = map_triton_error(exc, retry_after=self._settings.retry_after_seconds, invalid=invalid)
         error.__cause__ = exc
         return error
@@ -100,13 +104,14 @@ class TritonBackend:
         image.set_data_from_numpy(np.array([[data]], dtype=np.object_))
         k = grpcclient.InferInput("TOP_K", [1, 1], "INT32")
         k.set_data_from_numpy(np.array([[top_k]], dtype=np.int32))
-        result = await self._client.infer(
-            model,
-            [image, k],
-            model_version=version,
-            request_id=request_id,
-            client_timeout=self._settings.timeout_seconds,
-        )
+        with self._metrics.time_triton_call(model, version):
+            result = await self._client.infer(
+                model,
+                [image, k],
+                model_version=version,
+                request_id=request_id,
+                client_timeout=self._settings.timeout_seconds,
+            )
         labels = _strings(result.as_numpy("LABELS")[0])
         scores = result.as_numpy("SCORES")[0].tolist()
         ids = result.as_numpy("CLASS_IDS")[0].tolist()
@@ -129,7 +134,9 @@ class TritonBackend:
         failures: list[tuple[int, GatewayError]] = []
         for index, outcome in enumerate(outcomes):
             if isinstance(outcome, InferenceServerException):
-                failures.append((index, self._error(outcome, f"input {index} of request {request_id}")))
+                failures.append(
+                    (index, self._error(outcome, model, f"input {index} of request {request_id}"))
+                )
             elif isinstance(outcome, BaseException):
                 raise outcome
             else:
@@ -167,16 +174,17 @@ class TritonBackend:
             labels.set_data_from_numpy(np.array([row] * count, dtype=np.object_))
             inputs.append(labels)
         try:
-            result = await self._client.infer(
-                model,
-                inputs,
-                model_version=version,
-                request_id=request_id,
-                client_timeout=self._settings.timeout_seconds,
-            )
+            with self._metrics.time_triton_call(model, version):
+                result = await self._client.infer(
+                    model,
+                    inputs,
+                    model_version=version,
+                    request_id=request_id,
+                    client_timeout=self._settings.timeout_seconds,
+                )
         except InferenceServerException as exc:
             invalid = InvalidInputError("the text model rejected the input")
-            raise self._error(exc, f"request {request_id}", invalid) from exc
+            raise self._error(exc, model, f"request {request_id}", invalid) from exc
         version_answered = result.get_response().model_version
         truncated = result.as_numpy("TRUNCATED").reshape(-1).tolist()
         return [

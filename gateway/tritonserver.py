@@ -98,6 +98,10 @@ class TritonServer:
         return f"{self.host}:{self.grpc_port}"
 
     @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}/metrics"
+
+    @property
     def log_file(self) -> Path:
         return self.workdir / "tritonserver.log"
 

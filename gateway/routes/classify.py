@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from time import perf_counter
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 
 from gateway.backend import Classification, InferenceBackend
 from gateway.bodies import ClassifyInput, read_classify_input
-from gateway.dependencies import BackendDep, RequestIdDep, SettingsDep
+from gateway.dependencies import BackendDep, MetricsDep, RequestIdDep, SettingsDep
 from gateway.errors import ClientError, InvalidInputError
+from gateway.metrics import GatewayMetrics
 from gateway.routes.problems import problem_responses
 from gateway.schemas import EXAMPLE_PNG_BASE64, ClassificationResult, ClassifyResponse, Prediction
 from gateway.settings import MODEL_MAX_TOP_K, Settings
@@ -66,7 +68,13 @@ REQUEST_BODY: dict[str, Any] = {
 
 
 async def _classify_images(
-    payload: ClassifyInput, settings: Settings, backend: InferenceBackend, top_k: int, request_id: str
+    payload: ClassifyInput,
+    settings: Settings,
+    backend: InferenceBackend,
+    metrics: GatewayMetrics,
+    top_k: int,
+    request_id: str,
+    started: float,
 ) -> tuple[str, list[Classification]]:
     if not settings.image_model:
         raise InvalidInputError("this gateway serves no image model")
@@ -76,6 +84,7 @@ async def _classify_images(
         except ClientError as exc:
             exc.at(index)
             raise
+    metrics.validation_duration.labels(model=settings.image_model).observe(perf_counter() - started)
     answers = await backend.classify_images(
         settings.image_model, settings.image_model_version, payload.images, top_k, request_id
     )
@@ -83,10 +92,18 @@ async def _classify_images(
 
 
 async def _classify_texts(
-    payload: ClassifyInput, settings: Settings, backend: InferenceBackend, top_k: int, request_id: str
+    payload: ClassifyInput,
+    settings: Settings,
+    backend: InferenceBackend,
+    metrics: GatewayMetrics,
+    top_k: int,
+    request_id: str,
+    started: float,
 ) -> tuple[str, list[Classification]]:
     if not settings.text_model:
         raise InvalidInputError("this gateway serves no text model")
+    # Texts were normalised while the body was read.
+    metrics.validation_duration.labels(model=settings.text_model).observe(perf_counter() - started)
     answers = await backend.classify_texts(
         settings.text_model,
         settings.text_model_version,
@@ -117,15 +134,22 @@ async def classify(
     request: Request,
     settings: SettingsDep,
     backend: BackendDep,
+    metrics: MetricsDep,
     request_id: RequestIdDep,
     top_k: Annotated[
         int | None, Query(ge=1, le=MODEL_MAX_TOP_K, description="Predictions per input (default 5).")
     ] = None,
 ) -> ClassifyResponse:
+    started = perf_counter()
     payload = await read_classify_input(request, settings)
     k = resolve_top_k(top_k, payload.top_k, settings.default_top_k, settings.max_top_k)
-    handler = _classify_texts if payload.texts else _classify_images
-    model, answers = await handler(payload, settings, backend, k, request_id)
+    if payload.texts:
+        model, handler = settings.text_model, _classify_texts
+    else:
+        model, handler = settings.image_model, _classify_images
+    request.state.model = model  # the metrics' model label
+    metrics.inputs.labels(model=model).observe(len(payload.texts or payload.images))
+    model, answers = await handler(payload, settings, backend, metrics, k, request_id, started)
     return ClassifyResponse(
         model=model,
         model_version=answers[0].model_version,

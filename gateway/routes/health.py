@@ -23,7 +23,7 @@ _ACCEPTS = {
 }
 
 
-async def _statuses(backend: InferenceBackend, served: list[ServedModel]) -> list[ModelStatus]:
+async def model_statuses(backend: InferenceBackend, served: list[ServedModel]) -> list[ModelStatus]:
     return list(await asyncio.gather(*(backend.model_status(m.name, m.version) for m in served)))
 
 
@@ -40,7 +40,7 @@ async def livez() -> Liveness:
 )
 async def readyz(settings: SettingsDep, backend: BackendDep, request_id: RequestIdDep) -> JSONResponse:
     server, statuses = await asyncio.gather(
-        backend.server_status(), _statuses(backend, settings.served_models())
+        backend.server_status(), model_statuses(backend, settings.served_models())
     )
     checks = {"triton_live": server.live}
     for status in statuses:
@@ -77,7 +77,7 @@ async def models(settings: SettingsDep, backend: BackendDep) -> ModelsResponse:
     served = settings.served_models()
     server, statuses, labels = await asyncio.gather(
         backend.server_status(),
-        _statuses(backend, served),
+        model_statuses(backend, served),
         asyncio.gather(*(_labels(settings, backend, m) for m in served)),
     )
     return ModelsResponse(

@@ -24,7 +24,7 @@ def settings() -> Settings:
 
 @pytest.fixture
 def client(backend: FakeBackend, settings: Settings) -> Iterator[TestClient]:
-    app = create_app(settings, backend_factory=lambda _: backend)
+    app = create_app(settings, backend_factory=lambda *_: backend)
     with TestClient(app, raise_server_exceptions=False) as test_client:
         yield test_client
     assert backend.closed

@@ -187,7 +187,7 @@ def test_error_names_the_failing_input(client: TestClient) -> None:
 def test_image_count_cap_is_413() -> None:
     backend = FakeBackend()
     settings = Settings(image=ImageLimits(max_images=2))
-    with TestClient(create_app(settings, backend_factory=lambda _: backend)) as client:
+    with TestClient(create_app(settings, backend_factory=lambda *_: backend)) as client:
         files = [("file", (str(i), small_png())) for i in range(3)]
         assert_problem(client.post("/classify", files=files), 413, "payload-too-large")
         encoded = base64.b64encode(small_png()).decode()
@@ -198,7 +198,7 @@ def test_image_count_cap_is_413() -> None:
 def test_body_cap_is_enforced_while_reading() -> None:
     backend = FakeBackend()
     settings = Settings(max_body_bytes=64 * 1024, image=ImageLimits(max_bytes=32 * 1024))
-    with TestClient(create_app(settings, backend_factory=lambda _: backend)) as client:
+    with TestClient(create_app(settings, backend_factory=lambda *_: backend)) as client:
         big = b"\xff\xd8\xff" + b"\x00" * 40_000
 
         def chunks():  # no Content-Length: the cap must hold while streaming

@@ -52,7 +52,7 @@ def test_models_can_serve_one_kind_only(backend: FakeBackend) -> None:
     from gateway.app import create_app
     from gateway.settings import Settings
 
-    with TestClient(create_app(Settings(image_model=""), backend_factory=lambda _: backend)) as client:
+    with TestClient(create_app(Settings(image_model=""), backend_factory=lambda *_: backend)) as client:
         assert [m["name"] for m in client.get("/models").json()["models"]] == ["text_classifier"]
         assert "model:image_classifier" not in client.get("/readyz").json()["checks"]
         response = client.post("/classify", content=b"\xff\xd8\xff", headers={"content-type": "image/jpeg"})

@@ -40,7 +40,7 @@ def chromium() -> str:
 
 @pytest.fixture(scope="module")
 def docs_server() -> Iterator[ServedApp]:
-    served = ServedApp(create_app(Settings(), backend_factory=lambda _: FakeBackend())).start()
+    served = ServedApp(create_app(Settings(), backend_factory=lambda *_: FakeBackend())).start()
     yield served
     served.stop()
 

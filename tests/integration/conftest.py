@@ -80,13 +80,17 @@ def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
     server.stop()
 
 
-def gateway_settings(url: str, **overrides: object) -> Settings:
-    return Settings(triton=TritonSettings(url=url), **overrides)  # type: ignore[arg-type]
+def gateway_settings(triton: TritonServer, **overrides: object) -> Settings:
+    """Settings pointing at this Triton's gRPC and metrics endpoints."""
+    return Settings(
+        triton=TritonSettings(url=triton.grpc_url, metrics_url=triton.metrics_url),
+        **overrides,  # type: ignore[arg-type]
+    )
 
 
 @pytest.fixture(scope="session")
 def gateway(triton: TritonServer) -> Iterator[ServedApp]:
-    served = ServedApp(create_app(gateway_settings(triton.grpc_url))).start()
+    served = ServedApp(create_app(gateway_settings(triton))).start()
     yield served
     served.stop()
 

@@ -1,0 +1,163 @@
+"""The gateway's Prometheus metrics, and Triton's own metrics merged into one exposition.
+
+Everything lives in an explicit :class:`CollectorRegistry` built by the app factory
+(no global registry). Names are in base units with the ``gateway_`` prefix; labels use
+Triton's names (``model``, ``version``) so dashboards can join the two families, and
+their values are bounded: route templates, status codes, model names from settings,
+error slugs, gRPC status names. Never user input, file names or request ids.
+
+The gateway runs one process per container (one event loop, one gRPC channel); scale
+it with replicas, each scraped on its own. prometheus-client's multiprocess mode is
+therefore not used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from time import perf_counter
+
+import httpx
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, disable_created_metrics
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+# Prometheus text format 0.0.4: what both generate_latest and Triton write, and what
+# every Prometheus parses.
+EXPOSITION_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# 1 ms .. 10 s, roughly x2.5 per step.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+INPUT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+BYTES_BUCKETS = (1024, 16 * 1024, 64 * 1024, 256 * 1024, 1024**2, 4 * 1024**2, 16 * 1024**2, 64 * 1024**2)
+
+
+class GatewayMetrics:
+    """Every metric the gateway exports, registered in ``registry``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        # *_created series double the series count for nothing Prometheus uses here. The
+        # switch is process-wide in prometheus-client, so it is flipped here, when the
+        # app is built, never at import.
+        disable_created_metrics()
+        self.registry = registry
+        self.requests = Counter(
+            "gateway_requests",
+            "HTTP requests answered, by route template, method, status code and model.",
+            ["route", "method", "status", "model"],
+            registry=registry,
+        )
+        self.request_duration = Histogram(
+            "gateway_request_duration_seconds",
+            "Time from the first byte of a request to the last byte of its response.",
+            ["route", "method", "model"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.in_flight = Gauge("gateway_requests_in_flight", "Requests being handled now.", registry=registry)
+        self.request_body = Histogram(
+            "gateway_request_body_bytes",
+            "Request body size as received.",
+            ["route"],
+            buckets=BYTES_BUCKETS,
+            registry=registry,
+        )
+        self.validation_duration = Histogram(
+            "gateway_validation_duration_seconds",
+            "Reading and validating a /classify body, before Triton is called.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.inputs = Histogram(
+            "gateway_inputs_per_request",
+            "Images or texts in one /classify request.",
+            ["model"],
+            buckets=INPUT_BUCKETS,
+            registry=registry,
+        )
+        self.rejections = Counter(
+            "gateway_rejections",
+            "Requests refused before or by Triton for being invalid, by reason (the problem type).",
+            ["reason"],
+            registry=registry,
+        )
+        self.triton_duration = Histogram(
+            "gateway_triton_request_duration_seconds",
+            "One gRPC inference call to Triton, as the gateway sees it.",
+            ["model", "version"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.triton_failures = Counter(
+            "gateway_triton_failures",
+            "Failed gRPC inference calls to Triton, by gRPC status code.",
+            ["model", "code"],
+            registry=registry,
+        )
+        self.triton_metrics_up = Gauge(
+            "gateway_triton_metrics_up",
+            "1 when Triton's metrics endpoint answered the last scrape, else 0.",
+            registry=registry,
+        )
+        self.model_ready = Gauge(
+            "gateway_model_ready",
+            "1 when a served model and all its ensemble steps are ready in Triton, else 0.",
+            ["model"],
+            registry=registry,
+        )
+        self.build = Info("gateway_build", "Gateway version and configuration.", registry=registry)
+
+    @contextmanager
+    def time_triton_call(self, model: str, version: str) -> Iterator[None]:
+        started = perf_counter()
+        try:
+            yield
+        finally:
+            self.triton_duration.labels(model=model, version=version or "latest").observe(
+                perf_counter() - started
+            )
+
+    def exposition(self, triton_text: str | None) -> bytes:
+        """The gateway's families, then Triton's (verbatim, when they were read)."""
+        ours = generate_latest(self.registry)
+        if not triton_text:
+            return ours
+        return ours + triton_text.encode("utf-8")
+
+
+def sanitise_triton_metrics(text: str, reserved_prefix: str = "gateway_") -> str | None:
+    """Triton's exposition when it parses and has no family of ours; None otherwise.
+
+    Passing it through verbatim keeps Triton's names and types exactly as Triton emits
+    them (re-rendering through prometheus-client would rename counters).
+    """
+    try:
+        families = list(text_string_to_metric_families(text))
+    except ValueError:
+        return None
+    if any(family.name.startswith(reserved_prefix) for family in families):
+        return None
+    return text if text.endswith("\n") else text + "\n"
+
+
+class TritonMetricsScraper:
+    """Reads Triton's metrics endpoint at scrape time, with a short timeout."""
+
+    def __init__(self, url: str, timeout: float) -> None:
+        self._url = url
+        self._client = httpx.AsyncClient(timeout=timeout)
+
+    async def fetch(self) -> str | None:
+        """Triton's exposition, or None when it cannot be read or parsed."""
+        if not self._url:
+            return None
+        try:
+            response = await self._client.get(self._url)
+        except httpx.HTTPError:
+            return None
+        if response.status_code != 200:
+            return None
+        return sanitise_triton_metrics(response.text)
+
+    async def close(self) -> None:
+        await self._client.aclose()

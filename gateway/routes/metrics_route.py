@@ -1,0 +1,34 @@
+"""GET /metrics: the gateway's metrics and Triton's, in one Prometheus exposition."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter
+from fastapi.responses import Response
+
+from gateway.dependencies import BackendDep, MetricsDep, SettingsDep, TritonMetricsDep
+from gateway.metrics import EXPOSITION_CONTENT_TYPE
+from gateway.routes.health import model_statuses
+
+router = APIRouter(tags=["health"])
+
+
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics: gateway_* and, when Triton's endpoint answers, Triton's nv_*",
+    response_class=Response,
+    responses={
+        200: {"content": {EXPOSITION_CONTENT_TYPE: {}}, "description": "Prometheus text format 0.0.4."}
+    },
+)
+async def metrics(
+    settings: SettingsDep, backend: BackendDep, gateway_metrics: MetricsDep, scraper: TritonMetricsDep
+) -> Response:
+    triton_text, statuses = await asyncio.gather(
+        scraper.fetch(), model_statuses(backend, settings.served_models())
+    )
+    gateway_metrics.triton_metrics_up.set(1 if triton_text else 0)
+    for status in statuses:
+        gateway_metrics.model_ready.labels(model=status.name).set(1 if status.ready else 0)
+    return Response(gateway_metrics.exposition(triton_text), media_type=EXPOSITION_CONTENT_TYPE)
