@@ -38,7 +38,7 @@ class GatewayMetrics:
         # *_created series double the series count for nothing Prometheus uses here. The
         # switch is process-wide in prometheus-client, so it is flipped here, when the
         # app is built, never at import.
-        disable_created_metrics()
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = registry
         self.requests = Counter(
             "gateway_requests",
