@@ -6,6 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 TRITON_ENV := .venv-triton
 BUILD_ENV := .venv-build
+SCHEMA_CHECK := deploy/grafana/schema-check
 PORT ?= 8080
 PIP := --disable-pip-version-check --quiet
 # NVIDIA's wheel bundling a CPU-capable tritonserver 2.51 with the Python backend.
@@ -28,6 +29,9 @@ system-deps:
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq python3-venv; }
 
 test-system-deps: system-deps
+	@command -v npm >/dev/null || { \
+	  echo "installing nodejs and npm (apt)"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq nodejs npm; }
 	@missing=""; for p in $(APT_TEST_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing$$missing (apt)"; \
@@ -58,6 +62,11 @@ $(BUILD_ENV)/.installed: deploy/model-build/requirements.txt deploy/model-build/
 
 install: $(VENV)/.installed $(TRITON_ENV)/.installed
 
+# Grafana's published dashboard schema + TypeScript, to type-check the dashboards.
+$(SCHEMA_CHECK)/node_modules/.installed: $(SCHEMA_CHECK)/package-lock.json
+	npm ci --prefix $(SCHEMA_CHECK) --no-audit --no-fund --loglevel=error
+	touch $@
+
 models: $(BUILD_ENV)/.installed
 	$(BUILD_ENV)/bin/python deploy/model-build/build.py --repository model_repository
 
@@ -69,9 +78,9 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff format --check gateway tests deploy model_repository
 	$(VENV)/bin/mypy
 
-test: test-system-deps install models lint
+test: test-system-deps install models lint $(SCHEMA_CHECK)/node_modules/.installed
 	TRITON_GATEWAY_TRITON_ENV=$(TRITON_ENV) $(VENV)/bin/pytest
 
 clean:
-	rm -rf $(VENV) $(TRITON_ENV) $(BUILD_ENV) .triton
+	rm -rf $(VENV) $(TRITON_ENV) $(BUILD_ENV) .triton $(SCHEMA_CHECK)/node_modules
 	find model_repository -name '*.onnx' -o -name '*.onnx.stamp' | xargs -r rm -f

@@ -7,3 +7,6 @@ from pathlib import Path
 
 # Make tests/support.py importable as `support` from every test folder.
 sys.path.insert(0, str(Path(__file__).parent))
+
+# Fixtures starting a real tritonserver; nothing starts until a test asks for one.
+pytest_plugins = ["triton_fixtures"]

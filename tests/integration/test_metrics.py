@@ -8,9 +8,9 @@ from collections.abc import Callable
 
 import httpx
 import pytest
-from conftest import gateway_settings  # type: ignore[import-not-found]
 from prometheus_client.parser import text_string_to_metric_families
 from support import chelsea_jpeg, random_bytes
+from triton_fixtures import gateway_settings
 
 from gateway.settings import Settings
 from gateway.tritonserver import TritonServer

@@ -1,4 +1,5 @@
-"""A real tritonserver (session-wide) and the real gateway in front of it, over real HTTP.
+"""Pytest plugin: a real tritonserver (session-wide) and the real gateway in front of it,
+over real HTTP, for tests/integration and tests/e2e. Loaded by tests/conftest.py.
 
 The Triton environment comes from TRITON_GATEWAY_TRITON_ENV (``make test`` sets it);
 a missing environment or model is a loud failure, never a skip.
@@ -20,7 +21,7 @@ from gateway.local import free_port
 from gateway.settings import Settings, TritonSettings
 from gateway.tritonserver import TritonServer
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 REPOSITORY = ROOT / "model_repository"
 _servers: list[TritonServer] = []
 
