@@ -192,7 +192,8 @@ def test_overlay_renders_a_complete_stack(overlay: str) -> None:
     container = pod["containers"][0]
     assert container["livenessProbe"]["httpGet"]["path"] == "/livez"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert container["resources"]["requests"] and container["resources"]["limits"]
+    assert container["resources"]["requests"]
+    assert container["resources"]["limits"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert pod["terminationGracePeriodSeconds"] >= 15
