@@ -13,13 +13,14 @@ PIP := --disable-pip-version-check --quiet
 PYTRITON := nvidia-pytriton==0.7.0
 APT_TEST_PACKAGES := chromium prometheus docker-compose
 
-.PHONY: help run test lint typecheck models install system-deps test-system-deps clean
+.PHONY: help run test lint typecheck models install system-deps test-system-deps clean bench
 
 help:
 	@echo "make run    install, build the models, start Triton (CPU) and the gateway on :$(PORT)"
 	@echo "make test   install (apt packages included), build the models, lint and run the whole suite"
 	@echo "make models export the ONNX models into model_repository/ (skips what is up to date)"
 	@echo "make lint   ruff + mypy"
+	@echo "make bench  latency/throughput of a running gateway (make run first)"
 	@echo "make clean  remove the virtual environments and built models"
 
 # Debian's Python needs python3-venv for `python3 -m venv`.
@@ -84,3 +85,7 @@ test: test-system-deps install models lint $(SCHEMA_CHECK)/node_modules/.install
 clean:
 	rm -rf $(VENV) $(TRITON_ENV) $(BUILD_ENV) .triton $(SCHEMA_CHECK)/node_modules
 	find model_repository -name '*.onnx' -o -name '*.onnx.stamp' | xargs -r rm -f
+
+# Latency/throughput of a running gateway (start it with `make run` in another terminal).
+bench: $(VENV)/.installed
+	$(VENV)/bin/python tests/benchmarks/bench_classify.py --url http://localhost:$(PORT)
