@@ -22,6 +22,7 @@ from typing import Any
 from PIL import Image, UnidentifiedImageError
 
 from gateway.errors import (
+    ClientError,
     ImageTooLargeError,
     InvalidInputError,
     MalformedRequestError,
@@ -111,6 +112,18 @@ def inspect_image(data: bytes, limits: ImageLimits) -> ImageInfo:
     if frames > limits.max_frames:
         raise ImageTooLargeError(f"the image has {frames} frames; the limit is {limits.max_frames}")
     return ImageInfo(format=detected, width=width, height=height, frames=frames, size_bytes=len(data))
+
+
+def inspect_images(images: list[bytes], limits: ImageLimits) -> list[ImageInfo]:
+    """inspect_image for each; an error names the input it is about."""
+    found = []
+    for index, data in enumerate(images):
+        try:
+            found.append(inspect_image(data, limits))
+        except ClientError as exc:
+            exc.at(index)
+            raise
+    return found
 
 
 def decode_base64_image(text: str, limits: ImageLimits) -> bytes:

@@ -7,15 +7,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 
-from gateway.backend import Classification, InferenceBackend
-from gateway.bodies import ClassifyInput, read_classify_input
+from gateway.bodies import read_classify_input
 from gateway.dependencies import BackendDep, MetricsDep, RequestIdDep, SettingsDep
-from gateway.errors import ClientError, InvalidInputError
-from gateway.metrics import GatewayMetrics
+from gateway.errors import InvalidInputError
 from gateway.routes.problems import problem_responses
 from gateway.schemas import EXAMPLE_PNG_BASE64, ClassificationResult, ClassifyResponse, Prediction
-from gateway.settings import MODEL_MAX_TOP_K, Settings
-from gateway.validation import inspect_image, resolve_top_k
+from gateway.settings import MODEL_MAX_TOP_K
+from gateway.validation import inspect_images, resolve_top_k
 
 router = APIRouter(tags=["classify"])
 
@@ -67,54 +65,6 @@ REQUEST_BODY: dict[str, Any] = {
 }
 
 
-async def _classify_images(
-    payload: ClassifyInput,
-    settings: Settings,
-    backend: InferenceBackend,
-    metrics: GatewayMetrics,
-    top_k: int,
-    request_id: str,
-    started: float,
-) -> tuple[str, list[Classification]]:
-    if not settings.image_model:
-        raise InvalidInputError("this gateway serves no image model")
-    for index, data in enumerate(payload.images):
-        try:
-            inspect_image(data, settings.image)
-        except ClientError as exc:
-            exc.at(index)
-            raise
-    metrics.validation_duration.labels(model=settings.image_model).observe(perf_counter() - started)
-    answers = await backend.classify_images(
-        settings.image_model, settings.image_model_version, payload.images, top_k, request_id
-    )
-    return settings.image_model, answers
-
-
-async def _classify_texts(
-    payload: ClassifyInput,
-    settings: Settings,
-    backend: InferenceBackend,
-    metrics: GatewayMetrics,
-    top_k: int,
-    request_id: str,
-    started: float,
-) -> tuple[str, list[Classification]]:
-    if not settings.text_model:
-        raise InvalidInputError("this gateway serves no text model")
-    # Texts were normalised while the body was read.
-    metrics.validation_duration.labels(model=settings.text_model).observe(perf_counter() - started)
-    answers = await backend.classify_texts(
-        settings.text_model,
-        settings.text_model_version,
-        payload.texts,
-        top_k,
-        payload.candidate_labels,
-        request_id,
-    )
-    return settings.text_model, answers
-
-
 @router.post(
     "/classify",
     summary="Classify images or texts",
@@ -141,15 +91,23 @@ async def classify(
     ] = None,
 ) -> ClassifyResponse:
     started = perf_counter()
-    payload = await read_classify_input(request, settings)
+    payload = await read_classify_input(request, settings)  # texts are normalised here
     k = resolve_top_k(top_k, payload.top_k, settings.default_top_k, settings.max_top_k)
-    if payload.texts:
-        model, handler = settings.text_model, _classify_texts
-    else:
-        model, handler = settings.image_model, _classify_images
+    kind, model = ("text", settings.text_model) if payload.texts else ("image", settings.image_model)
+    if not model:
+        raise InvalidInputError(f"this gateway serves no {kind} model")
     request.state.model = model  # the metrics' model label
+    inspect_images(payload.images, settings.image)
+    metrics.validation_duration.labels(model=model).observe(perf_counter() - started)
     metrics.inputs.labels(model=model).observe(len(payload.texts or payload.images))
-    model, answers = await handler(payload, settings, backend, metrics, k, request_id, started)
+    if payload.texts:
+        answers = await backend.classify_texts(
+            model, settings.text_model_version, payload.texts, k, payload.candidate_labels, request_id
+        )
+    else:
+        answers = await backend.classify_images(
+            model, settings.image_model_version, payload.images, k, request_id
+        )
     return ClassifyResponse(
         model=model,
         model_version=answers[0].model_version,
