@@ -25,7 +25,13 @@ from gateway.errors import (
 )
 from gateway.schemas import ClassifyJSONRequest
 from gateway.settings import Settings
-from gateway.validation import decode_base64_image, normalize_labels, normalize_text, parse_json_object
+from gateway.validation import (
+    check_count,
+    decode_base64_image,
+    normalize_labels,
+    normalize_text,
+    parse_json_object,
+)
 
 RAW_IMAGE_TYPES = ("image/jpeg", "image/png", "image/webp", "application/octet-stream")
 ACCEPTED_TYPES = ("multipart/form-data", "application/json", *RAW_IMAGE_TYPES)
@@ -76,12 +82,7 @@ async def _read_multipart(request: Request, settings: Settings) -> ClassifyInput
     try:
         async with capped.form(max_files=_MAX_PARTS, max_fields=_MAX_PARTS) as form:
             parts = form.getlist("file")
-            if not parts:
-                raise InvalidInputError("the multipart body has no 'file' part")
-            if len(parts) > settings.image.max_images:
-                raise PayloadTooLargeError(
-                    f"{len(parts)} images in one request; the limit is {settings.image.max_images}"
-                )
+            check_count(len(parts), settings.image.max_images, "images ('file' parts)")
             images: list[bytes] = []
             for index, part in enumerate(parts):
                 if not isinstance(part, UploadFile):
@@ -118,12 +119,7 @@ async def _read_json(request: Request, settings: Settings) -> ClassifyInput:
     if parsed.candidate_labels is not None:
         raise InvalidInputError("candidate_labels applies to texts only")
     encoded = [parsed.image] if parsed.image is not None else list(parsed.images or [])
-    if not encoded:
-        raise InvalidInputError("'images' is empty")
-    if len(encoded) > settings.image.max_images:
-        raise PayloadTooLargeError(
-            f"{len(encoded)} images in one request; the limit is {settings.image.max_images}"
-        )
+    check_count(len(encoded), settings.image.max_images, "images")
     images: list[bytes] = []
     for index, text in enumerate(encoded):
         try:
@@ -136,10 +132,7 @@ async def _read_json(request: Request, settings: Settings) -> ClassifyInput:
 
 def _texts_from(parsed: ClassifyJSONRequest, settings: Settings) -> ClassifyInput:
     raw = [parsed.text] if parsed.text is not None else list(parsed.texts or [])
-    if not raw:
-        raise InvalidInputError("'texts' is empty")
-    if len(raw) > settings.text.max_texts:
-        raise PayloadTooLargeError(f"{len(raw)} texts in one request; the limit is {settings.text.max_texts}")
+    check_count(len(raw), settings.text.max_texts, "texts")
     texts: list[str] = []
     for index, value in enumerate(raw):
         try:

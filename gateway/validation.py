@@ -114,6 +114,14 @@ def inspect_image(data: bytes, limits: ImageLimits) -> ImageInfo:
     return ImageInfo(format=detected, width=width, height=height, frames=frames, size_bytes=len(data))
 
 
+def check_count(count: int, limit: int, what: str) -> None:
+    """At least one input, at most ``limit`` of them (a cap: 413)."""
+    if count == 0:
+        raise InvalidInputError(f"no {what} given")
+    if count > limit:
+        raise PayloadTooLargeError(f"{count} {what} in one request; the limit is {limit}")
+
+
 def inspect_images(images: list[bytes], limits: ImageLimits) -> list[ImageInfo]:
     """inspect_image for each; an error names the input it is about."""
     found = []
@@ -191,12 +199,7 @@ def normalize_text(value: str, max_chars: int, what: str = "the text") -> str:
 
 def normalize_labels(labels: list[str], limits: TextLimits) -> list[str]:
     """candidate_labels: 1..max of them, each a valid short text, no repeats."""
-    if not labels:
-        raise InvalidInputError("candidate_labels is empty")
-    if len(labels) > limits.max_candidate_labels:
-        raise PayloadTooLargeError(
-            f"{len(labels)} candidate_labels; the limit is {limits.max_candidate_labels}"
-        )
+    check_count(len(labels), limits.max_candidate_labels, "candidate_labels")
     clean = [normalize_text(label, limits.max_label_chars, "a candidate label").strip() for label in labels]
     if len(set(clean)) != len(clean):
         raise InvalidInputError("candidate_labels repeats a label")
