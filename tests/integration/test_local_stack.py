@@ -56,10 +56,14 @@ def test_local_command_serves_and_shuts_down_cleanly(
             except httpx.TransportError:
                 pass
             time.sleep(0.5)
-        output = (tmp_path / "local.log").read_text()
-        assert ready is not None, output
-        assert ready.status_code == 200, output
-        assert f"docs http://localhost:{port}/docs" in output
+        assert ready is not None, (tmp_path / "local.log").read_text()
+        assert ready.status_code == 200, (tmp_path / "local.log").read_text()
+        # The banner follows uvicorn's start by up to one poll; /readyz may answer first.
+        banner = f"docs http://localhost:{port}/docs"
+        deadline = time.monotonic() + 10
+        while banner not in (tmp_path / "local.log").read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert banner in (tmp_path / "local.log").read_text()
 
         response = httpx.post(
             f"http://127.0.0.1:{port}/classify", files={"file": ("cat.jpg", chelsea_jpeg())}, timeout=60
