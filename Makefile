@@ -11,16 +11,18 @@ PORT ?= 8080
 PIP := --disable-pip-version-check --quiet
 # NVIDIA's wheel bundling a CPU-capable tritonserver 2.51 with the Python backend.
 PYTRITON := nvidia-pytriton==0.7.0
-APT_TEST_PACKAGES := chromium prometheus docker-compose
+APT_TEST_PACKAGES := chromium prometheus docker-compose wrk
 
-.PHONY: help run test lint typecheck models install system-deps test-system-deps clean bench
+.PHONY: help run test lint typecheck models install system-deps test-system-deps clean bench soak gpu-smoke
 
 help:
 	@echo "make run    install, build the models, start Triton (CPU) and the gateway on :$(PORT)"
 	@echo "make test   install (apt packages included), build the models, lint and run the whole suite"
 	@echo "make models export the ONNX models into model_repository/ (skips what is up to date)"
 	@echo "make lint   ruff + mypy"
-	@echo "make bench  latency/throughput of a running gateway (make run first)"
+	@echo "make bench  the gateway side by side with Triton direct: table, JSON and plot in .reports/"
+	@echo "make soak   5 minutes at 80 % of capacity: RSS drift, descriptors, metric series, errors"
+	@echo "make gpu-smoke  on a GPU host: docker compose up, then every check in one report"
 	@echo "make clean  remove the virtual environments and built models"
 
 # Debian's Python needs python3-venv for `python3 -m venv`.
@@ -86,6 +88,17 @@ clean:
 	rm -rf $(VENV) $(TRITON_ENV) $(BUILD_ENV) .triton $(SCHEMA_CHECK)/node_modules
 	find model_repository -name '*.onnx' -o -name '*.onnx.stamp' | xargs -r rm -f
 
-# Latency/throughput of a running gateway (start it with `make run` in another terminal).
-bench: $(VENV)/.installed
-	$(VENV)/bin/python tests/benchmarks/bench_classify.py --url http://localhost:$(PORT)
+# The gateway side by side with Triton direct (trivial and real models; own Triton and
+# gateway; wrk as the HTTP load generator): table, .reports/bench.json and .reports/bench.png.
+bench: test-system-deps install models
+	$(VENV)/bin/python tests/benchmarks/bench_side_by_side.py --out .reports/bench
+
+# 5 minutes of mixed traffic at 80 % of capacity against its own Triton and gateway:
+# RSS drift, descriptors, metric series, errors (exit 1 on a problem).
+soak: install models
+	mkdir -p .reports
+	$(VENV)/bin/python tests/soak.py --seconds 300 --json .reports/soak.json
+
+# On a GPU host: bring up the compose GPU stack and check it in one go (one-screen report).
+gpu-smoke: $(VENV)/.installed
+	$(VENV)/bin/python deploy/gpu-smoke/smoke.py --compose gpu --perf --url http://localhost:$(PORT)

@@ -22,6 +22,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="listen address (default GATEWAY_HOST or 0.0.0.0)")
     serve.add_argument("--port", type=int, help="listen port (default GATEWAY_PORT or 8080)")
 
+    commands.add_parser(
+        "hash-key",
+        help="read an API key on stdin, print its SHA-256 for the keys file (GATEWAY_AUTH__KEYS_FILE)",
+    )
+
     local = commands.add_parser("local", help="start a local CPU tritonserver and the gateway together")
     local.add_argument("--host", default="127.0.0.1", help="gateway listen address (default 127.0.0.1)")
     local.add_argument("--port", type=int, default=8080, help="gateway port (default 8080)")
@@ -39,6 +44,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "hash-key":
+        from gateway.auth import hash_key
+
+        print(hash_key(sys.stdin.readline().strip()))
+        return 0
     try:
         settings = Settings()
     except ValidationError as exc:
@@ -49,18 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(settings.log_level, settings.log_format)
     try:
         if args.command == "serve":
-            import uvicorn
-
             from gateway.app import create_app
+            from gateway.server import run_server
 
-            uvicorn.run(
-                create_app(settings),
-                host=args.host or settings.host,
-                port=args.port or settings.port,
-                log_config=None,
-                access_log=False,  # the gateway writes its own access log
-                timeout_graceful_shutdown=10,
-            )
+            run_server(create_app(settings), settings, args.host or settings.host, args.port or settings.port)
             return 0
         from gateway.local import LocalOptions, run_local
 

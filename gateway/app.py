@@ -7,10 +7,13 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.utils import get_openapi
 from prometheus_client import CollectorRegistry
 
 from gateway import __version__
+from gateway.admission import Admission
+from gateway.auth import AuthMiddleware, load_keys
 from gateway.backend import InferenceBackend
 from gateway.dependencies import GatewayState
 from gateway.docs import install_docs
@@ -18,9 +21,10 @@ from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics, TritonMetricsScraper
 from gateway.requestid import RequestIdMiddleware
 from gateway.routes import classify, health, metrics_route
-from gateway.schemas import ClassifyJSONRequest, Problem
+from gateway.schemas import Problem, classify_json_model
 from gateway.settings import Settings
 from gateway.telemetry import TelemetryMiddleware
+from gateway.workers import CheckWorkers
 
 BackendFactory = Callable[[Settings, GatewayMetrics], InferenceBackend]
 
@@ -37,7 +41,10 @@ before it reaches Triton, then runs it through a Triton ensemble
 def _triton_backend(settings: Settings, metrics: GatewayMetrics) -> InferenceBackend:
     from gateway.triton import TritonBackend
 
-    return TritonBackend(settings.triton, metrics)
+    # gRPC refuses messages over this size before they leave: the largest single call is
+    # one image or one text request at its caps.
+    max_send = max(settings.image.max_bytes, settings.max_text_body_bytes) + 64 * 1024
+    return TritonBackend(settings.triton, metrics, max_send_bytes=max_send)
 
 
 def _url_kind(url: str) -> str:
@@ -54,6 +61,9 @@ def create_app(
     Metrics go to ``registry`` (a fresh one by default, never the global registry)."""
     make_backend = backend_factory or _triton_backend
     metrics = GatewayMetrics(registry or CollectorRegistry())
+    admission = Admission(
+        settings.server.max_in_flight, settings.server.queue_seconds, settings.server.retry_after_seconds
+    )
     metrics.build.info(
         {
             "version": __version__,
@@ -69,7 +79,14 @@ def create_app(
         backend = make_backend(settings, metrics)
         scraper = TritonMetricsScraper(settings.triton.metrics_url, settings.triton.metrics_timeout_seconds)
         try:
-            yield GatewayState(settings=settings, backend=backend, metrics=metrics, triton_metrics=scraper)
+            yield GatewayState(
+                settings=settings,
+                backend=backend,
+                metrics=metrics,
+                triton_metrics=scraper,
+                workers=CheckWorkers(settings.check_threads),
+                admission=admission,
+            )
         finally:
             await scraper.close()
             await backend.close()
@@ -84,20 +101,40 @@ def create_app(
         redoc_url=None,
         openapi_url=openapi_url,
     )
+    # The server drains through it at SIGTERM (gateway.server).
+    app.state.admission = admission
+    app.state.settings = settings
     # Added last = outermost: the request id exists before telemetry reads it.
+    if settings.auth.keys_file is not None:
+        # Inside the request id and telemetry layers, so refusals are counted and logged.
+        app.add_middleware(
+            AuthMiddleware,
+            keys=load_keys(settings.auth.keys_file),
+            metrics=metrics,
+            protect_metrics=settings.auth.protect_metrics,
+            protect_docs=settings.auth.protect_docs,
+        )
     app.add_middleware(TelemetryMiddleware, metrics=metrics)
-    app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(RequestIdMiddleware, admission=admission)
+    if settings.auth.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.auth.cors_origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "X-API-Key", "Content-Type", "X-Request-ID"],
+            expose_headers=["X-Request-ID", "Retry-After", "RateLimit", "RateLimit-Policy"],
+        )
     install_error_handlers(app, metrics)
     app.include_router(classify.router)
     app.include_router(health.router)
     app.include_router(metrics_route.router)
     if openapi_url is not None:
         install_docs(app, openapi_url)
-        app.openapi = _openapi_with_components(app)  # type: ignore[method-assign]
+        app.openapi = _openapi_with_components(app, settings)  # type: ignore[method-assign]
     return app
 
 
-def _openapi_with_components(app: FastAPI) -> Callable[[], dict[str, Any]]:
+def _openapi_with_components(app: FastAPI, settings: Settings) -> Callable[[], dict[str, Any]]:
     """FastAPI's schema plus the models referenced only from hand-written request/response specs."""
 
     def openapi() -> dict[str, Any]:
@@ -106,7 +143,8 @@ def _openapi_with_components(app: FastAPI) -> Callable[[], dict[str, Any]]:
                 title=app.title, version=app.version, description=app.description, routes=app.routes
             )
             components = schema.setdefault("components", {}).setdefault("schemas", {})
-            for model in (Problem, ClassifyJSONRequest):
+            request_model = classify_json_model(**settings.list_caps())
+            for model in (Problem, request_model):
                 components[model.__name__] = model.model_json_schema(
                     ref_template="#/components/schemas/{model}"
                 )

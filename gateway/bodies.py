@@ -7,7 +7,9 @@ Turns the three accepted transports (multipart, raw image bytes, JSON) into one
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
+from typing import Any
 
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
@@ -20,10 +22,11 @@ from gateway.errors import (
     InvalidInputError,
     MalformedRequestError,
     PayloadTooLargeError,
+    RequestTimeoutError,
     UnsupportedMediaTypeError,
     summarise_validation_errors,
 )
-from gateway.schemas import ClassifyJSONRequest
+from gateway.schemas import ClassifyJSONRequest, classify_json_model
 from gateway.settings import Settings
 from gateway.validation import (
     check_count,
@@ -32,6 +35,7 @@ from gateway.validation import (
     normalize_text,
     parse_json_object,
 )
+from gateway.workers import CheckWorkers
 
 RAW_IMAGE_TYPES = ("image/jpeg", "image/png", "image/webp", "application/octet-stream")
 ACCEPTED_TYPES = ("multipart/form-data", "application/json", *RAW_IMAGE_TYPES)
@@ -54,13 +58,19 @@ def media_type(request: Request) -> str:
     return request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
 
 
-def _capped(receive: Receive, limit: int) -> Receive:
-    """A receive channel that raises once more than ``limit`` body bytes have arrived."""
+def _capped(receive: Receive, limit: int, timeout: float) -> Receive:
+    """A receive channel that raises once more than ``limit`` body bytes have arrived, or
+    when the whole body has not arrived within ``timeout`` seconds (a stalled client)."""
     seen = 0
+    deadline = asyncio.get_running_loop().time() + timeout
 
     async def wrapped() -> Message:
         nonlocal seen
-        message = await receive()
+        try:
+            async with asyncio.timeout_at(deadline):
+                message = await receive()
+        except TimeoutError:
+            raise RequestTimeoutError(f"the body did not arrive within {timeout:g} s") from None
         if message["type"] == "http.request":
             seen += len(message.get("body", b""))
             if seen > limit:
@@ -70,15 +80,15 @@ def _capped(receive: Receive, limit: int) -> Receive:
     return wrapped
 
 
-def _limited(request: Request, limit: int) -> Request:
+def _limited(request: Request, limit: int, timeout: float) -> Request:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLargeError(f"the body ({declared} bytes) exceeds the {limit} byte limit")
-    return Request(request.scope, _capped(request.receive, limit))
+    return Request(request.scope, _capped(request.receive, limit, timeout))
 
 
 async def _read_multipart(request: Request, settings: Settings) -> ClassifyInput:
-    capped = _limited(request, settings.max_body_bytes)
+    capped = _limited(request, settings.max_body_bytes, settings.server.body_timeout_seconds)
     try:
         async with capped.form(max_files=_MAX_PARTS, max_fields=_MAX_PARTS) as form:
             parts = form.getlist("file")
@@ -98,18 +108,45 @@ async def _read_multipart(request: Request, settings: Settings) -> ClassifyInput
 
 
 async def _read_raw(request: Request, settings: Settings) -> ClassifyInput:
-    body = await _limited(request, settings.image.max_bytes).body()
+    body = await _limited(request, settings.image.max_bytes, settings.server.body_timeout_seconds).body()
     return ClassifyInput(images=[body])
 
 
-async def _read_json(request: Request, settings: Settings) -> ClassifyInput:
-    body = await _limited(request, settings.max_json_body_bytes).body()
+async def _read_json(request: Request, settings: Settings, workers: CheckWorkers) -> ClassifyInput:
+    body = await _limited(request, settings.max_json_body_bytes, settings.server.body_timeout_seconds).body()
+    return await workers.run(len(body), parse_json_input, body, settings)
+
+
+def _check_shape(document: dict[str, Any], body_size: int, settings: Settings, caps: dict[str, int]) -> None:
+    """Refuse, before any per-item work, what no valid request has: unknown keys, lists over
+    their caps (413), a text request bigger than the text caps allow (413)."""
+    unknown = len(document.keys() - ClassifyJSONRequest.model_fields.keys())
+    if unknown:
+        raise InvalidInputError(
+            f"the JSON body has {unknown} unknown key(s)",
+            errors=[{"loc": ["<unknown key>"], "msg": "Extra inputs are not permitted"}],
+        )
+    for key, cap in caps.items():
+        value = document.get(key)
+        if isinstance(value, list) and len(value) > cap:
+            raise PayloadTooLargeError(f"{len(value)} {key} in one request; the limit is {cap}")
+    if ("text" in document or "texts" in document) and body_size > settings.max_text_body_bytes:
+        raise PayloadTooLargeError(
+            f"a text request may be at most {settings.max_text_body_bytes} bytes; this one is {body_size}"
+        )
+
+
+def parse_json_input(body: bytes, settings: Settings) -> ClassifyInput:
+    """A JSON /classify body -> ClassifyInput (CPU-bound: run off the loop when large)."""
     document = parse_json_object(body)
+    caps = settings.list_caps()
+    _check_shape(document, len(body), settings, caps)
+    model = classify_json_model(**caps)
     try:
-        parsed = ClassifyJSONRequest.model_validate(document)
+        parsed = model.model_validate(document)
     except ValidationError as exc:
         raise InvalidInputError(
-            "the JSON body is invalid", errors=summarise_validation_errors(exc.errors())
+            "the JSON body is invalid", errors=summarise_validation_errors(exc.errors(), model.model_fields)
         ) from exc
     given = [name for name in ("image", "images", "text", "texts") if getattr(parsed, name) is not None]
     if len(given) != 1:
@@ -146,14 +183,15 @@ def _texts_from(parsed: ClassifyJSONRequest, settings: Settings) -> ClassifyInpu
     return ClassifyInput(texts=texts, candidate_labels=labels, top_k=parsed.top_k)
 
 
-async def read_classify_input(request: Request, settings: Settings) -> ClassifyInput:
+async def read_classify_input(request: Request, settings: Settings, workers: CheckWorkers) -> ClassifyInput:
     """Dispatch on the declared media type; the image bytes themselves are sniffed later."""
     kind = media_type(request)
     if kind == "multipart/form-data":
         return await _read_multipart(request, settings)
     if kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json")):
-        return await _read_json(request, settings)
+        return await _read_json(request, settings, workers)
     if kind in RAW_IMAGE_TYPES:
         return await _read_raw(request, settings)
-    shown = kind or "no Content-Type"
+    # The declared type is the client's input: named only when it is short and plain.
+    shown = "no Content-Type" if not kind else "this Content-Type"
     raise UnsupportedMediaTypeError(f"{shown} is not accepted; send one of {', '.join(ACCEPTED_TYPES)}")

@@ -1,14 +1,20 @@
-"""Typed access to what the lifespan built: settings and the inference backend."""
+"""Typed access to what the lifespan built: settings, the inference backend and helpers.
+
+The getters are ``async def``: they do no I/O, and FastAPI would run a plain ``def``
+dependency in the thread pool (a thread hop per dependency per request)."""
 
 from __future__ import annotations
 
-from typing import Annotated, TypedDict
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, TypedDict
 
 from fastapi import Depends, Request
 
+from gateway.admission import Admission
 from gateway.backend import InferenceBackend
 from gateway.metrics import GatewayMetrics, TritonMetricsScraper
 from gateway.settings import Settings
+from gateway.workers import CheckWorkers
 
 
 class GatewayState(TypedDict):
@@ -18,35 +24,25 @@ class GatewayState(TypedDict):
     backend: InferenceBackend
     metrics: GatewayMetrics
     triton_metrics: TritonMetricsScraper
+    workers: CheckWorkers
+    admission: Admission
 
 
-def get_settings(request: Request) -> Settings:
-    settings: Settings = request.state.settings
-    return settings
+def _from_state(name: str) -> Callable[[Request], Awaitable[Any]]:
+    """A dependency returning ``request.state.<name>`` (what the lifespan or the request-id
+    middleware put there); ``async`` so FastAPI runs it on the loop, not in a thread."""
+
+    async def get(request: Request) -> Any:
+        return getattr(request.state, name)
+
+    get.__name__ = f"get_{name}"
+    return get
 
 
-def get_backend(request: Request) -> InferenceBackend:
-    backend: InferenceBackend = request.state.backend
-    return backend
-
-
-def get_metrics(request: Request) -> GatewayMetrics:
-    metrics: GatewayMetrics = request.state.metrics
-    return metrics
-
-
-def get_triton_metrics(request: Request) -> TritonMetricsScraper:
-    scraper: TritonMetricsScraper = request.state.triton_metrics
-    return scraper
-
-
-def get_request_id(request: Request) -> str:
-    request_id: str = request.state.request_id
-    return request_id
-
-
-SettingsDep = Annotated[Settings, Depends(get_settings)]
-BackendDep = Annotated[InferenceBackend, Depends(get_backend)]
-RequestIdDep = Annotated[str, Depends(get_request_id)]
-MetricsDep = Annotated[GatewayMetrics, Depends(get_metrics)]
-TritonMetricsDep = Annotated[TritonMetricsScraper, Depends(get_triton_metrics)]
+SettingsDep = Annotated[Settings, Depends(_from_state("settings"))]
+BackendDep = Annotated[InferenceBackend, Depends(_from_state("backend"))]
+RequestIdDep = Annotated[str, Depends(_from_state("request_id"))]
+MetricsDep = Annotated[GatewayMetrics, Depends(_from_state("metrics"))]
+WorkersDep = Annotated[CheckWorkers, Depends(_from_state("workers"))]
+AdmissionDep = Annotated[Admission, Depends(_from_state("admission"))]
+TritonMetricsDep = Annotated[TritonMetricsScraper, Depends(_from_state("triton_metrics"))]

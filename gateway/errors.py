@@ -8,12 +8,18 @@ Every error a client can see is a :class:`GatewayError`; each class has a stable
     │   ├── MalformedRequestError      400 malformed-request   bad JSON, multipart or base64
     │   ├── NotFoundError              404 not-found           no such route
     │   ├── MethodNotAllowedError      405 method-not-allowed
+    │   ├── UnauthorizedError          401 unauthorized        no or unknown API key (+ WWW-Authenticate)
+    │   ├── RequestTimeoutError        408 request-timeout     the body did not arrive in time
+    │   ├── RateLimitedError           429 rate-limited        the key's rate is spent (+ Retry-After)
     │   ├── PayloadTooLargeError       413 payload-too-large   body, image bytes or count caps
     │   │   └── ImageTooLargeError     413 image-too-large     pixel, side or frame caps
     │   ├── UnsupportedMediaTypeError  415 unsupported-media-type   Content-Type not accepted
     │   │   └── UnsupportedImageFormatError 415 unsupported-image-format  sniffed format
     │   └── InvalidInputError          422 invalid-input       well-formed but invalid
     │       └── InvalidImageError      422 invalid-image       rejected by the model's preprocess
+    ├── ServiceUnavailableError (503: the gateway sheds load; + Retry-After)
+    │   ├── OverloadedError            503 overloaded          too many requests in flight
+    │   └── ShuttingDownError          503 shutting-down       draining before exit
     ├── UpstreamError (5xx: Triton is at fault; logged with details, never shown)
     │   ├── TritonFailureError         502 triton-failure
     │   ├── TritonUnavailableError     503 triton-unavailable  (+ Retry-After)
@@ -26,6 +32,7 @@ Bodies never echo the client's input, Triton's messages or a stack trace.
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
@@ -120,6 +127,30 @@ class MethodNotAllowedError(ClientError):
     title = "Method not allowed"
 
 
+class UnauthorizedError(ClientError):
+    """No API key, or one the gateway does not know."""
+
+    status = 401
+    slug = "unauthorized"
+    title = "Unauthorized"
+
+
+class RequestTimeoutError(ClientError):
+    """The client did not send its body within the body read timeout."""
+
+    status = 408
+    slug = "request-timeout"
+    title = "Request timeout"
+
+
+class RateLimitedError(ClientError):
+    """The API key has spent its request rate; retry after the given delay."""
+
+    status = 429
+    slug = "rate-limited"
+    title = "Too many requests"
+
+
 class PayloadTooLargeError(ClientError):
     """A size or count cap was exceeded: body, image bytes, images per request."""
 
@@ -165,6 +196,28 @@ class InvalidImageError(InvalidInputError):
     title = "Invalid image"
 
 
+class ServiceUnavailableError(GatewayError):
+    """The gateway itself refuses work for now (not Triton's fault); retry later."""
+
+    status = 503
+    slug = "service-unavailable"
+    title = "Service unavailable"
+
+
+class OverloadedError(ServiceUnavailableError):
+    """Every in-flight slot is taken and none freed within the queue wait."""
+
+    slug = "overloaded"
+    title = "Overloaded"
+
+
+class ShuttingDownError(ServiceUnavailableError):
+    """The gateway is draining before it exits; another replica should answer."""
+
+    slug = "shutting-down"
+    title = "Shutting down"
+
+
 class UpstreamError(GatewayError):
     """Triton is at fault (5xx)."""
 
@@ -208,44 +261,72 @@ def request_id_of(request: Request) -> str | None:
     return getattr(request.state, "request_id", None)
 
 
+def instance_of(request: Request) -> str | None:
+    """The route template that matched (never the raw path, which is the client's input)."""
+    path = getattr(request.scope.get("route"), "path", None)
+    return path if isinstance(path, str) else None
+
+
+def _where(request: Request) -> str:
+    """Method and path for a log line, cut short: both are the client's input."""
+    return f"{request.method[:16]} {request.url.path[:200]}"
+
+
 def problem_response(
     error: GatewayError, request: Request, headers: dict[str, str] | None = None
 ) -> JSONResponse:
-    body = error.problem(request_id_of(request), request.url.path)
+    body = error.problem(request_id_of(request), instance_of(request))
     merged = {**error.headers, **(headers or {})}
     return JSONResponse(body, status_code=error.status, headers=merged, media_type=PROBLEM_MEDIA_TYPE)
 
 
 async def _on_gateway_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, GatewayError)
-    if isinstance(exc, ClientError) and (metrics := getattr(request.app.state, "gateway_metrics", None)):
+    counted = isinstance(exc, ClientError | ServiceUnavailableError)
+    if counted and (metrics := getattr(request.app.state, "gateway_metrics", None)):
         metrics.rejections.labels(reason=exc.slug).inc()
-    if exc.status >= 500:
+    if exc.status >= 500 and not isinstance(exc, ServiceUnavailableError):
         logger.error(
-            "%s %s -> %d %s: %s",
-            request.method,
-            request.url.path,
+            "%s -> %d %s: %s",
+            _where(request),
             exc.status,
             exc.slug,
             exc.detail,
             exc_info=exc.__cause__ or exc,
         )
     else:
-        logger.warning(
-            "%s %s -> %d %s: %s", request.method, request.url.path, exc.status, exc.slug, exc.detail
-        )
+        logger.warning("%s -> %d %s: %s", _where(request), exc.status, exc.slug, exc.detail)
     return problem_response(exc, request)
 
 
-def summarise_validation_errors(errors: list[Any]) -> list[dict[str, Any]]:
-    """Pydantic/FastAPI errors without the offending input (which may be huge or private)."""
-    return [{"loc": [str(part) for part in e.get("loc", ())], "msg": str(e.get("msg", ""))} for e in errors]
+MAX_REPORTED_ERRORS = 5
+_UNKNOWN_KEY = "<unknown key>"
+
+
+def summarise_validation_errors(errors: list[Any], known_keys: Collection[str] = ()) -> list[dict[str, Any]]:
+    """The first few Pydantic/FastAPI errors, with their locations but never the input.
+
+    Locations keep list indices and the names in ``known_keys`` (the model's own fields,
+    the query parameters); any other key is the client's and is not echoed.
+    """
+
+    def part(value: Any) -> str | int:
+        if isinstance(value, int):
+            return value
+        text = str(value)
+        return text if text in known_keys else _UNKNOWN_KEY
+
+    return [
+        {"loc": [part(p) for p in e.get("loc", ())], "msg": str(e.get("msg", ""))[:200]}
+        for e in errors[:MAX_REPORTED_ERRORS]
+    ]
 
 
 async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
+    known = {"query", "path", "header", "body", "top_k"}
     error = InvalidInputError(
-        "the request parameters are invalid", errors=summarise_validation_errors(list(exc.errors()))
+        "the request parameters are invalid", errors=summarise_validation_errors(list(exc.errors()), known)
     )
     return await _on_gateway_error(request, error)
 
@@ -254,9 +335,9 @@ async def _on_http_exception(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     error: GatewayError
     if exc.status_code == 404:
-        error = NotFoundError(f"no route for {request.url.path}")
+        error = NotFoundError("there is no route at this path")
     elif exc.status_code == 405:
-        error = MethodNotAllowedError(f"{request.method} is not allowed on {request.url.path}")
+        error = MethodNotAllowedError("this method is not allowed on this route")
     elif 400 <= exc.status_code < 500:
         error = ClientError(HTTPStatus(exc.status_code).phrase)
         error.status = exc.status_code
@@ -266,7 +347,7 @@ async def _on_http_exception(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-    logger.error("%s %s -> 500: unexpected error", request.method, request.url.path, exc_info=exc)
+    logger.error("%s -> 500: unexpected error", _where(request), exc_info=exc)
     response = problem_response(GatewayError("the gateway failed unexpectedly"), request)
     if (request_id := request_id_of(request)) is not None:
         response.headers["X-Request-ID"] = request_id

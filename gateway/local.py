@@ -9,23 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import uvicorn
-
 from gateway.app import create_app
+from gateway.server import GatewayServer, server_config
 from gateway.settings import Settings
 from gateway.tritonserver import TritonServer
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass(frozen=True)
@@ -44,7 +35,7 @@ def _say(message: str) -> None:
     print(f"[triton-gateway] {message}", file=sys.stderr, flush=True)
 
 
-async def _serve(server: uvicorn.Server, options: LocalOptions) -> None:
+async def _serve(server: GatewayServer, options: LocalOptions) -> None:
     task = asyncio.create_task(server.serve())
     # uvicorn exposes readiness only as a flag; poll it briefly.
     while not server.started and not task.done():  # noqa: ASYNC110
@@ -67,14 +58,7 @@ def _on_stop_signal(signum: int, frame: object) -> None:
 
 
 def run_local(settings: Settings, options: LocalOptions) -> int:
-    triton = TritonServer(
-        python_env=options.triton_env,
-        model_repository=options.model_repository,
-        workdir=options.workdir,
-        grpc_port=free_port(),
-        http_port=free_port(),
-        metrics_port=free_port(),
-    )
+    triton = TritonServer.on_free_ports(options.triton_env, options.model_repository, options.workdir)
     # uvicorn handles the signal while serving (graceful shutdown), then re-raises it
     # once done: these handlers turn that into an orderly return instead of a kill.
     previous = {sig: signal.signal(sig, _on_stop_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -85,15 +69,10 @@ def run_local(settings: Settings, options: LocalOptions) -> int:
         _say("tritonserver is ready (all models loaded)")
         local_triton = {"url": triton.grpc_url, "metrics_url": triton.metrics_url}
         settings = settings.model_copy(update={"triton": settings.triton.model_copy(update=local_triton)})
-        config = uvicorn.Config(
-            create_app(settings),
-            host=options.host,
-            port=options.port,
-            log_config=None,
-            access_log=False,  # the gateway writes its own access log
-            timeout_graceful_shutdown=10,
-        )
-        asyncio.run(_serve(uvicorn.Server(config), options))
+        app = create_app(settings)
+        config = server_config(app, settings, options.host, options.port)
+        server = GatewayServer(config, app.state.admission, settings.server.shutdown_grace_seconds)
+        asyncio.run(_serve(server, options))
     except _StopRequestedError:
         pass
     finally:

@@ -18,7 +18,15 @@ from contextlib import contextmanager
 from time import perf_counter
 
 import httpx
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, disable_created_metrics
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Enum,
+    Gauge,
+    Histogram,
+    Info,
+    disable_created_metrics,
+)
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -103,6 +111,19 @@ class GatewayMetrics:
             "gateway_model_ready",
             "1 when a served model and all its ensemble steps are ready in Triton, else 0.",
             ["model"],
+            registry=registry,
+        )
+        self.client_requests = Counter(
+            "gateway_client_requests",
+            "Requests with a valid API key, by the key's configured id and outcome (allowed, rate_limited).",
+            ["client", "outcome"],
+            registry=registry,
+        )
+        self.circuit = Enum(
+            "gateway_triton_circuit_state",
+            "The circuit breaker in front of Triton: closed (calls go through), open (503 at once), "
+            "half_open (one trial call).",
+            states=["closed", "open", "half_open"],
             registry=registry,
         )
         self.build = Info("gateway_build", "Gateway version and configuration.", registry=registry)

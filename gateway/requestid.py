@@ -1,4 +1,9 @@
-"""X-Request-ID: accepted when well-formed, generated otherwise, echoed on every response."""
+"""X-Request-ID: accepted when well-formed, generated otherwise, echoed on every response.
+
+The same middleware sets the headers every answer carries: ``X-Content-Type-Options:
+nosniff`` and, unless the route chose its own caching, ``Cache-Control: no-store``
+(classifications and problems are per request, never for a shared cache); while the
+gateway drains, ``Connection: close``, so clients reconnect elsewhere."""
 
 from __future__ import annotations
 
@@ -7,6 +12,8 @@ import uuid
 
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.admission import Admission
 
 HEADER = "X-Request-ID"
 # Safe to log and to pass to Triton: no spaces, quotes or control characters.
@@ -22,8 +29,9 @@ def accept_or_generate(candidate: str | None) -> str:
 class RequestIdMiddleware:
     """Pure ASGI middleware: puts the id in ``request.state.request_id`` and the response header."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, admission: Admission | None = None) -> None:
         self.app = app
+        self.admission = admission
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -39,7 +47,12 @@ class RequestIdMiddleware:
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
-                MutableHeaders(scope=message)[HEADER] = request_id
+                headers = MutableHeaders(scope=message)
+                headers[HEADER] = request_id
+                headers["X-Content-Type-Options"] = "nosniff"
+                headers.setdefault("Cache-Control", "no-store")
+                if self.admission is not None and self.admission.draining:
+                    headers["Connection"] = "close"  # draining: no new request on this connection
             await send(message)
 
         await self.app(scope, receive, send_with_id)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, create_model
 
 from gateway.settings import MODEL_MAX_TOP_K
 
@@ -43,6 +44,36 @@ class ClassifyJSONRequest(BaseModel):
     top_k: StrictInt | None = Field(
         None, ge=1, le=MODEL_MAX_TOP_K, description="Predictions per input (also a query parameter)."
     )
+
+
+@cache
+def classify_json_model(images: int, texts: int, candidate_labels: int) -> type[ClassifyJSONRequest]:
+    """ClassifyJSONRequest with its lists capped at this gateway's limits (``maxItems`` in
+    the OpenAPI document); called as ``classify_json_model(**settings.list_caps())``. The gateway checks the counts itself first (413); these
+    bounds document them and keep the validator from walking an oversized list."""
+    model: type[ClassifyJSONRequest] = create_model(
+        "ClassifyJSONRequest",
+        __base__=ClassifyJSONRequest,
+        images=(
+            list[StrictStr] | None,
+            Field(None, max_length=images, description="Several images, base64, answered in order."),
+        ),
+        texts=(
+            list[StrictStr] | None,
+            Field(None, max_length=texts, description="Several texts, answered in order."),
+        ),
+        candidate_labels=(
+            list[StrictStr] | None,
+            Field(
+                None,
+                max_length=candidate_labels,
+                description="Texts only: classify against these labels (zero-shot) "
+                "instead of the configured set.",
+            ),
+        ),
+    )
+    model.__doc__ = ClassifyJSONRequest.__doc__
+    return model
 
 
 class Prediction(BaseModel):
@@ -138,9 +169,8 @@ class ModelInfo(BaseModel):
 
 
 class TritonInfo(BaseModel):
-    """The Triton server behind the gateway."""
+    """The Triton server behind the gateway (its address is not shown)."""
 
-    url: str
     live: bool
     version: str = Field(description="Triton's server version, empty when it does not answer.")
 

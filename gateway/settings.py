@@ -8,6 +8,7 @@ model repository supports.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
@@ -39,7 +40,28 @@ class TritonSettings(BaseModel):
         10.0, gt=0, le=300, description="Deadline for each inference call to Triton; past it, 504."
     )
     health_timeout_seconds: float = Field(
-        2.0, gt=0, le=60, description="Deadline for each health/metadata call (/readyz, /models)."
+        1.0, gt=0, le=60, description="Deadline for each health/metadata call (/readyz, /models)."
+    )
+    probe_interval_seconds: float = Field(
+        0.5,
+        gt=0,
+        le=60,
+        description="How often the circuit breaker's background probe asks Triton whether it is ready.",
+    )
+    probe_timeout_seconds: float = Field(
+        1.0, gt=0, le=60, description="Deadline of one probe; a hung Triton fails it and opens the circuit."
+    )
+    reconnect_backoff_max_seconds: float = Field(
+        1.0,
+        gt=0,
+        le=120,
+        description="Longest wait between gRPC reconnection attempts (gRPC's default is 120 s).",
+    )
+    keepalive_seconds: float = Field(
+        10.0,
+        ge=1,
+        le=3600,
+        description="gRPC keepalive ping interval on a busy channel (dead peer detection).",
     )
     metrics_url: str = Field(
         "http://127.0.0.1:8002/metrics",
@@ -59,6 +81,14 @@ class ImageLimits(BaseModel):
     max_bytes: int = Field(8 * MiB, gt=0, le=256 * MiB, description="Largest encoded image, in bytes.")
     max_images: int = Field(16, ge=1, le=256, description="Most images in one request.")
     max_pixels: int = Field(40_000_000, gt=0, description="Largest width x height, read from the header.")
+    max_pixels_full_decode: int = Field(
+        16_000_000,
+        gt=0,
+        description=(
+            "Largest width x height of a PNG or WebP. The model decodes those at full size "
+            "(about 20-30 ms and 12-19 MiB per megapixel), JPEGs scaled down (under 80 ms and 10 MiB at 40 Mpx)."
+        ),
+    )
     max_side: int = Field(16_384, gt=0, description="Largest width or height, read from the header.")
     max_frames: int = Field(100, ge=1, description="Most frames in an animated PNG or WebP.")
 
@@ -72,6 +102,64 @@ class TextLimits(BaseModel):
     )
     max_candidate_labels: int = Field(32, ge=1, le=256, description="Most candidate_labels in one request.")
     max_label_chars: int = Field(100, ge=1, le=1000, description="Most characters in one candidate label.")
+
+
+class ServerSettings(BaseModel):
+    """How the gateway protects itself: admission, timeouts, connection cap, shutdown."""
+
+    max_in_flight: int = Field(
+        64,
+        ge=1,
+        le=100_000,
+        description="Inference requests (/classify) handled at once; more wait up to queue_seconds, "
+        "then get 503 overloaded with Retry-After.",
+    )
+    queue_seconds: float = Field(
+        0.1, ge=0, le=30, description="How long a request may wait for an in-flight slot before 503."
+    )
+    retry_after_seconds: int = Field(
+        1, ge=1, le=3600, description="Retry-After sent with 503 overloaded and shutting-down."
+    )
+    max_connections: int = Field(
+        2048,
+        ge=16,
+        le=1_000_000,
+        description="Open connections (and requests) uvicorn accepts; past it, a bare 503 (last backstop).",
+    )
+    header_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        le=300,
+        description="A connection that has not sent a full request head by then is closed.",
+    )
+    body_timeout_seconds: float = Field(
+        30.0, gt=0, le=3600, description="A request body not fully received by then is answered 408."
+    )
+    keep_alive_seconds: float = Field(
+        5.0, gt=0, le=300, description="Idle keep-alive connections are closed after this."
+    )
+    shutdown_grace_seconds: float = Field(
+        20.0,
+        gt=0,
+        le=3600,
+        description="On SIGTERM: /readyz turns 503, new inference requests get 503, and requests in "
+        "flight get this long to finish (longer than the Triton deadline).",
+    )
+
+
+class AuthSettings(BaseModel):
+    """Who may call the gateway (off unless a keys file is given)."""
+
+    keys_file: Path | None = Field(
+        None,
+        description="File of API keys, one '<id> <sha256 hex> [<rate/s> [<burst>]]' a line "
+        "(see `triton-gateway hash-key`); unset: no authentication.",
+    )
+    protect_metrics: bool = Field(False, description="Require a key for /metrics too.")
+    protect_docs: bool = Field(False, description="Require a key for /docs, /redoc and /openapi.json too.")
+    cors_origins: list[str] = Field(
+        default_factory=list, description="Origins allowed by CORS (JSON list); empty: CORS off."
+    )
 
 
 class Settings(BaseSettings):
@@ -108,8 +196,17 @@ class Settings(BaseSettings):
         description="Largest multipart body; a base64 JSON body may be 4/3 of this (plus 64 KiB).",
     )
     triton: TritonSettings = Field(default_factory=TritonSettings)
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
     image: ImageLimits = Field(default_factory=ImageLimits)
     text: TextLimits = Field(default_factory=TextLimits)
+    check_threads: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="Worker threads for CPU-heavy checks of large bodies (JSON parsing, base64, "
+        "image headers), so no request holds the event loop.",
+    )
     docs_enabled: bool = Field(True, description="Serve /docs, /redoc and /openapi.json.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
     log_format: Literal["text", "json"] = Field(
@@ -124,6 +221,11 @@ class Settings(BaseSettings):
             raise ValueError("image.max_bytes must not exceed max_body_bytes")
         if not (self.image_model or self.text_model):
             raise ValueError("serve at least one of image_model and text_model")
+        if self.server.shutdown_grace_seconds <= self.triton.timeout_seconds:
+            raise ValueError(
+                "server.shutdown_grace_seconds must exceed triton.timeout_seconds, "
+                "or a request in flight at SIGTERM could be cut off"
+            )
         return self
 
     def served_models(self) -> list[ServedModel]:
@@ -141,3 +243,19 @@ class Settings(BaseSettings):
     def max_json_body_bytes(self) -> int:
         """Base64 grows data by 4/3; leave room for the JSON around it."""
         return -(-self.max_body_bytes * 4 // 3) + 64 * 1024
+
+    def list_caps(self) -> dict[str, int]:
+        """The most items each list field of a JSON /classify body may hold."""
+        return {
+            "images": self.image.max_images,
+            "texts": self.text.max_texts,
+            "candidate_labels": self.text.max_candidate_labels,
+        }
+
+    @property
+    def max_text_body_bytes(self) -> int:
+        """The largest JSON body a text request can need: every text and label at its cap,
+        each character written as a JSON escape (12 bytes for a surrogate pair), plus room."""
+        chars = self.text.max_texts * self.text.max_chars
+        chars += self.text.max_candidate_labels * self.text.max_label_chars
+        return chars * 12 + 64 * 1024

@@ -18,6 +18,13 @@ from gateway.metrics import GatewayMetrics
 
 access_log = logging.getLogger("gateway.access")
 UNMATCHED = "<unmatched>"
+# The method is the client's input: anything else is one label value.
+KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+OTHER_METHOD = "other"
+
+
+def method_label(method: str) -> str:
+    return method if method in KNOWN_METHODS else OTHER_METHOD
 
 
 def route_template(scope: Scope) -> str:
@@ -65,7 +72,7 @@ class TelemetryMiddleware:
             route = route_template(scope)
             state = scope.get("state", {})
             model = str(state.get("model", ""))
-            method = scope["method"]
+            method = method_label(scope["method"])
             self.metrics.requests.labels(route=route, method=method, status=str(status), model=model).inc()
             self.metrics.request_duration.labels(route=route, method=method, model=model).observe(elapsed)
             if method in ("POST", "PUT", "PATCH"):
@@ -80,7 +87,7 @@ class TelemetryMiddleware:
                     "request_id": state.get("request_id", ""),
                     "method": method,
                     "route": route,
-                    "path": scope.get("path", ""),
+                    "path": scope.get("path", "")[:200],
                     "status": status,
                     "model": model,
                     "duration_ms": round(elapsed * 1000, 3),

@@ -8,8 +8,9 @@ Triton's own messages are logged, never returned to clients.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,7 @@ import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from gateway.backend import Classification, ModelStatus, ScoredLabel, ServerStatus
+from gateway.breaker import CircuitBreaker, CircuitState
 from gateway.errors import (
     GatewayError,
     InvalidImageError,
@@ -39,6 +41,9 @@ _UNAVAILABLE = {
     "StatusCode.CANCELLED",
 }
 _TIMEOUT = {"StatusCode.DEADLINE_EXCEEDED"}
+# The Python backend answers INTERNAL while it replaces a stub process it found unhealthy
+# (after a stall, say): transient, so the client hears 503 + Retry-After, not 502.
+_STUB_RESTARTING = ("Stub process", "health mutex")
 # When several inputs fail differently, the client hears the most actionable error.
 _SEVERITY: dict[type[GatewayError], int] = {
     TritonUnavailableError: 3,
@@ -60,13 +65,32 @@ def map_triton_error(
         return invalid or InvalidImageError(
             "the model's preprocessing rejected the input (corrupt or truncated data)"
         )
-    if status in _UNAVAILABLE:
+    if status in _UNAVAILABLE or any(mark in (exc.message() or "") for mark in _STUB_RESTARTING):
         return TritonUnavailableError(
             "Triton or the model is not available", headers={"Retry-After": str(retry_after)}
         )
     if status in _TIMEOUT:
         return TritonTimeoutError("Triton did not answer in time")
     return TritonFailureError("Triton failed to process the request")
+
+
+def channel_options(settings: TritonSettings, max_send_bytes: int) -> list[tuple[str, int]]:
+    """gRPC channel options, set on purpose rather than left at gRPC's defaults (a 120 s
+    reconnect backoff kept the gateway answering 503 for 30 s after Triton was back)."""
+    backoff_ms = int(settings.reconnect_backoff_max_seconds * 1000)
+    return [
+        ("grpc.max_send_message_length", max_send_bytes),
+        ("grpc.max_receive_message_length", 4 * 1024 * 1024),  # top-k answers are small
+        ("grpc.initial_reconnect_backoff_ms", min(100, backoff_ms)),
+        ("grpc.min_reconnect_backoff_ms", min(100, backoff_ms)),
+        ("grpc.max_reconnect_backoff_ms", backoff_ms),
+        ("grpc.keepalive_time_ms", int(settings.keepalive_seconds * 1000)),
+        ("grpc.keepalive_timeout_ms", int(min(settings.keepalive_seconds, 5) * 1000)),
+        # No pings on an idle channel (Triton's default ping policy would answer too_many_pings);
+        # the breaker's probe keeps the channel busy anyway.
+        ("grpc.keepalive_permit_without_calls", 0),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
 
 
 def _strings(array: np.ndarray[Any, Any]) -> list[str]:
@@ -79,13 +103,62 @@ class TritonBackend:
     Build it inside a running event loop (the app's lifespan) and ``close()`` it there.
     """
 
-    def __init__(self, settings: TritonSettings, metrics: GatewayMetrics) -> None:
+    def __init__(self, settings: TritonSettings, metrics: GatewayMetrics, max_send_bytes: int) -> None:
         self._settings = settings
         self._metrics = metrics
-        self._client = grpcclient.InferenceServerClient(settings.url)
+        self._client = grpcclient.InferenceServerClient(
+            settings.url, channel_args=channel_options(settings, max_send_bytes)
+        )
+        self._breaker = CircuitBreaker(on_change=lambda state: metrics.circuit.state(state.value))
+        self._probe_task = asyncio.create_task(self._probe_loop(), name="triton-probe")
 
     async def close(self) -> None:
+        self._probe_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._probe_task
         await self._client.close()
+
+    async def _probe_once(self) -> bool:
+        try:
+            return bool(
+                await self._client.is_server_ready(client_timeout=self._settings.probe_timeout_seconds)
+            )
+        except InferenceServerException:
+            return False
+
+    async def _probe_loop(self) -> None:
+        """Feeds the breaker: Triton's readiness every interval, or at once when a call failed."""
+        while True:
+            self._breaker.on_probe(await self._probe_once())
+            self._breaker.wake.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._settings.probe_interval_seconds):
+                    await self._breaker.wake.wait()
+
+    def _admit(self, model: str) -> None:
+        """Fail fast while Triton is known to be down."""
+        if not self._breaker.allow():
+            self._metrics.triton_failures.labels(model=model, code="CIRCUIT_OPEN").inc()
+            raise TritonUnavailableError(
+                "Triton is unavailable", headers={"Retry-After": str(self._settings.retry_after_seconds)}
+            )
+
+    @contextlib.contextmanager
+    def _circuit(self, model: str) -> Iterator[None]:
+        """Around one request's Triton calls: refused at once while the circuit is open;
+        its outcome (whatever it is, cancellation included) is reported to the breaker, so
+        a half-open trial always concludes."""
+        self._admit(model)
+        try:
+            yield
+        except (TritonUnavailableError, TritonTimeoutError):
+            self._breaker.on_unreachable()
+            raise
+        except BaseException:
+            self._breaker.on_other_outcome()
+            raise
+        else:
+            self._breaker.on_success()
 
     def _error(
         self, exc: InferenceServerException, model: str, what: str, invalid: InvalidInputError | None = None
@@ -126,10 +199,15 @@ class TritonBackend:
     ) -> list[Classification]:
         # One Triton request per input: Triton's dynamic batcher merges them into one
         # batch, and a bad input fails only its own request, so the error names it.
-        outcomes = await asyncio.gather(
-            *(self._classify_one(model, version, data, top_k, request_id) for data in images),
-            return_exceptions=True,
-        )
+        with self._circuit(model):
+            outcomes = await asyncio.gather(
+                *(self._classify_one(model, version, data, top_k, request_id) for data in images),
+                return_exceptions=True,
+            )
+            return self._collect(model, request_id, outcomes)
+
+    def _collect(self, model: str, request_id: str, outcomes: list[Any]) -> list[Classification]:
+        """Per-image outcomes -> the results in order, or the most actionable error."""
         results: list[Classification] = []
         failures: list[tuple[int, GatewayError]] = []
         for index, outcome in enumerate(outcomes):
@@ -173,18 +251,19 @@ class TritonBackend:
             row = [label.encode("utf-8") for label in candidate_labels]
             labels.set_data_from_numpy(np.array([row] * count, dtype=np.object_))
             inputs.append(labels)
-        try:
-            with self._metrics.time_triton_call(model, version):
-                result = await self._client.infer(
-                    model,
-                    inputs,
-                    model_version=version,
-                    request_id=request_id,
-                    client_timeout=self._settings.timeout_seconds,
-                )
-        except InferenceServerException as exc:
-            invalid = InvalidInputError("the text model rejected the input")
-            raise self._error(exc, model, f"request {request_id}", invalid) from exc
+        with self._circuit(model):
+            try:
+                with self._metrics.time_triton_call(model, version):
+                    result = await self._client.infer(
+                        model,
+                        inputs,
+                        model_version=version,
+                        request_id=request_id,
+                        client_timeout=self._settings.timeout_seconds,
+                    )
+            except InferenceServerException as exc:
+                invalid = InvalidInputError("the text model rejected the input")
+                raise self._error(exc, model, f"request {request_id}", invalid) from exc
         version_answered = result.get_response().model_version
         truncated = result.as_numpy("TRUNCATED").reshape(-1).tolist()
         return [
@@ -217,6 +296,8 @@ class TritonBackend:
         return _strings(result.as_numpy("LABELS"))
 
     async def server_status(self) -> ServerStatus:
+        if self._breaker.state is CircuitState.OPEN:
+            return ServerStatus(live=False)  # known down: /readyz answers at once
         timeout = self._settings.health_timeout_seconds
         try:
             live = bool(await self._client.is_server_live(client_timeout=timeout))
@@ -226,6 +307,8 @@ class TritonBackend:
         return ServerStatus(live=live, version=str(metadata.version))
 
     async def model_status(self, model: str, version: str) -> ModelStatus:
+        if self._breaker.state is CircuitState.OPEN:
+            return ModelStatus(name=model, ready=False)
         timeout = self._settings.health_timeout_seconds
         try:
             ready = bool(await self._client.is_model_ready(model, version, client_timeout=timeout))

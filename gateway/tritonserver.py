@@ -15,11 +15,13 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -37,6 +39,13 @@ print(json.dumps({
 
 
 _PR_SET_PDEATHSIG = 1
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def _die_with_parent() -> None:
@@ -91,7 +100,25 @@ class TritonServer:
     host: str = "127.0.0.1"
     model_config_name: str = "cpu"
     log_verbose: int = 0
+    # Triton's response cache, for the models whose config enables it (the ensembles);
+    # 0: no cache (those models then simply run every request).
+    response_cache_bytes: int = 64 * 1024 * 1024
     _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+
+    @classmethod
+    def on_free_ports(
+        cls, python_env: Path, model_repository: Path, workdir: Path, **options: Any
+    ) -> TritonServer:
+        """A server for this repository on three free local ports."""
+        return cls(
+            python_env=python_env,
+            model_repository=model_repository,
+            workdir=workdir,
+            grpc_port=free_port(),
+            http_port=free_port(),
+            metrics_port=free_port(),
+            **options,
+        )
 
     @property
     def grpc_url(self) -> str:
@@ -143,6 +170,8 @@ class TritonServer:
             "--exit-timeout-secs=5",
             f"--log-verbose={self.log_verbose}",
         ]
+        if self.response_cache_bytes > 0:
+            command.append(f"--cache-config=local,size={self.response_cache_bytes}")
         log = self.log_file.open("ab")
         self._process = subprocess.Popen(
             command,
@@ -160,14 +189,48 @@ class TritonServer:
         url = f"http://{self.host}:{self.http_port}/v2/health/ready"
         while time.monotonic() < deadline:
             if self._process is None or self._process.poll() is not None:
-                raise ConfigurationError(f"tritonserver exited during start-up; see {self.log_file}")
+                raise ConfigurationError(
+                    f"tritonserver exited during start-up; the end of {self.log_file}:\n{self.log_tail()}"
+                )
             try:
                 if httpx.get(url, timeout=1.0).status_code == 200:
                     return
             except httpx.TransportError:
                 pass
             time.sleep(0.2)
-        raise ConfigurationError(f"tritonserver not ready after {timeout:.0f} s; see {self.log_file}")
+        raise ConfigurationError(
+            f"tritonserver not ready after {timeout:.0f} s; the end of {self.log_file}:\n{self.log_tail()}"
+        )
+
+    def log_tail(self, lines: int = 15) -> str:
+        """The last lines of Triton's log (what an error message shows of it)."""
+        try:
+            text = self.log_file.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def send_signal(self, sig: int, *, group: bool = True) -> None:
+        """Signal the server and its Python-backend stubs (its process group), or with
+        ``group=False`` the server alone: tests use SIGKILL (a crash, which must not leave
+        stubs behind), and SIGSTOP/SIGCONT of the server (a hung Triton)."""
+        if self._process is None:
+            return
+        if group:
+            os.killpg(self._process.pid, sig)
+        else:
+            self._process.send_signal(sig)
+
+    def wait_exited(self, timeout: float = 30.0) -> None:
+        """After SIGKILL: wait for the PID to exit (its ports are free after), then forget it."""
+        if self._process is not None:
+            self._process.wait(timeout=timeout)
+            self._process = None
+
+    @property
+    def pid(self) -> int | None:
+        """The server's PID (its stubs are its children), while it runs."""
+        return self._process.pid if self.running and self._process is not None else None
 
     @property
     def running(self) -> bool:

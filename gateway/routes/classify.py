@@ -8,7 +8,14 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 
 from gateway.bodies import read_classify_input
-from gateway.dependencies import BackendDep, MetricsDep, RequestIdDep, SettingsDep
+from gateway.dependencies import (
+    AdmissionDep,
+    BackendDep,
+    MetricsDep,
+    RequestIdDep,
+    SettingsDep,
+    WorkersDep,
+)
 from gateway.errors import InvalidInputError
 from gateway.routes.problems import problem_responses
 from gateway.schemas import EXAMPLE_PNG_BASE64, ClassificationResult, ClassifyResponse, Prediction
@@ -77,7 +84,7 @@ REQUEST_BODY: dict[str, Any] = {
     ),
     response_model=ClassifyResponse,
     response_model_exclude_none=True,
-    responses=problem_responses(400, 413, 415, 422, 502, 503, 504),
+    responses=problem_responses(400, 408, 413, 415, 422, 502, 503, 504),
     openapi_extra={"requestBody": REQUEST_BODY},
 )
 async def classify(
@@ -86,28 +93,34 @@ async def classify(
     backend: BackendDep,
     metrics: MetricsDep,
     request_id: RequestIdDep,
+    workers: WorkersDep,
+    admission: AdmissionDep,
     top_k: Annotated[
         int | None, Query(ge=1, le=MODEL_MAX_TOP_K, description="Predictions per input (default 5).")
     ] = None,
 ) -> ClassifyResponse:
     started = perf_counter()
-    payload = await read_classify_input(request, settings)  # texts are normalised here
+    # The body is read before admission: a slot bounds work (checks, Triton), and a slow
+    # upload, bounded by the body timeout, never holds one. Refusing only once the body is
+    # in also spares a client still writing it a connection reset instead of the 503.
+    payload = await read_classify_input(request, settings, workers)  # texts are normalised here
     k = resolve_top_k(top_k, payload.top_k, settings.default_top_k, settings.max_top_k)
     kind, model = ("text", settings.text_model) if payload.texts else ("image", settings.image_model)
     if not model:
         raise InvalidInputError(f"this gateway serves no {kind} model")
     request.state.model = model  # the metrics' model label
-    inspect_images(payload.images, settings.image)
-    metrics.validation_duration.labels(model=model).observe(perf_counter() - started)
-    metrics.inputs.labels(model=model).observe(len(payload.texts or payload.images))
-    if payload.texts:
-        answers = await backend.classify_texts(
-            model, settings.text_model_version, payload.texts, k, payload.candidate_labels, request_id
-        )
-    else:
-        answers = await backend.classify_images(
-            model, settings.image_model_version, payload.images, k, request_id
-        )
+    async with admission.slot():
+        await workers.run(sum(map(len, payload.images)), inspect_images, payload.images, settings.image)
+        metrics.validation_duration.labels(model=model).observe(perf_counter() - started)
+        metrics.inputs.labels(model=model).observe(len(payload.texts or payload.images))
+        if payload.texts:
+            answers = await backend.classify_texts(
+                model, settings.text_model_version, payload.texts, k, payload.candidate_labels, request_id
+            )
+        else:
+            answers = await backend.classify_images(
+                model, settings.image_model_version, payload.images, k, request_id
+            )
     return ClassifyResponse(
         model=model,
         model_version=answers[0].model_version,

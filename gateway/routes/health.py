@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 
 from gateway.backend import InferenceBackend, ModelStatus
 from gateway.bodies import RAW_IMAGE_TYPES
-from gateway.dependencies import BackendDep, RequestIdDep, SettingsDep
+from gateway.dependencies import AdmissionDep, BackendDep, RequestIdDep, SettingsDep
 from gateway.errors import PROBLEM_MEDIA_TYPE, TYPE_PREFIX
 from gateway.routes.problems import problem_responses
 from gateway.schemas import ComposingModel, Liveness, ModelInfo, ModelsResponse, Readiness, TritonInfo
@@ -38,14 +38,19 @@ async def livez() -> Liveness:
     response_model=Readiness,
     responses=problem_responses(503),
 )
-async def readyz(settings: SettingsDep, backend: BackendDep, request_id: RequestIdDep) -> JSONResponse:
-    server, statuses = await asyncio.gather(
-        backend.server_status(), model_statuses(backend, settings.served_models())
-    )
-    checks = {"triton_live": server.live}
-    for status in statuses:
-        checks[f"model:{status.name}"] = status.ready
-        checks.update({f"model:{step.name}": step.ready for step in status.composing})
+async def readyz(
+    settings: SettingsDep, backend: BackendDep, admission: AdmissionDep, request_id: RequestIdDep
+) -> JSONResponse:
+    if admission.draining:
+        checks = {"accepting": False}
+    else:
+        server, statuses = await asyncio.gather(
+            backend.server_status(), model_statuses(backend, settings.served_models())
+        )
+        checks = {"accepting": True, "triton_live": server.live}
+        for status in statuses:
+            checks[f"model:{status.name}"] = status.ready
+            checks.update({f"model:{step.name}": step.ready for step in status.composing})
     if all(checks.values()):
         return JSONResponse(Readiness(status="ready", checks=checks).model_dump())
     failing = ", ".join(name for name, ok in checks.items() if not ok)
@@ -81,7 +86,7 @@ async def models(settings: SettingsDep, backend: BackendDep) -> ModelsResponse:
         asyncio.gather(*(_labels(settings, backend, m) for m in served)),
     )
     return ModelsResponse(
-        triton=TritonInfo(url=settings.triton.url, live=server.live, version=server.version),
+        triton=TritonInfo(live=server.live, version=server.version),
         models=[
             ModelInfo(
                 name=status.name,

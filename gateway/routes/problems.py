@@ -8,6 +8,11 @@ from gateway.errors import PROBLEM_MEDIA_TYPE, TYPE_PREFIX
 
 _DESCRIPTIONS: dict[int, tuple[str, str, str]] = {
     400: ("Malformed JSON, multipart or base64.", "malformed-request", "the body is not valid JSON"),
+    408: (
+        "The body did not arrive within the body read timeout.",
+        "request-timeout",
+        "the body did not arrive within 30 s",
+    ),
     413: (
         "Body, image bytes, image count, pixel, side or frame cap exceeded.",
         "image-too-large",
@@ -25,7 +30,7 @@ _DESCRIPTIONS: dict[int, tuple[str, str, str]] = {
     ),
     502: ("Triton failed.", "triton-failure", "Triton failed to process the request"),
     503: (
-        "Triton or the model is unavailable; see Retry-After.",
+        "Triton or the model is unavailable, the gateway is overloaded or shutting down; see Retry-After.",
         "triton-unavailable",
         "Triton or the model is not available",
     ),

@@ -15,6 +15,7 @@ def test_readyz_ready(client: TestClient) -> None:
     response = client.get("/readyz")
     assert response.status_code == 200
     assert response.json()["checks"] == {
+        "accepting": True,
         "triton_live": True,
         "model:image_classifier": True,
         "model:image_classifier.pre": True,
@@ -35,8 +36,10 @@ def test_readyz_not_ready_when_a_model_is_not(client: TestClient, backend: FakeB
 
 
 def test_models_lists_the_classifier(client: TestClient) -> None:
-    body = client.get("/models").json()
-    assert body["triton"] == {"url": "127.0.0.1:8001", "live": True, "version": "2.51.0"}
+    response = client.get("/models")
+    body = response.json()
+    assert body["triton"] == {"live": True, "version": "2.51.0"}
+    assert "8001" not in response.text  # Triton's address is not revealed
     image, text = body["models"]
     assert image["name"] == "image_classifier"
     assert image["task"] == "image-classification"

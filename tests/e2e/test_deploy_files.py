@@ -3,16 +3,21 @@ Dockerfiles, and the TensorRT build commands against the exported ONNX models.""
 
 from __future__ import annotations
 
+import json
+import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import jsonpatch
 import pytest
 import yaml
+from support import load_script
+
+from gateway.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -32,9 +37,10 @@ def compose_config(*files: str) -> dict[str, Any]:
     args = [tool("docker-compose"), "--project-directory", str(ROOT)]
     for name in files:
         args += ["-f", str(ROOT / name)]
-    quiet = subprocess.run([*args, "config", "-q"], capture_output=True, text=True)
+    env = {**os.environ, "GRAFANA_ADMIN_PASSWORD": "a-test-password"}  # required by the file
+    quiet = subprocess.run([*args, "config", "-q"], capture_output=True, text=True, env=env)
     assert quiet.returncode == 0, quiet.stderr
-    rendered = subprocess.run([*args, "config"], capture_output=True, text=True, check=True)
+    rendered = subprocess.run([*args, "config"], capture_output=True, text=True, check=True, env=env)
     config: dict[str, Any] = yaml.safe_load(rendered.stdout)
     return config
 
@@ -63,7 +69,13 @@ def test_compose_stack_is_valid_and_wired(files: tuple[str, ...]) -> None:
     assert gateway["depends_on"]["triton"]["condition"] == "service_healthy"
     assert "/livez" in " ".join(gateway["healthcheck"]["test"])
     assert set(gateway["networks"]) == {"backend", "frontend"}
-    assert services["grafana"]["ports"][0]["published"] in (3000, "3000")
+    grafana_port = services["grafana"]["ports"][0]
+    # Published on loopback only (compose 1.29 renders a host IP as "ip:host:container").
+    assert grafana_port in ("127.0.0.1:3000:3000", "127.0.0.1:3000:3000/tcp") or (
+        grafana_port["published"] in (3000, "3000") and grafana_port.get("host_ip") == "127.0.0.1"
+    ), grafana_port
+    # model-build writes into the bind-mounted checkout: as MODEL_BUILD_USER, else 1000:1000.
+    assert services["model-build"]["user"] == "1000:1000"
     for name in ("prometheus", "grafana"):
         assert services[name]["user"] not in ("0", "root", "0:0")
         assert re.search(r":v?\d+\.\d+\.\d+$", services[name]["image"]), services[name]["image"]
@@ -142,11 +154,17 @@ def test_triton_image_is_recent_enough() -> None:
 # --- Kubernetes ------------------------------------------------------------------------
 
 
-def rendered(overlay: str) -> list[tuple[Path, dict[str, Any]]]:
-    """What `kubectl apply -k deploy/k8s/<overlay>` applies: kustomization resources, recursively."""
+def rendered(overlay: str, components: tuple[str, ...] = ()) -> list[tuple[Path, dict[str, Any]]]:
+    """What `kubectl apply -k deploy/k8s/<overlay>` applies (with ``components`` added to the
+    overlay, as a user does to opt in): resources recursively, then components, then the
+    JSON 6902 `patches` on their targets (the only patch form used here; anything else in
+    a kustomization fails here)."""
 
-    def walk(folder: Path) -> list[tuple[Path, dict[str, Any]]]:
+    def walk(folder: Path, extra: tuple[str, ...] = ()) -> list[tuple[Path, dict[str, Any]]]:
         kustomization = yaml.safe_load((folder / "kustomization.yaml").read_text())
+        assert set(kustomization) <= {"apiVersion", "kind", "resources", "components", "patches"}, (
+            kustomization
+        )
         documents: list[tuple[Path, dict[str, Any]]] = []
         for entry in kustomization["resources"]:
             target = (folder / entry).resolve()
@@ -155,9 +173,24 @@ def rendered(overlay: str) -> list[tuple[Path, dict[str, Any]]]:
             else:
                 assert target.exists(), f"{folder}/kustomization.yaml names missing {entry}"
                 documents += [(target, doc) for doc in yaml.safe_load_all(target.read_text()) if doc]
+        for entry in [*(kustomization.get("components") or []), *extra]:
+            component = (folder / entry).resolve()
+            assert yaml.safe_load((component / "kustomization.yaml").read_text())["kind"] == "Component"
+            documents += walk(component)
+        for patch in kustomization.get("patches", []):
+            operations = yaml.safe_load((folder / patch["path"]).read_text())
+            wanted = patch["target"]
+            matches = [
+                index
+                for index, (_, doc) in enumerate(documents)
+                if doc["kind"] == wanted["kind"] and doc["metadata"]["name"] == wanted["name"]
+            ]
+            assert len(matches) == 1, f"{patch} matches {len(matches)} documents"
+            path, doc = documents[matches[0]]
+            documents[matches[0]] = (path, jsonpatch.apply_patch(doc, operations))
         return documents
 
-    return walk(K8S / overlay)
+    return walk(K8S / overlay, components)
 
 
 def by_kind(documents: list[tuple[Path, dict[str, Any]]], kind: str, name: str) -> dict[str, Any]:
@@ -166,15 +199,20 @@ def by_kind(documents: list[tuple[Path, dict[str, Any]]], kind: str, name: str) 
     return found[0]
 
 
-def test_every_manifest_passes_strict_validation() -> None:
-    files = sorted(path for path in K8S.rglob("*.yaml") if path.name != "kustomization.yaml")
+@pytest.mark.parametrize("overlay", ["gpu", "cpu"])
+def test_every_manifest_passes_strict_validation(overlay: str, tmp_path: Path) -> None:
+    """The overlay as applied (base plus its patches), one file per document."""
+    files = []
+    for index, (source, document) in enumerate(rendered(overlay, ("../components/servicemonitor",))):
+        files.append(tmp_path / f"{index:02d}-{source.stem}-{document['kind']}.yaml")
+        files[-1].write_text(yaml.safe_dump(document))
     result = subprocess.run(
         [tool("kubernetes-validate"), "--strict", "--quiet", *map(str, files)], capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout + result.stderr
     warnings = [line for line in result.stdout.splitlines() if line.strip()]
     # The Prometheus Operator's CRD has no published schema here: checked below instead.
-    assert all("servicemonitor.yaml" in line for line in warnings), warnings
+    assert all("ServiceMonitor" in line for line in warnings), warnings
 
 
 @pytest.mark.parametrize("overlay", ["gpu", "cpu"])
@@ -184,7 +222,7 @@ def test_overlay_renders_a_complete_stack(overlay: str) -> None:
     assert kinds == sorted(
         {
             "Namespace", "ConfigMap", "Deployment", "Service", "HorizontalPodAutoscaler",
-            "PodDisruptionBudget", "PersistentVolumeClaim", "NetworkPolicy", "ServiceMonitor", "Job",
+            "PodDisruptionBudget", "PersistentVolumeClaim", "NetworkPolicy",
         }
     )  # fmt: skip
     gateway = by_kind(documents, "Deployment", "gateway")
@@ -223,6 +261,23 @@ def test_overlay_renders_a_complete_stack(overlay: str) -> None:
         assert "nvidia.com/gpu" not in limits
         assert any(arg.startswith("--model-config-name=cpu") for arg in args)
 
+    # Models are built before Triton starts, in the same pod (same node, same GPU).
+    pod = triton["spec"]["template"]["spec"]
+    (build,) = pod["initContainers"]
+    assert build["name"] == "model-build"
+    assert ("--cpu" in build["args"]) == (overlay == "cpu")
+    assert build["resources"]["limits"].get("nvidia.com/gpu") == limits.get("nvidia.com/gpu")
+    writable = {m["name"] for m in build["volumeMounts"] if not m.get("readOnly")}
+    served = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    assert "models" in writable
+    assert served["models"]["readOnly"] is True
+
+
+@pytest.mark.parametrize("overlay", ["gpu", "cpu"])
+def test_service_monitor_is_an_opt_in_component(overlay: str) -> None:
+    """Without the Prometheus Operator's CRD, `kubectl apply -k` must not meet a ServiceMonitor."""
+    assert not [doc for _, doc in rendered(overlay) if doc["kind"] == "ServiceMonitor"]
+    documents = rendered(overlay, ("../components/servicemonitor",))
     monitor = by_kind(documents, "ServiceMonitor", "triton-gateway")["spec"]
     service = by_kind(documents, "Service", "gateway")
     assert monitor["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
@@ -234,10 +289,8 @@ def test_overlay_renders_a_complete_stack(overlay: str) -> None:
 
 
 def trtexec_plans() -> list[tuple[str, str, str, str, str]]:
-    text = (ROOT / "deploy" / "model-build" / "trtexec.sh").read_text()
-    block = re.search(r"^plans=\((.*?)^\)", text, re.MULTILINE | re.DOTALL)
-    assert block is not None
-    return [tuple(entry.split("|")) for entry in shlex.split(block.group(1), comments=True)]  # type: ignore[misc]
+    plans = load_script(ROOT / "deploy" / "model-build" / "plans.py", "plans")
+    return [(p.name, ",".join(p.inputs), p.min_shape, p.opt_shape, p.max_shape) for p in plans.PLANS]
 
 
 def config_value(model: str, key: str, config: str = "config.pbtxt") -> str:
@@ -280,3 +333,104 @@ def test_trtexec_shapes_match_the_onnx_models() -> None:
     max_tokens = re.search(r'key: "max_tokens" value: \{ string_value: "(\d+)" \}', tokenizer_config)
     assert max_tokens is not None
     assert int(text_plan[4].split("x")[1]) == int(max_tokens.group(1))
+
+
+def _compose() -> dict[str, Any]:
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def test_compose_requires_a_grafana_password_and_binds_dashboards_to_loopback() -> None:
+    services = _compose()["services"]
+    assert ":?" in services["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"]
+    for name in ("prometheus", "grafana"):
+        assert all(
+            str(port).startswith("${" + name.upper() + "_BIND:-127.0.0.1}")
+            for port in services[name]["ports"]
+        )
+    for name in ("gateway", "prometheus", "grafana"):
+        assert services[name]["mem_limit"]
+        assert services[name]["pids_limit"]
+
+
+def test_compose_refuses_to_start_without_the_grafana_password(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "GRAFANA_ADMIN_PASSWORD"}
+    refused = subprocess.run(
+        [tool("docker-compose"), "-f", str(ROOT / "docker-compose.yml"), "config", "-q"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert refused.returncode != 0
+    assert "GRAFANA_ADMIN_PASSWORD" in refused.stderr
+
+
+def _gateway_deployment_and_config() -> tuple[dict[str, Any], dict[str, str]]:
+    documents = list(yaml.safe_load_all((ROOT / "deploy/k8s/base/gateway.yaml").read_text()))
+    deployment = next(d for d in documents if d["kind"] == "Deployment")
+    config = yaml.safe_load((ROOT / "deploy/k8s/base/gateway-config.yaml").read_text())["data"]
+    return deployment, config
+
+
+def _mebibytes(quantity: str) -> float:
+    units = {"Mi": 1, "Gi": 1024}
+    return float(quantity[:-2]) * units[quantity[-2:]]
+
+
+def test_k8s_shutdown_and_memory_are_consistent_with_the_settings() -> None:
+    deployment, config = _gateway_deployment_and_config()
+    settings = Settings(**_nested(config))
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    pre_stop = int(container["lifecycle"]["preStop"]["exec"]["command"][-1])
+    grace = settings.server.shutdown_grace_seconds
+    assert grace > settings.triton.timeout_seconds
+    assert pod["terminationGracePeriodSeconds"] >= pre_stop + grace + 5
+    # Admitted requests hold their parsed body: the in-flight cap x the largest body must fit.
+    worst = settings.server.max_in_flight * settings.max_json_body_bytes / 2**20
+    assert _mebibytes(container["resources"]["limits"]["memory"]) >= worst + 128
+    keys = next(v for v in pod["volumes"] if v["name"] == "api-keys")
+    assert keys["secret"]["secretName"] == "gateway-api-keys"
+
+
+def _nested(env: dict[str, str]) -> dict[str, Any]:
+    """GATEWAY_A__B=v -> {"a": {"b": "v"}} (what pydantic-settings does with the environment)."""
+    found: dict[str, Any] = {}
+    for name, value in env.items():
+        if not name.startswith("GATEWAY_"):
+            continue
+        path = name.removeprefix("GATEWAY_").lower().split("__")
+        node = found
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = value
+    return found
+
+
+def test_optional_runtime_class_patch_applies_to_the_gpu_triton() -> None:
+    triton = by_kind(rendered("gpu"), "Deployment", "triton")
+    operations = yaml.safe_load((K8S / "gpu" / "runtime-class-patch.yaml").read_text())
+    patched = jsonpatch.apply_patch(triton, operations)
+    assert patched["spec"]["template"]["spec"]["runtimeClassName"] == "nvidia"
+    assert "runtime-class-patch.yaml" in (K8S / "gpu" / "kustomization.yaml").read_text()
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
+def test_ngc_images_keep_nvidias_entrypoint(dockerfile: Path) -> None:
+    """It sets up CUDA forward compatibility on older data-center drivers."""
+    text = dockerfile.read_text()
+    if "nvcr.io/nvidia/" not in text:
+        return
+    (entrypoint,) = re.findall(r"^ENTRYPOINT (\[.*\])", text, re.MULTILINE)
+    assert json.loads(entrypoint)[0] == "/opt/nvidia/nvidia_entrypoint.sh", dockerfile
+
+
+def test_model_build_installs_into_its_own_environment() -> None:
+    text = (ROOT / "deploy" / "model-build" / "Dockerfile").read_text()
+    installs = re.findall(r"(\S*pip) install", text)
+    assert installs
+    assert all(pip == "/opt/model-build/venv/bin/pip" for pip in installs), installs
+    assert "MODEL_BUILD_PYTHON=/opt/model-build/venv/bin/python" in text
+    assert (
+        '"${MODEL_BUILD_PYTHON:-python3}"' in (ROOT / "deploy" / "model-build" / "entrypoint.sh").read_text()
+    )

@@ -22,7 +22,7 @@ import pytest
 import yaml
 from support import ServedApp, chelsea_jpeg, coffee_png, random_bytes, truncated_jpeg
 
-from gateway.local import free_port
+from gateway.tritonserver import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "rules"

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 from support import chelsea_jpeg
 
-from gateway.local import free_port
+from gateway.tritonserver import free_port
 
 CATS = {"tiger cat", "tabby", "Egyptian cat"}
 

@@ -1,4 +1,5 @@
-"""Triton failures map to gateway errors by gRPC status code, never by message."""
+"""Triton failures map to gateway errors by gRPC status code; the one message the
+mapping reads is the Python backend's own "stub is being replaced" (transient: 503)."""
 
 from __future__ import annotations
 
@@ -42,3 +43,16 @@ def test_unavailable_carries_retry_after() -> None:
 def test_message_text_does_not_change_the_mapping() -> None:
     misleading = InferenceServerException("Deadline Exceeded; unavailable", status="StatusCode.INTERNAL")
     assert type(map_triton_error(misleading, retry_after=1)) is TritonFailureError
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "Failed to process the request(s) for model 'image_preprocess_0_0', message: Stub process is not healthy.",
+        "Failed to obtain the health mutex.",
+    ],
+)
+def test_python_backend_stub_restart_is_unavailable(message: str) -> None:
+    error = map_triton_error(InferenceServerException(message, status="StatusCode.INTERNAL"), retry_after=3)
+    assert type(error) is TritonUnavailableError
+    assert error.headers["Retry-After"] == "3"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 
+import numpy as np
 import pytest
 from support import (
     EPS_BYTES,
@@ -91,6 +92,20 @@ def test_header_claiming_huge_dimensions_is_refused_without_decoding() -> None:
 def test_pixel_cap_applies_when_each_side_is_allowed() -> None:
     with pytest.raises(ImageTooLargeError, match="pixels"):
         inspect_image(png_header_only(10_000, 5_000), LIMITS)
+
+
+def test_png_and_webp_have_a_lower_pixel_cap_than_jpeg() -> None:
+    """They decode at full size in image_preprocess (tests/benchmarks/bench_preprocess.py)."""
+    assert LIMITS.max_pixels_full_decode < LIMITS.max_pixels
+    side = int(LIMITS.max_pixels_full_decode**0.5) + 1
+    with pytest.raises(ImageTooLargeError, match="decoded at full size"):
+        inspect_image(png_header_only(side, side), LIMITS)
+    assert inspect_image(png_header_only(side - 2, side - 2), LIMITS).width == side - 2
+    webp = encode(np.zeros((64, 64, 3), np.uint8), "WEBP")
+    with pytest.raises(ImageTooLargeError, match="decoded at full size"):
+        inspect_image(webp, ImageLimits(max_pixels_full_decode=64 * 63))
+    jpeg = chelsea_jpeg()  # 451x300: a JPEG is held to max_pixels only
+    assert inspect_image(jpeg, ImageLimits(max_pixels_full_decode=100)).format == "JPEG"
 
 
 def test_limits_are_configurable() -> None:

@@ -4,8 +4,10 @@ Per image: open with Pillow restricted to the configured formats, decode JPEGs i
 draft mode (DCT scaling to about the resize size), apply EXIF orientation, convert to
 RGB, resize the short side, centre-crop. Per batch: one vectorised normalisation.
 
-An image that cannot be decoded fails only its own request, with INVALID_ARG, so
-Triton reports it as a client error and the other requests in the batch succeed.
+Any failure on one image (Pillow raises many kinds for hostile files: OSError,
+ValueError, SyntaxError, struct.error, TypeError, KeyError from malformed EXIF, ...)
+fails only its own request, with INVALID_ARG, so Triton reports it as a client error and
+the other requests in the batch succeed.
 """
 
 from __future__ import annotations
@@ -17,10 +19,6 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 from PIL import Image, ImageOps
-
-# Pillow raises these for undecodable, truncated or hostile files (PNG text-chunk
-# bombs raise ValueError, oversized images DecompressionBombError).
-DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError)
 
 
 class InvalidImageError(Exception):
@@ -74,8 +72,9 @@ class TritonPythonModel:
                 for position, blob in enumerate(blobs):
                     try:
                         mine.append(self._crop(bytes(blob)))
-                    except (InvalidImageError, *DECODE_ERRORS) as exc:
-                        raise InvalidImageError(f"image {position} cannot be decoded: {exc}") from exc
+                    except Exception as exc:  # any failure is this input's, never the batch's
+                        name = type(exc).__name__
+                        raise InvalidImageError(f"image {position} cannot be decoded ({name})") from exc
             except InvalidImageError as exc:
                 error = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
                 responses[index] = pb_utils.InferenceResponse(output_tensors=[], error=error)

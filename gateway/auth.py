@@ -1,0 +1,195 @@
+"""Optional API keys with per-key rate limits, as one pure ASGI middleware.
+
+Keys are never stored: the keys file (a Kubernetes Secret, say) holds one line per client,
+``<id> <sha256 hex of the key> [<requests per second> [<burst>]]``; ``#`` starts a comment.
+``triton-gateway hash-key`` prints the hash of a key read from stdin. A request presents
+its key as ``Authorization: Bearer <key>`` or ``X-API-Key: <key>``; the hash is compared
+with every configured hash in constant time. No key, or an unknown one: 401 problem+json
+with ``WWW-Authenticate``. A known key past its rate: 429 with ``Retry-After`` and the IETF
+``RateLimit`` / ``RateLimit-Policy`` headers (draft-ietf-httpapi-ratelimit-headers), which
+every answer to a limited key carries. Metrics name the key's id, never the key.
+
+``/livez`` and ``/readyz`` are always open (probes carry no keys); ``/metrics`` and the
+docs are protected only when configured to be.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from starlette.datastructures import MutableHeaders
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.errors import (
+    ConfigurationError,
+    GatewayError,
+    RateLimitedError,
+    UnauthorizedError,
+    problem_response,
+)
+from gateway.metrics import GatewayMetrics
+
+ALWAYS_OPEN = frozenset({"/livez", "/readyz"})
+DOCS_PREFIXES = ("/docs", "/redoc", "/openapi.json")
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+@dataclass
+class TokenBucket:
+    """``rate`` tokens a second, holding at most ``burst``."""
+
+    rate: float
+    burst: float
+    tokens: float = field(init=False)
+    stamp: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        self.tokens = self.burst
+
+    def take(self, now: float) -> float:
+        """0 when a token was taken; else the seconds until one will be there."""
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return 0.0
+        return (1 - self.tokens) / self.rate
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """One client: its id (for logs and metrics), the key's hash and its rate limit."""
+
+    id: str
+    digest: bytes
+    rate: float | None = None
+    burst: float | None = None
+
+
+def load_keys(path: Path) -> list[ApiKey]:
+    """Parse a keys file (see the module docstring); a malformed line refuses to start."""
+    keys: list[ApiKey] = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read the API keys file {path}") from exc
+    for number, line in enumerate(lines, 1):
+        parts = line.split("#", 1)[0].split()
+        if not parts:
+            continue
+        try:
+            if len(parts) not in (2, 3, 4) or len(parts[1]) != 64:
+                raise ValueError
+            digest = bytes.fromhex(parts[1])
+            rate = float(parts[2]) if len(parts) > 2 else None
+            burst = float(parts[3]) if len(parts) > 3 else (rate if rate else None)
+            if rate is not None and (rate <= 0 or burst is None or burst < 1):
+                raise ValueError
+        except ValueError:
+            raise ConfigurationError(
+                f"{path}:{number}: expected '<id> <sha256 hex> [<rate per second> [<burst>]]'"
+            ) from None
+        keys.append(ApiKey(parts[0], digest, rate, burst))
+    if not keys:
+        raise ConfigurationError(f"{path} holds no API keys")
+    if len({k.id for k in keys}) != len(keys):
+        raise ConfigurationError(f"{path} repeats a key id")
+    return keys
+
+
+class AuthMiddleware:
+    """Checks keys and rate limits before anything else runs."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        keys: list[ApiKey],
+        metrics: GatewayMetrics,
+        protect_metrics: bool,
+        protect_docs: bool,
+    ) -> None:
+        self.app = app
+        self.keys = keys
+        self.metrics = metrics
+        self.protect_metrics = protect_metrics
+        self.protect_docs = protect_docs
+        self.buckets = {k.id: TokenBucket(k.rate, k.burst) for k in keys if k.rate and k.burst}
+
+    def _protected(self, path: str) -> bool:
+        if path in ALWAYS_OPEN:
+            return False
+        if path == "/metrics":
+            return self.protect_metrics
+        if path.startswith(DOCS_PREFIXES):
+            return self.protect_docs
+        return True
+
+    def _identify(self, scope: Scope) -> ApiKey | None:
+        presented = None
+        for name, value in scope.get("headers", []):
+            if name == b"authorization" and value[:7].lower() == b"bearer ":
+                presented = value[7:].strip()
+            elif name == b"x-api-key":
+                presented = value.strip()
+        if not presented:
+            return None
+        digest = hashlib.sha256(presented).digest()
+        found = None
+        for key in self.keys:  # every key compared: the time does not say which one matched
+            if hmac.compare_digest(digest, key.digest):
+                found = key
+        return found
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, error: GatewayError) -> None:
+        self.metrics.rejections.labels(reason=error.slug).inc()
+        await problem_response(error, Request(scope))(scope, receive, send)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self._protected(scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        key = self._identify(scope)
+        if key is None:
+            error = UnauthorizedError(
+                "send a valid API key as 'Authorization: Bearer <key>' or 'X-API-Key: <key>'",
+                headers={"WWW-Authenticate": 'Bearer realm="triton-gateway"'},
+            )
+            await self._refuse(scope, receive, send, error)
+            return
+        scope.setdefault("state", {})["client"] = key.id
+        bucket = self.buckets.get(key.id)
+        if bucket is None:
+            self.metrics.client_requests.labels(client=key.id, outcome="allowed").inc()
+            await self.app(scope, receive, send)
+            return
+        wait = bucket.take(time.monotonic())
+        headers = {
+            "RateLimit-Policy": f'"default";q={int(bucket.burst)};w={max(1, math.ceil(bucket.burst / bucket.rate))}',
+            "RateLimit": f'"default";r={int(bucket.tokens)};t={math.ceil((bucket.burst - bucket.tokens) / bucket.rate)}',
+        }
+        if wait:
+            self.metrics.client_requests.labels(client=key.id, outcome="rate_limited").inc()
+            retry = str(max(1, math.ceil(wait)))
+            limited = RateLimitedError(
+                f"the rate for this key is {bucket.rate:g} requests a second",
+                headers={**headers, "Retry-After": retry},
+            )
+            await self._refuse(scope, receive, send, limited)
+            return
+        self.metrics.client_requests.labels(client=key.id, outcome="allowed").inc()
+
+        async def send_with_limits(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                MutableHeaders(scope=message).update(headers)
+            await send(message)
+
+        await self.app(scope, receive, send_with_limits)

@@ -1,0 +1,143 @@
+"""How the gateway runs under uvicorn: limits, timeouts, and a drain on SIGTERM.
+
+- ``server_config`` builds the one uvicorn configuration every entry point uses: no
+  ``server`` banner, a connection cap (uvicorn's ``limit_concurrency``, the last
+  backstop), keep-alive and graceful-shutdown timeouts from the settings, and an HTTP
+  protocol that closes connections whose request head does not arrive in time
+  (uvicorn has no such timeout: 500 silent sockets would stay open forever).
+- ``GatewayServer`` turns the first SIGTERM/SIGINT into a drain: ``/readyz`` and new
+  inference requests answer 503 at once, requests in flight finish (up to the grace
+  period), and only then does uvicorn stop listening and exit. A second signal exits now.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from types import FrameType
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from gateway.admission import Admission
+from gateway.settings import Settings
+
+logger = logging.getLogger("gateway.server")
+
+
+class HeaderTimeoutH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol, closing a connection whose next request head is late.
+
+    A timer is armed whenever the connection waits for a request head (on connect, and
+    when bytes of a next request start arriving on a kept-alive connection); it is
+    disarmed once the head is complete (uvicorn starts a new request cycle).
+    """
+
+    header_timeout: float = 10.0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._armed_for: Any = None
+        super().connection_made(transport)
+        self._arm()
+
+    def _arm(self) -> None:
+        if self._head_timer is None:
+            self._armed_for = self.cycle
+            self._head_timer = self.loop.call_later(self.header_timeout, self._head_late)
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_late(self) -> None:
+        self._head_timer = None
+        if self.cycle is self._armed_for and not self.transport.is_closing():
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.cycle is not None and self.cycle is not self._armed_for:
+            self._disarm()  # a new request's head is complete
+        elif self.cycle is None or self.cycle.response_complete:
+            self._arm()  # bytes of a request head, still incomplete
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+
+def server_config(app: FastAPI, settings: Settings, host: str, port: int) -> uvicorn.Config:
+    """The uvicorn configuration of the gateway (used by serve, local and the tests)."""
+    protocol = type(
+        "GatewayH11Protocol",
+        (HeaderTimeoutH11Protocol,),
+        {"header_timeout": settings.server.header_timeout_seconds},
+    )
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        http=protocol,
+        log_config=None,
+        access_log=False,  # the gateway writes its own access log
+        server_header=False,
+        limit_concurrency=settings.server.max_connections,
+        timeout_keep_alive=int(max(1, settings.server.keep_alive_seconds)),
+        # After the drain, only stragglers (e.g. slow uploads) are left.
+        timeout_graceful_shutdown=5,
+    )
+
+
+class GatewayServer(uvicorn.Server):
+    """uvicorn's server with a drain before shutdown (see the module docstring)."""
+
+    def __init__(self, config: uvicorn.Config, admission: Admission, grace_seconds: float) -> None:
+        super().__init__(config)
+        self._admission = admission
+        self._grace = grace_seconds
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_task: asyncio.Task[None] | None = None
+        self._drain_requested = False
+
+    async def serve(self, sockets: Any = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._loop is None or self._drain_requested or self.should_exit:
+            super().handle_exit(sig, frame)  # a second signal: stop now
+            return
+        self._drain_requested = True
+        self._captured_signals.append(sig)
+        self._loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        self._drain_task = asyncio.ensure_future(self._drain())
+
+    async def _drain(self) -> None:
+        logger.info("draining: %d request(s) in flight", self._admission.in_flight)
+        self._admission.start_draining()
+        try:
+            async with asyncio.timeout(self._grace):
+                await self._admission.wait_idle()
+        except TimeoutError:
+            logger.warning(
+                "%d request(s) still in flight after %.0f s", self._admission.in_flight, self._grace
+            )
+        # Linger: kept-alive clients sending now get 503 + Connection: close instead of a
+        # connection closed under their request when uvicorn shuts idle connections.
+        await asyncio.sleep(1.0)
+        self.should_exit = True
+
+
+def run_server(app: FastAPI, settings: Settings, host: str, port: int) -> None:
+    """Serve until SIGTERM/SIGINT, then drain and exit."""
+    admission: Admission = app.state.admission
+    server = GatewayServer(
+        server_config(app, settings, host, port), admission, settings.server.shutdown_grace_seconds
+    )
+    server.run()

@@ -1,0 +1,418 @@
+"""The gateway side by side with Triton direct, in the same run (`make bench`).
+
+    .venv/bin/python tests/benchmarks/bench_side_by_side.py [--seconds 5] [--rounds 3]
+        [--concurrency 1 8 32] [--repositories trivial real] [--out .reports/bench]
+
+For each model repository (``trivial``: tests/benchmarks/trivial_repository, Python models
+with the real ensembles' inputs and outputs and fixed answers, so only the cost in front
+of Triton shows; ``real``: model_repository on its CPU twins) it starts a real
+tritonserver and a gateway process, then, interleaved over rounds, loads:
+
+- Triton direct: an async gRPC client (tritonclient.grpc.aio), the way the gateway calls it;
+- the gateway: wrk (C, a few % of a core), posting the same inputs over HTTP.
+
+Scenarios: one text, one ~250 KiB JPEG, eight JPEGs in one request, and an error path
+(gateway only: a body that is not an image, refused before Triton). It reports req/s,
+p50/p99, the ratio to direct, and CPU per request of the gateway and of Triton (with its
+stubs), from the processes' own CPU time, so the figure does not depend on how busy the
+machine is. Writes <out>.json and <out>.png (throughput and p99 against concurrency).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import psutil
+import tritonclient.grpc.aio as grpcclient
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from support import GatewayProcess
+
+from gateway.tritonserver import TritonServer
+
+ROOT = Path(__file__).resolve().parents[2]
+REPOSITORIES = {
+    "trivial": ROOT / "tests" / "benchmarks" / "trivial_repository",
+    "real": ROOT / "model_repository",
+}
+SENTENCE = "The striker scored twice in the final minutes of the match."
+
+
+def photo_jpeg() -> bytes:
+    """About 250 KiB: a real photo at 1200x1200, quality 90."""
+    from skimage import data
+
+    image = Image.fromarray(data.astronaut()).resize((1200, 1200), Image.Resampling.BICUBIC)
+    buffer = io.BytesIO()
+    image.save(buffer, "JPEG", quality=90)
+    return buffer.getvalue()
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    http_body: bytes
+    http_type: str
+    direct: Callable[[], tuple[str, list[grpcclient.InferInput]]] | None  # model, inputs
+
+
+def _tensor(name: str, array: np.ndarray, datatype: str) -> grpcclient.InferInput:
+    tensor = grpcclient.InferInput(name, list(array.shape), datatype)
+    tensor.set_data_from_numpy(array)
+    return tensor
+
+
+def scenarios() -> list[Scenario]:
+    jpeg = photo_jpeg()
+    boundary = "benchboundary"
+
+    def multipart(count: int) -> bytes:
+        parts = [
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{i}.jpg"\r\n'
+            f"Content-Type: image/jpeg\r\n\r\n".encode()
+            + jpeg
+            + b"\r\n"
+            for i in range(count)
+        ]
+        return b"".join(parts) + f"--{boundary}--\r\n".encode()
+
+    def images(count: int) -> tuple[str, list[grpcclient.InferInput]]:
+        blobs = np.array([[jpeg]] * count, dtype=np.object_)
+        top_k = np.full((count, 1), 5, dtype=np.int32)
+        return "image_classifier", [_tensor("IMAGE", blobs, "BYTES"), _tensor("TOP_K", top_k, "INT32")]
+
+    def text() -> tuple[str, list[grpcclient.InferInput]]:
+        texts = np.array([[SENTENCE.encode()]], dtype=np.object_)
+        return "text_classifier", [
+            _tensor("TEXT", texts, "BYTES"),
+            _tensor("TOP_K", np.array([[5]], dtype=np.int32), "INT32"),
+        ]
+
+    multipart_type = f"multipart/form-data; boundary={boundary}"
+    return [
+        Scenario("text", json.dumps({"text": SENTENCE}).encode(), "application/json", text),
+        Scenario(f"jpeg {len(jpeg) // 1024} KiB", multipart(1), multipart_type, lambda: images(1)),
+        Scenario("8 jpegs", multipart(8), multipart_type, lambda: images(8)),
+        Scenario("error (not an image)", b"not an image at all", "image/jpeg", None),
+    ]
+
+
+@dataclass
+class Measure:
+    repository: str
+    scenario: str
+    target: str  # direct | gateway
+    concurrency: int
+    requests: int = 0
+    errors: int = 0
+    seconds: float = 0.0
+    p50_ms: float = float("nan")
+    p99_ms: float = float("nan")
+    gateway_cpu_ms: float = float("nan")  # per request
+    triton_cpu_ms: float = float("nan")  # per request, stubs included
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds if self.seconds else 0.0
+
+
+def _cpu_seconds(pid: int, with_children: bool) -> float:
+    process = psutil.Process(pid)
+    members = [process, *process.children(recursive=True)] if with_children else [process]
+    total = 0.0
+    for member in members:
+        times = member.cpu_times()
+        total += times.user + times.system
+    return total
+
+
+async def _direct(
+    url: str, scenario: Scenario, concurrency: int, seconds: float
+) -> tuple[int, int, list[float]]:
+    assert scenario.direct is not None
+    latencies: list[float] = []
+    errors = 0
+    model, inputs = scenario.direct()
+    until = time.perf_counter() + seconds
+    async with grpcclient.InferenceServerClient(url) as client:
+
+        async def loop() -> None:
+            nonlocal errors
+            while time.perf_counter() < until:
+                started = time.perf_counter()
+                try:
+                    await client.infer(model, inputs)
+                except Exception:
+                    errors += 1
+                    continue
+                latencies.append(time.perf_counter() - started)
+
+        await asyncio.gather(*(loop() for _ in range(concurrency)))
+    return len(latencies), errors, latencies
+
+
+_LATENCY = re.compile(r"^\s+(50|99)%\s+([\d.]+)(us|ms|s)\s*$", re.MULTILINE)
+
+
+def _wrk(
+    url: str, scenario: Scenario, concurrency: int, seconds: float, folder: Path
+) -> tuple[int, int, float, float]:
+    body = folder / "body.bin"
+    body.write_bytes(scenario.http_body)
+    script = folder / "post.lua"
+    script.write_text(
+        f'wrk.method = "POST"\nlocal f = io.open("{body}", "rb")\nwrk.body = f:read("*a")\nf:close()\n'
+        f'wrk.headers["Content-Type"] = "{scenario.http_type}"\n'
+        "done = function(summary, latency, requests)\n"
+        '  io.write(string.format("STATUS-ERRORS %d\\n", summary.errors.status + summary.errors.connect'
+        " + summary.errors.read + summary.errors.write + summary.errors.timeout))\nend\n"
+    )
+    threads = min(2, concurrency)
+    out = subprocess.run(
+        ["wrk", "-t", str(threads), "-c", str(concurrency), "-d", f"{max(1, round(seconds))}s", "--latency", "-s", str(script),
+         f"{url}/classify"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    requests = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+    errors = int(re.search(r"STATUS-ERRORS (\d+)", out).group(1))  # type: ignore[union-attr]
+    scale = {"us": 0.001, "ms": 1.0, "s": 1000.0}
+    found = {p: float(v) * scale[u] for p, v, u in _LATENCY.findall(out)}
+    return requests, errors, found.get("50", float("nan")), found.get("99", float("nan"))
+
+
+@dataclass
+class Stack:
+    triton: TritonServer
+    gateway: GatewayProcess
+
+    @property
+    def url(self) -> str:
+        return self.gateway.url
+
+
+def start_stack(repository: Path, workdir: Path, triton_env: Path) -> Stack:
+    # Without a response cache: every request does the models' work.
+    triton = TritonServer.on_free_ports(triton_env, repository, workdir, response_cache_bytes=0)
+    triton.start()
+    triton.wait_ready(timeout=180)
+    labels = "" if repository == REPOSITORIES["trivial"] else "text_labels"
+    gateway = GatewayProcess.start(triton, workdir, GATEWAY_TEXT_LABELS_MODEL=labels)
+    return Stack(triton, gateway.wait("/readyz", timeout=60))
+
+
+def measure(
+    stack: Stack, name: str, scenario: Scenario, target: str, concurrency: int, seconds: float, folder: Path
+) -> Measure:
+    result = Measure(name, scenario.name, target, concurrency)
+    assert stack.triton.pid is not None
+    gateway_before = _cpu_seconds(stack.gateway.process.pid, with_children=False)
+    triton_before = _cpu_seconds(stack.triton.pid, with_children=True)
+    started = time.perf_counter()
+    if target == "direct":
+        result.requests, result.errors, latencies = asyncio.run(
+            _direct(stack.triton.grpc_url, scenario, concurrency, seconds)
+        )
+        if latencies:
+            latencies.sort()
+            result.p50_ms = 1000 * latencies[len(latencies) // 2]
+            result.p99_ms = 1000 * latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+    else:
+        result.requests, result.errors, result.p50_ms, result.p99_ms = _wrk(
+            stack.url, scenario, concurrency, seconds, folder
+        )
+    result.seconds = time.perf_counter() - started
+    if result.requests:
+        result.gateway_cpu_ms = (
+            1000 * (_cpu_seconds(stack.gateway.process.pid, False) - gateway_before) / result.requests
+        )
+        result.triton_cpu_ms = 1000 * (_cpu_seconds(stack.triton.pid, True) - triton_before) / result.requests
+    return result
+
+
+@dataclass
+class Row:
+    repository: str
+    scenario: str
+    concurrency: int
+    direct_rps: float | None
+    gateway_rps: float
+    ratio: float | None
+    direct_p50_ms: float | None
+    direct_p99_ms: float | None
+    gateway_p50_ms: float
+    gateway_p99_ms: float
+    gateway_cpu_ms: float
+    triton_cpu_ms_direct: float | None
+    triton_cpu_ms_gateway: float
+    errors: int = 0
+    rounds: list[dict[str, float]] = field(default_factory=list)
+
+
+def summarise(measures: list[Measure]) -> list[Row]:
+    rows = []
+    keys = sorted(
+        {(m.repository, m.scenario, m.concurrency) for m in measures}, key=lambda k: (k[0], k[1], k[2])
+    )
+    for repository, scenario, concurrency in keys:
+        mine = [
+            m
+            for m in measures
+            if (m.repository, m.scenario, m.concurrency) == (repository, scenario, concurrency)
+        ]
+        direct = [m for m in mine if m.target == "direct"]
+        gateway = [m for m in mine if m.target == "gateway"]
+
+        def med(items: list[Measure], attribute: str) -> float:
+            return float(statistics.median(getattr(m, attribute) for m in items))
+
+        direct_rps = med(direct, "rps") if direct else None
+        gateway_rps = med(gateway, "rps")
+        rows.append(
+            Row(
+                repository, scenario, concurrency, direct_rps, gateway_rps,
+                gateway_rps / direct_rps if direct_rps else None,
+                med(direct, "p50_ms") if direct else None, med(direct, "p99_ms") if direct else None,
+                med(gateway, "p50_ms"), med(gateway, "p99_ms"), med(gateway, "gateway_cpu_ms"),
+                med(direct, "triton_cpu_ms") if direct else None, med(gateway, "triton_cpu_ms"),
+                sum(m.errors for m in mine),
+            )
+        )  # fmt: skip
+    return rows
+
+
+def table(rows: list[Row]) -> str:
+    def fmt(value: float | None, spec: str) -> str:
+        return "-" if value is None else format(value, spec)
+
+    lines = [
+        "| models | scenario | c | direct req/s | gateway req/s | ratio | direct p50/p99 ms | gateway p50/p99 ms "
+        "| gateway CPU ms/req | Triton CPU ms/req (direct / via gateway) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.repository} | {r.scenario} | {r.concurrency} | {fmt(r.direct_rps, '.0f')} | {r.gateway_rps:.0f} | "
+            f"{fmt(r.ratio and 100 * r.ratio, '.0f')}{'' if r.ratio is None else ' %'} | "
+            f"{fmt(r.direct_p50_ms, '.1f')} / {fmt(r.direct_p99_ms, '.1f')} | {r.gateway_p50_ms:.1f} / "
+            f"{r.gateway_p99_ms:.1f} | {r.gateway_cpu_ms:.2f} | {fmt(r.triton_cpu_ms_direct, '.2f')} / "
+            f"{r.triton_cpu_ms_gateway:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(rows: list[Row], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = sorted({(r.repository, r.scenario) for r in rows})
+    figure, axes = plt.subplots(2, len(groups), figsize=(4 * len(groups), 7), squeeze=False)
+    for column, (repository, scenario) in enumerate(groups):
+        mine = sorted(
+            (r for r in rows if (r.repository, r.scenario) == (repository, scenario)),
+            key=lambda r: r.concurrency,
+        )
+        xs = [r.concurrency for r in mine]
+        top, bottom = axes[0][column], axes[1][column]
+        if all(r.direct_rps is not None for r in mine):
+            top.plot(xs, [r.direct_rps for r in mine], "o-", label="Triton direct")
+            bottom.plot(xs, [r.direct_p99_ms for r in mine], "o-", label="Triton direct")
+        top.plot(xs, [r.gateway_rps for r in mine], "s-", label="gateway")
+        bottom.plot(xs, [r.gateway_p99_ms for r in mine], "s-", label="gateway")
+        top.set_title(f"{repository}: {scenario}", fontsize=9)
+        top.set_ylabel("req/s")
+        bottom.set_ylabel("p99 ms")
+        bottom.set_xlabel("concurrency")
+        for axis in (top, bottom):
+            axis.set_xscale("log", base=2)
+            axis.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=90)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument(
+        "--repositories", nargs="+", choices=sorted(REPOSITORIES), default=["trivial", "real"]
+    )
+    parser.add_argument("--scenarios", nargs="+", help="names to keep (default: all)")
+    parser.add_argument("--out", type=Path, default=ROOT / ".reports" / "bench")
+    parser.add_argument("--triton-env", type=Path, default=ROOT / ".venv-triton")
+    options = parser.parse_args(argv)
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is missing: `make bench` installs it (apt)")
+    chosen = [
+        s
+        for s in scenarios()
+        if not options.scenarios or any(s.name.startswith(n) for n in options.scenarios)
+    ]
+    measures: list[Measure] = []
+    with tempfile.TemporaryDirectory(prefix="bench-") as folder:
+        for name in options.repositories:
+            workdir = Path(folder) / name
+            workdir.mkdir()
+            stack = start_stack(REPOSITORIES[name], workdir, options.triton_env)
+            try:
+                for scenario in chosen:  # warm both paths once
+                    if scenario.direct:
+                        measure(stack, name, scenario, "direct", 1, 0.5, workdir)
+                    measure(stack, name, scenario, "gateway", 1, 1, workdir)
+                for _ in range(options.rounds):
+                    for scenario in chosen:
+                        for concurrency in options.concurrency:
+                            targets = ["direct", "gateway"] if scenario.direct else ["gateway"]
+                            for target in targets:
+                                measures.append(
+                                    measure(
+                                        stack, name, scenario, target, concurrency, options.seconds, workdir
+                                    )
+                                )
+            finally:
+                stack.gateway.stop(graceful=True)
+                stack.triton.stop()
+    rows = summarise(measures)
+    print(table(rows))
+    options.out.parent.mkdir(parents=True, exist_ok=True)
+    options.out.with_suffix(".json").write_text(
+        json.dumps(
+            {
+                "machine": {
+                    "cpus": os.cpu_count(),
+                    "load_generator": "wrk (gateway), tritonclient.grpc.aio (direct)",
+                },
+                "settings": {"seconds": options.seconds, "rounds": options.rounds},
+                "rows": [asdict(r) for r in rows],
+                "measures": [{**asdict(m), "rps": m.rps} for m in measures],
+            },
+            indent=1,
+        )
+    )
+    plot(rows, options.out.with_suffix(".png"))
+    print(f"wrote {options.out.with_suffix('.json')} and {options.out.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+../../image_classifier/1/model.py

@@ -1,0 +1,38 @@
+"""A smoke run of `make bench` (tests/benchmarks/bench_side_by_side.py): it runs against
+a real Triton and gateway and its output is well formed. No timing asserts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_bench_runs_and_writes_a_table_json_and_plot(tmp_path: Path, triton_python_env: Path) -> None:
+    out = tmp_path / "bench"
+    result = subprocess.run(
+        [
+            sys.executable, str(ROOT / "tests" / "benchmarks" / "bench_side_by_side.py"),
+            "--seconds", "1", "--rounds", "1", "--concurrency", "1", "4",
+            "--repositories", "trivial", "--scenarios", "text", "jpeg", "error",
+            "--out", str(out), "--triton-env", str(triton_python_env),
+        ],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "| trivial | text | 1 |" in result.stdout
+    report = json.loads(out.with_suffix(".json").read_text())
+    rows = {(r["scenario"].split()[0], r["concurrency"]): r for r in report["rows"]}
+    assert set(rows) == {(s, c) for s in ("text", "jpeg", "error") for c in (1, 4)}
+    for (scenario, _), row in rows.items():
+        assert row["gateway_rps"] > 0
+        assert 0 < row["gateway_p50_ms"] <= row["gateway_p99_ms"]  # parsed from wrk (NaN fails)
+        assert row["gateway_cpu_ms"] > 0
+        assert (row["direct_rps"] is None) == (scenario == "error")
+        if scenario != "error":
+            assert row["direct_rps"] > 0
+            assert row["errors"] == 0
+    assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,107 @@
+"""Triton faults against the real stack: killed mid-load and restarted on the same port
+(outages of different lengths), and hung (SIGSTOP) then resumed. Only 200, 503 or 504
+problem+json, nothing hangs, and the gateway recovers by itself."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+from support import coffee_png
+from triton_fixtures import GatewayProcess
+
+from gateway.tritonserver import TritonServer
+
+DEADLINE = 3.0
+
+
+@dataclass
+class Traffic:
+    """Back-to-back single-image requests from two clients, each answer timestamped."""
+
+    url: str
+    answers: list[tuple[float, float, int, str]] = field(default_factory=list)  # sent, answered, status, type
+    unexpected: list[str] = field(default_factory=list)  # bodies of answers other than 200/503/504
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def _run(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=DEADLINE + 10) as client:
+            while not self._stop.is_set():
+                sent = time.monotonic()
+                response = client.post(
+                    "/classify", content=coffee_png(), headers={"content-type": "image/png"}
+                )
+                kind = response.headers.get("content-type", "")
+                self.answers.append((sent, time.monotonic(), response.status_code, kind))
+                if response.status_code not in (200, 503, 504):
+                    self.unexpected.append(response.text[:500])
+                if response.status_code != 200:
+                    time.sleep(0.02)
+
+    def __enter__(self) -> Traffic:
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(2)]
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=DEADLINE + 15)
+
+    def first(self, status: int, after: float) -> float:
+        times = [answered for sent, answered, s, _ in self.answers if s == status and answered >= after]
+        return min(times) - after if times else float("nan")
+
+
+def test_kill_restart_and_hang_recover_without_restarting_the_gateway(
+    faults_triton: TritonServer, spawn_gateway: Callable[..., GatewayProcess]
+) -> None:
+    gateway = spawn_gateway(faults_triton, GATEWAY_TRITON__TIMEOUT_SECONDS=str(DEADLINE))
+    report = []
+    with Traffic(gateway.url) as traffic:
+        time.sleep(1.5)
+        for outage in (1.0, 6.0):
+            killed = time.monotonic()
+            faults_triton.send_signal(signal.SIGKILL)
+            faults_triton.wait_exited()
+            time.sleep(outage)
+            faults_triton.start()
+            faults_triton.wait_ready(timeout=120)
+            ready = time.monotonic()
+            time.sleep(3.0)
+            report.append(
+                f"outage {outage:.0f} s (+start-up): first 503 after {traffic.first(503, killed):.2f} s, "
+                f"first 200 {traffic.first(200, ready):.2f} s after Triton was ready"
+            )
+            assert traffic.first(200, ready) <= 2.0
+        paused = time.monotonic()
+        faults_triton.send_signal(signal.SIGSTOP, group=False)
+        try:
+            not_ready = None
+            while time.monotonic() - paused < 5:
+                if httpx.get(f"{gateway.url}/readyz", timeout=5).status_code == 503:
+                    not_ready = time.monotonic() - paused
+                    break
+                time.sleep(0.05)
+            time.sleep(DEADLINE + 1)
+        finally:
+            faults_triton.send_signal(signal.SIGCONT, group=False)
+        resumed = time.monotonic()
+        time.sleep(3.0)
+    report.append(
+        f"hung: /readyz 503 after {not_ready} s, first 504 after {traffic.first(504, paused):.2f} s, "
+        f"first 503 after {traffic.first(503, paused):.2f} s, first 200 {traffic.first(200, resumed):.2f} s after SIGCONT"
+    )
+    print("\n".join(report))
+    statuses = {status for _, _, status, _ in traffic.answers}
+    assert statuses <= {200, 503, 504}, (statuses, traffic.unexpected[:3])
+    assert all(kind == "application/problem+json" for *_, status, kind in traffic.answers if status != 200)
+    assert max(answered - sent for sent, answered, _, _ in traffic.answers) < DEADLINE + 2  # nothing hangs
+    assert not_ready is not None
+    assert not_ready <= 2.0
+    assert traffic.first(200, resumed) <= 2.0

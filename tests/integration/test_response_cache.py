@@ -1,0 +1,62 @@
+"""Triton's response cache for the ensembles, through the gateway: a repeated input is
+answered from the cache (Triton's own statistics count the hit) with the same answer,
+and anything that changes the answer (another top_k, another input) is a miss."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from support import ServedApp, chelsea_jpeg
+from triton_fixtures import REPOSITORY, gateway_settings, start_triton
+
+from gateway.app import create_app
+from gateway.tritonserver import TritonServer
+
+
+@pytest.fixture(scope="module")
+def cached_triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
+    server = start_triton(
+        REPOSITORY, tmp_path_factory.mktemp("cached"), response_cache_bytes=64 * 1024 * 1024
+    )
+    yield server
+    server.stop()
+
+
+def cache_counts(triton: TritonServer, model: str) -> tuple[int, int]:
+    url = f"http://{triton.host}:{triton.http_port}/v2/models/{model}/stats"
+    stats = httpx.get(url, timeout=10).json()["model_stats"][0]["inference_stats"]
+    return int(stats["cache_hit"]["count"]), int(stats["cache_miss"]["count"])
+
+
+def test_repeated_inputs_are_answered_from_the_cache(cached_triton: TritonServer, tmp_path: Path) -> None:
+    served = ServedApp(create_app(gateway_settings(cached_triton))).start()
+    try:
+        with httpx.Client(base_url=served.url, timeout=60) as http:
+            for model, send in (
+                (
+                    "image_classifier",
+                    lambda k: http.post(f"/classify?top_k={k}", files={"file": ("c.jpg", chelsea_jpeg())}),
+                ),
+                (
+                    "text_classifier",
+                    lambda k: http.post("/classify", json={"text": "The striker scored.", "top_k": k}),
+                ),
+            ):
+                hits, misses = cache_counts(cached_triton, model)
+                first = send(3)
+                started = time.perf_counter()
+                again = send(3)
+                hit_ms = 1000 * (time.perf_counter() - started)
+                other = send(4)
+                assert first.status_code == again.status_code == other.status_code == 200
+                assert first.json()["results"] == again.json()["results"]
+                assert len(other.json()["results"][0]["predictions"]) == 4
+                new_hits, new_misses = cache_counts(cached_triton, model)
+                print(f"{model}: hit answered through the gateway in {hit_ms:.1f} ms")
+                assert (new_hits - hits, new_misses - misses) == (1, 2)
+    finally:
+        served.stop()

@@ -1,0 +1,119 @@
+"""deploy/model-build/plans.py without a GPU: fake `trtexec` and `nvidia-smi` executables
+answer as the real ones do; the stamp decides when a plan is rebuilt."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from support import load_script
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+plans = load_script(ROOT / "deploy" / "model-build" / "plans.py", "plans")
+
+
+def fake_tools(folder: Path, tensorrt: int, gpus: list[str]) -> tuple[Path, Path, Path]:
+    """trtexec prints its banner and writes --saveEngine; each call is logged as JSON."""
+    calls = folder / "calls.jsonl"
+    trtexec = folder / "trtexec"
+    trtexec.write_text(
+        f"""#!{sys.executable}
+import json, sys
+print("&&&& RUNNING TensorRT.trtexec [TensorRT v{tensorrt}] # trtexec")
+with open({str(calls)!r}, "a") as log:
+    log.write(json.dumps(sys.argv[1:]) + "\\n")
+for arg in sys.argv[1:]:
+    if arg.startswith("--saveEngine="):
+        open(arg.split("=", 1)[1], "wb").write(b"plan")
+"""
+    )
+    smi = folder / "nvidia-smi"
+    smi.write_text("#!/bin/sh\n" + "".join(f"echo '{line}'\n" for line in gpus))
+    trtexec.chmod(0o755)
+    smi.chmod(0o755)
+    return trtexec, smi, calls
+
+
+@pytest.fixture
+def repository(tmp_path: Path) -> Path:
+    for name in ("image_model", "text_model"):
+        (tmp_path / "repo" / name / "1").mkdir(parents=True)
+        (tmp_path / "repo" / name / "1" / "model.onnx").write_bytes(name.encode())
+    return tmp_path / "repo"
+
+
+def run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, repository: Path, tensorrt: int, gpus: list[str]
+) -> list[list[str]]:
+    tools = tmp_path / f"tools-{tensorrt}-{len(gpus)}-{gpus[0][:4]}"
+    tools.mkdir(exist_ok=True)
+    trtexec, smi, calls = fake_tools(tools, tensorrt, gpus)
+    calls.unlink(missing_ok=True)  # this run's calls only
+    monkeypatch.setenv("TRTEXEC", str(trtexec))
+    monkeypatch.setenv("NVIDIA_SMI", str(smi))
+    assert plans.main(["--repository", str(repository)]) == 0
+    builds = [json.loads(line) for line in calls.read_text().splitlines()] if calls.exists() else []
+    return [args for args in builds if args != ["--help"]]
+
+
+def test_plans_are_built_once_then_kept_while_nothing_changed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, repository: Path
+) -> None:
+    first = run(monkeypatch, tmp_path, repository, 101300, ["NVIDIA L4, 8.9"])
+    assert len(first) == 2
+    assert all("--fp16" in args for args in first)
+    stamp = json.loads((repository / "text_model" / "1" / "model.plan.stamp").read_text())
+    assert stamp["tensorrt"] == "10.13.0"
+    assert stamp["gpu"] == {"name": "NVIDIA L4", "compute_capability": "8.9"}
+    assert run(monkeypatch, tmp_path, repository, 101300, ["NVIDIA L4, 8.9"]) == []
+
+
+@pytest.mark.parametrize(
+    ("tensorrt", "gpus"),
+    [
+        (101400, ["NVIDIA L4, 8.9"]),  # another TensorRT release
+        (101300, ["NVIDIA H100 80GB HBM3, 9.0"]),  # another GPU model
+    ],
+)
+def test_a_plan_for_another_tensorrt_or_gpu_is_rebuilt(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, repository: Path, tensorrt: int, gpus: list[str]
+) -> None:
+    run(monkeypatch, tmp_path, repository, 101300, ["NVIDIA L4, 8.9"])
+    assert len(run(monkeypatch, tmp_path, repository, tensorrt, gpus)) == 2
+
+
+def test_a_changed_onnx_is_rebuilt(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, repository: Path) -> None:
+    run(monkeypatch, tmp_path, repository, 101300, ["NVIDIA L4, 8.9"])
+    (repository / "image_model" / "1" / "model.onnx").write_bytes(b"new export")
+    rebuilt = run(monkeypatch, tmp_path, repository, 101300, ["NVIDIA L4, 8.9"])
+    assert len(rebuilt) == 1
+    assert any("image_model" in arg for arg in rebuilt[0])
+
+
+def test_mixed_gpu_models_are_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, repository: Path
+) -> None:
+    with pytest.raises(SystemExit, match="different models"):
+        run(monkeypatch, tmp_path, repository, 101300, ["NVIDIA L4, 8.9", "Tesla T4, 7.5"])
+    assert not (repository / "image_model" / "1" / "model.plan").exists()
+
+
+def test_same_model_gpus_are_fine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, repository: Path) -> None:
+    assert len(run(monkeypatch, tmp_path, repository, 101300, ["NVIDIA L4, 8.9", "NVIDIA L4, 8.9"])) == 2
+
+
+def test_precision_flags_follow_the_tensorrt_release() -> None:
+    assert plans.precision_flags((10, 13, 0), "fp16") == ["--fp16"]
+    assert plans.precision_flags((11, 0, 0), "fp16") == ["--stronglyTyped"]  # --fp16 is gone in 11
+    assert plans.precision_flags((11, 0, 0), "fp32") == []
+
+
+def test_shapes_match_the_tokenizer_buckets_and_batch_sizes() -> None:
+    (image, text) = plans.PLANS
+    assert text.max_shape == "64x256"
+    assert text.shapes(text.opt_shape) == "input_ids:8x64,attention_mask:8x64"
+    assert image.shapes(image.max_shape) == "input:32x3x224x224"
