@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -24,9 +25,10 @@ from gateway.routes import classify, health, metrics_route
 from gateway.schemas import Problem, classify_json_model
 from gateway.settings import Settings
 from gateway.telemetry import TelemetryMiddleware
+from gateway.tracing import Tracing
 from gateway.workers import CheckWorkers
 
-BackendFactory = Callable[[Settings, GatewayMetrics], InferenceBackend]
+BackendFactory = Callable[[Settings, GatewayMetrics, Tracing], InferenceBackend]
 
 DESCRIPTION = """
 A validating front door for NVIDIA Triton Inference Server.
@@ -38,13 +40,13 @@ before it reaches Triton, then runs it through a Triton ensemble
 """
 
 
-def _triton_backend(settings: Settings, metrics: GatewayMetrics) -> InferenceBackend:
+def _triton_backend(settings: Settings, metrics: GatewayMetrics, tracing: Tracing) -> InferenceBackend:
     from gateway.triton import TritonBackend
 
     # gRPC refuses messages over this size before they leave: the largest single call is
     # one image or one text request at its caps.
     max_send = max(settings.image.max_bytes, settings.max_text_body_bytes) + 64 * 1024
-    return TritonBackend(settings.triton, metrics, max_send_bytes=max_send)
+    return TritonBackend(settings.triton, metrics, tracing, max_send_bytes=max_send)
 
 
 def _url_kind(url: str) -> str:
@@ -61,6 +63,7 @@ def create_app(
     Metrics go to ``registry`` (a fresh one by default, never the global registry)."""
     make_backend = backend_factory or _triton_backend
     metrics = GatewayMetrics(registry or CollectorRegistry())
+    tracing = Tracing(settings.tracing)
     admission = Admission(
         settings.server.max_in_flight, settings.server.queue_seconds, settings.server.retry_after_seconds
     )
@@ -76,7 +79,8 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[GatewayState]:
         # Network clients belong to the server's event loop: built here, not at import.
-        backend = make_backend(settings, metrics)
+        tracing.start()
+        backend = make_backend(settings, metrics, tracing)
         scraper = TritonMetricsScraper(settings.triton.metrics_url, settings.triton.metrics_timeout_seconds)
         try:
             yield GatewayState(
@@ -86,10 +90,12 @@ def create_app(
                 triton_metrics=scraper,
                 workers=CheckWorkers(settings.check_threads),
                 admission=admission,
+                tracing=tracing,
             )
         finally:
             await scraper.close()
             await backend.close()
+            await asyncio.to_thread(tracing.shutdown)  # flushes spans, bounded by the export timeout
 
     openapi_url = "/openapi.json" if settings.docs_enabled else None
     app = FastAPI(
@@ -114,7 +120,7 @@ def create_app(
             protect_metrics=settings.auth.protect_metrics,
             protect_docs=settings.auth.protect_docs,
         )
-    app.add_middleware(TelemetryMiddleware, metrics=metrics)
+    app.add_middleware(TelemetryMiddleware, metrics=metrics, tracing=tracing)
     app.add_middleware(RequestIdMiddleware, admission=admission)
     if settings.auth.cors_origins:
         app.add_middleware(

@@ -14,6 +14,7 @@ from gateway.admission import Admission
 from gateway.backend import InferenceBackend
 from gateway.metrics import GatewayMetrics, TritonMetricsScraper
 from gateway.settings import Settings
+from gateway.tracing import Tracing
 from gateway.workers import CheckWorkers
 
 
@@ -26,6 +27,7 @@ class GatewayState(TypedDict):
     triton_metrics: TritonMetricsScraper
     workers: CheckWorkers
     admission: Admission
+    tracing: Tracing
 
 
 def _from_state(name: str) -> Callable[[Request], Awaitable[Any]]:
@@ -45,4 +47,5 @@ RequestIdDep = Annotated[str, Depends(_from_state("request_id"))]
 MetricsDep = Annotated[GatewayMetrics, Depends(_from_state("metrics"))]
 WorkersDep = Annotated[CheckWorkers, Depends(_from_state("workers"))]
 AdmissionDep = Annotated[Admission, Depends(_from_state("admission"))]
+TracingDep = Annotated[Tracing, Depends(_from_state("tracing"))]
 TritonMetricsDep = Annotated[TritonMetricsScraper, Depends(_from_state("triton_metrics"))]

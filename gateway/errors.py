@@ -41,6 +41,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from gateway.tracing import current_trace_id, record_problem
+
 if TYPE_CHECKING:
     from gateway.metrics import GatewayMetrics
 
@@ -77,7 +79,9 @@ class GatewayError(Exception):
         self.input_index = index
         return self
 
-    def problem(self, request_id: str | None, instance: str | None) -> dict[str, Any]:
+    def problem(
+        self, request_id: str | None, instance: str | None, trace_id: str | None = None
+    ) -> dict[str, Any]:
         body: dict[str, Any] = {
             "type": TYPE_PREFIX + self.slug,
             "title": self.title,
@@ -88,6 +92,8 @@ class GatewayError(Exception):
             body["instance"] = instance
         if request_id:
             body["request_id"] = request_id
+        if trace_id:
+            body["trace_id"] = trace_id
         if self.input_index is not None:
             body["input_index"] = self.input_index
         if self.errors:
@@ -275,7 +281,8 @@ def _where(request: Request) -> str:
 def problem_response(
     error: GatewayError, request: Request, headers: dict[str, str] | None = None
 ) -> JSONResponse:
-    body = error.problem(request_id_of(request), instance_of(request))
+    body = error.problem(request_id_of(request), instance_of(request), current_trace_id())
+    record_problem(body["type"], error.status)
     merged = {**error.headers, **(headers or {})}
     return JSONResponse(body, status_code=error.status, headers=merged, media_type=PROBLEM_MEDIA_TYPE)
 

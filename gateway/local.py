@@ -1,6 +1,7 @@
 """`triton-gateway local`: a real tritonserver on loopback plus the gateway, as one command.
 
-Starts Triton (CPU, ``--model-config-name=cpu``) from the Triton environment, waits
+Starts Triton (CPU, ``--model-config-name=cpu``; with OpenTelemetry tracing to the same
+collector when the gateway's tracing is on) from the Triton environment, waits
 until every model is loaded, points the gateway at it, serves, and on Ctrl-C or
 SIGTERM shuts the gateway down gracefully and then Triton.
 """
@@ -16,6 +17,7 @@ from pathlib import Path
 from gateway.app import create_app
 from gateway.server import GatewayServer, server_config
 from gateway.settings import Settings
+from gateway.tracing import triton_trace_args
 from gateway.tritonserver import TritonServer
 
 
@@ -58,7 +60,12 @@ def _on_stop_signal(signum: int, frame: object) -> None:
 
 
 def run_local(settings: Settings, options: LocalOptions) -> int:
-    triton = TritonServer.on_free_ports(options.triton_env, options.model_repository, options.workdir)
+    triton = TritonServer.on_free_ports(
+        options.triton_env,
+        options.model_repository,
+        options.workdir,
+        extra_args=tuple(triton_trace_args(settings.tracing)),  # none unless tracing is on
+    )
     # uvicorn handles the signal while serving (graceful shutdown), then re-raises it
     # once done: these handlers turn that into an orderly return instead of a kill.
     previous = {sig: signal.signal(sig, _on_stop_signal) for sig in (signal.SIGINT, signal.SIGTERM)}

@@ -28,11 +28,15 @@ from prometheus_client import (
     disable_created_metrics,
 )
 from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 
 # Prometheus text format 0.0.4: what both generate_latest and Triton write, and what
 # every Prometheus parses.
 EXPOSITION_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# OpenMetrics 1.0, for scrapers that ask for it: the format that carries exemplars.
+OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 # 1 ms .. 10 s, roughly x2.5 per step.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 INPUT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -138,12 +142,49 @@ class GatewayMetrics:
                 perf_counter() - started
             )
 
-    def exposition(self, triton_text: str | None) -> bytes:
-        """The gateway's families, then Triton's (verbatim, when they were read)."""
+    def exposition(self, triton_text: str | None, accept: str = "") -> tuple[bytes, str]:
+        """The gateway's families, then Triton's (when they were read), and the media type.
+
+        A scraper that accepts OpenMetrics (Prometheus does) gets it, with the exemplars
+        (trace ids) on the latency histogram; anything else gets the text format 0.0.4,
+        Triton's part verbatim."""
+        if "application/openmetrics-text" in accept:
+            families = _TritonFamilies(triton_text or "")
+            text = generate_openmetrics(_Chain(self.registry, families))  # type: ignore[no-untyped-call]
+            return text, OPENMETRICS_CONTENT_TYPE
         ours = generate_latest(self.registry)
         if not triton_text:
-            return ours
-        return ours + triton_text.encode("utf-8")
+            return ours, EXPOSITION_CONTENT_TYPE
+        return ours + triton_text.encode("utf-8"), EXPOSITION_CONTENT_TYPE
+
+
+class _TritonFamilies:
+    """Triton's families re-typed for OpenMetrics: its counters lack the ``_total`` suffix
+    OpenMetrics requires, so they go out as ``unknown``, which keeps every series name
+    exactly as Triton writes it (and as dashboards query it)."""
+
+    def __init__(self, text: str) -> None:
+        self._text = text
+
+    def collect(self) -> Iterator[Metric]:
+        for family in text_string_to_metric_families(self._text):
+            if family.type in ("counter", "untyped", "unknown"):
+                retyped = Metric(family.name, family.documentation, "unknown")
+                retyped.samples = family.samples
+                yield retyped
+            else:
+                yield family
+
+
+class _Chain:
+    """Several collectors as one, for one exposition."""
+
+    def __init__(self, *collectors: CollectorRegistry | _TritonFamilies) -> None:
+        self._collectors = collectors
+
+    def collect(self) -> Iterator[Metric]:
+        for collector in self._collectors:
+            yield from collector.collect()
 
 
 def sanitise_triton_metrics(text: str, reserved_prefix: str = "gateway_") -> str | None:

@@ -141,6 +141,9 @@ class Problem(BaseModel):
     detail: str
     instance: str | None = Field(None, description="The path the request was made to.")
     request_id: str | None = None
+    trace_id: str | None = Field(
+        None, description="The W3C trace id of this request (32 hex digits), when tracing is on."
+    )
     input_index: int | None = Field(None, description="The input (0-based) the problem is about, if one.")
     errors: list[dict[str, Any]] | None = Field(
         None, description="Every problem found, when there are several."

@@ -162,6 +162,34 @@ class AuthSettings(BaseModel):
     )
 
 
+class TracingSettings(BaseModel):
+    """OpenTelemetry tracing (off unless enabled): spans to an OTLP/HTTP collector, and the
+    W3C ``traceparent`` passed on to Triton."""
+
+    enabled: bool = Field(False, description="Record spans and send them to `endpoint`.")
+    endpoint: str = Field(
+        "http://127.0.0.1:4318/v1/traces",
+        pattern=r"^https?://[^\s]+$",
+        description="OTLP/HTTP traces URL of the collector (Triton is pointed at the same one).",
+    )
+    sample_ratio: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="Share of new traces recorded; a caller's sampled flag in traceparent wins.",
+    )
+    service_name: str = Field("triton-gateway", min_length=1, description="service.name of the spans.")
+    export_delay_seconds: float = Field(
+        1.0, gt=0, le=60, description="Longest wait before queued spans are sent in a batch."
+    )
+    export_timeout_seconds: float = Field(
+        5.0, gt=0, le=60, description="Deadline of one export (off the request path)."
+    )
+    max_queued_spans: int = Field(
+        8192, ge=64, le=1_000_000, description="Spans held while the collector is slow; more are dropped."
+    )
+
+
 class Settings(BaseSettings):
     """Everything the gateway can be told. Environment: GATEWAY_<FIELD>, GATEWAY_<GROUP>__<FIELD>."""
 
@@ -198,6 +226,7 @@ class Settings(BaseSettings):
     triton: TritonSettings = Field(default_factory=TritonSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
     image: ImageLimits = Field(default_factory=ImageLimits)
     text: TextLimits = Field(default_factory=TextLimits)
     check_threads: int = Field(

@@ -1,7 +1,9 @@
-"""Per-request telemetry: the request metrics and one structured access-log line.
+"""Per-request telemetry: the request metrics, the request's server span (when tracing
+is on) and one structured access-log line.
 
 A pure ASGI middleware, so it sees every response, including errors, and counts body
-bytes as they arrive. Routes are labelled by their template (``/classify``), read from the
+bytes as they arrive. The latency histogram carries the trace id as an exemplar for
+sampled requests, and the access log line carries it for every traced one. Routes are labelled by their template (``/classify``), read from the
 scope once the router has matched, and unmatched paths as ``<unmatched>``, so label
 values stay bounded. The model label is whatever the
 route handler put in ``request.state.model``.
@@ -15,6 +17,7 @@ from time import perf_counter
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.metrics import GatewayMetrics
+from gateway.tracing import Tracing, current_trace_id, describe_server_span, sampled_trace_id
 
 access_log = logging.getLogger("gateway.access")
 UNMATCHED = "<unmatched>"
@@ -36,11 +39,12 @@ def route_template(scope: Scope) -> str:
 
 
 class TelemetryMiddleware:
-    """Records request metrics and writes the access log line."""
+    """Records request metrics, wraps the request in its server span, writes the access log line."""
 
-    def __init__(self, app: ASGIApp, metrics: GatewayMetrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: GatewayMetrics, tracing: Tracing) -> None:
         self.app = app
         self.metrics = metrics
+        self.tracing = tracing
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -63,34 +67,49 @@ class TelemetryMiddleware:
                 status = int(message["status"])
             await send(message)
 
-        self.metrics.in_flight.inc()
-        try:
-            await self.app(scope, counting_receive, status_send)
-        finally:
-            self.metrics.in_flight.dec()
-            elapsed = perf_counter() - started
-            route = route_template(scope)
-            state = scope.get("state", {})
-            model = str(state.get("model", ""))
-            method = method_label(scope["method"])
-            self.metrics.requests.labels(route=route, method=method, status=str(status), model=model).inc()
-            self.metrics.request_duration.labels(route=route, method=method, model=model).observe(elapsed)
-            if method in ("POST", "PUT", "PATCH"):
-                self.metrics.request_body.labels(route=route).observe(received)
-            access_log.info(
-                "%s %s %d %.1f ms",
-                method,
-                route,
-                status,
-                elapsed * 1000,
-                extra={
-                    "request_id": state.get("request_id", ""),
-                    "method": method,
-                    "route": route,
-                    "path": scope.get("path", "")[:200],
-                    "status": status,
-                    "model": model,
-                    "duration_ms": round(elapsed * 1000, 3),
-                    "body_bytes": received,
-                },
-            )
+        method = method_label(scope["method"])
+        with self.tracing.server_span(method, scope.get("path", "")[:200], scope.get("headers", [])) as span:
+            self.metrics.in_flight.inc()
+            try:
+                await self.app(scope, counting_receive, status_send)
+            finally:
+                self.metrics.in_flight.dec()
+                elapsed = perf_counter() - started
+                route = route_template(scope)
+                describe_server_span(span, method, route, status)
+                self._record(scope, method, route, status, elapsed, received)
+
+    def _record(
+        self, scope: Scope, method: str, route: str, status: int, elapsed: float, received: int
+    ) -> None:
+        state = scope.get("state", {})
+        model = str(state.get("model", ""))
+        request_id = state.get("request_id", "")
+        trace_id = current_trace_id()
+        sampled = sampled_trace_id()
+        self.metrics.requests.labels(route=route, method=method, status=str(status), model=model).inc()
+        self.metrics.request_duration.labels(route=route, method=method, model=model).observe(
+            elapsed, exemplar={"trace_id": sampled} if sampled else None
+        )
+        if method in ("POST", "PUT", "PATCH"):
+            self.metrics.request_body.labels(route=route).observe(received)
+        access_log.info(
+            "%s %s %d %.1f ms request_id=%s%s",
+            method,
+            route,
+            status,
+            elapsed * 1000,
+            request_id,
+            f" trace_id={trace_id}" if trace_id else "",
+            extra={
+                "request_id": request_id,
+                "trace_id": trace_id or "",
+                "method": method,
+                "route": route,
+                "path": scope.get("path", "")[:200],
+                "status": status,
+                "model": model,
+                "duration_ms": round(elapsed * 1000, 3),
+                "body_bytes": received,
+            },
+        )

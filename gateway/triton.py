@@ -29,6 +29,7 @@ from gateway.errors import (
 )
 from gateway.metrics import GatewayMetrics
 from gateway.settings import TritonSettings
+from gateway.tracing import Tracing, grpc_status
 
 logger = logging.getLogger("gateway.triton")
 
@@ -103,9 +104,12 @@ class TritonBackend:
     Build it inside a running event loop (the app's lifespan) and ``close()`` it there.
     """
 
-    def __init__(self, settings: TritonSettings, metrics: GatewayMetrics, max_send_bytes: int) -> None:
+    def __init__(
+        self, settings: TritonSettings, metrics: GatewayMetrics, tracing: Tracing, max_send_bytes: int
+    ) -> None:
         self._settings = settings
         self._metrics = metrics
+        self._tracing = tracing
         self._client = grpcclient.InferenceServerClient(
             settings.url, channel_args=channel_options(settings, max_send_bytes)
         )
@@ -170,6 +174,35 @@ class TritonBackend:
         error.__cause__ = exc
         return error
 
+    async def _infer(
+        self,
+        model: str,
+        version: str,
+        inputs: list[grpcclient.InferInput],
+        request_id: str,
+        request_bytes: int,
+    ) -> grpcclient.InferResult:
+        """One inference call: timed, traced (its ``traceparent`` goes along as gRPC
+        metadata, so Triton's spans join the request's trace), under the call deadline."""
+        with (
+            self._tracing.triton_call(model, version, len(inputs), request_bytes) as metadata,
+            self._metrics.time_triton_call(model, version),
+        ):
+            try:
+                result = await self._client.infer(
+                    model,
+                    inputs,
+                    model_version=version,
+                    request_id=request_id,
+                    headers=metadata,
+                    client_timeout=self._settings.timeout_seconds,
+                )
+            except InferenceServerException as exc:
+                grpc_status(exc.status() or "UNKNOWN")
+                raise
+            grpc_status("OK")
+            return result
+
     async def _classify_one(
         self, model: str, version: str, data: bytes, top_k: int, request_id: str
     ) -> Classification:
@@ -177,14 +210,7 @@ class TritonBackend:
         image.set_data_from_numpy(np.array([[data]], dtype=np.object_))
         k = grpcclient.InferInput("TOP_K", [1, 1], "INT32")
         k.set_data_from_numpy(np.array([[top_k]], dtype=np.int32))
-        with self._metrics.time_triton_call(model, version):
-            result = await self._client.infer(
-                model,
-                [image, k],
-                model_version=version,
-                request_id=request_id,
-                client_timeout=self._settings.timeout_seconds,
-            )
+        result = await self._infer(model, version, [image, k], request_id, len(data))
         labels = _strings(result.as_numpy("LABELS")[0])
         scores = result.as_numpy("SCORES")[0].tolist()
         ids = result.as_numpy("CLASS_IDS")[0].tolist()
@@ -253,14 +279,8 @@ class TritonBackend:
             inputs.append(labels)
         with self._circuit(model):
             try:
-                with self._metrics.time_triton_call(model, version):
-                    result = await self._client.infer(
-                        model,
-                        inputs,
-                        model_version=version,
-                        request_id=request_id,
-                        client_timeout=self._settings.timeout_seconds,
-                    )
+                nbytes = sum(map(len, texts)) + sum(map(len, candidate_labels or ()))
+                result = await self._infer(model, version, inputs, request_id, nbytes)
             except InferenceServerException as exc:
                 invalid = InvalidInputError("the text model rejected the input")
                 raise self._error(exc, model, f"request {request_id}", invalid) from exc

@@ -103,6 +103,8 @@ class TritonServer:
     # Triton's response cache, for the models whose config enables it (the ensembles);
     # 0: no cache (those models then simply run every request).
     response_cache_bytes: int = 64 * 1024 * 1024
+    # More tritonserver flags (say gateway.tracing.triton_trace_args), appended as given.
+    extra_args: tuple[str, ...] = ()
     _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
 
     @classmethod
@@ -172,6 +174,7 @@ class TritonServer:
         ]
         if self.response_cache_bytes > 0:
             command.append(f"--cache-config=local,size={self.response_cache_bytes}")
+        command.extend(self.extra_args)
         log = self.log_file.open("ab")
         self._process = subprocess.Popen(
             command,

@@ -14,6 +14,7 @@ from gateway.dependencies import (
     MetricsDep,
     RequestIdDep,
     SettingsDep,
+    TracingDep,
     WorkersDep,
 )
 from gateway.errors import InvalidInputError
@@ -95,6 +96,7 @@ async def classify(
     request_id: RequestIdDep,
     workers: WorkersDep,
     admission: AdmissionDep,
+    tracing: TracingDep,
     top_k: Annotated[
         int | None, Query(ge=1, le=MODEL_MAX_TOP_K, description="Predictions per input (default 5).")
     ] = None,
@@ -103,14 +105,21 @@ async def classify(
     # The body is read before admission: a slot bounds work (checks, Triton), and a slow
     # upload, bounded by the body timeout, never holds one. Refusing only once the body is
     # in also spares a client still writing it a connection reset instead of the 503.
-    payload = await read_classify_input(request, settings, workers)  # texts are normalised here
+    with tracing.span("read body"):
+        payload = await read_classify_input(request, settings, workers)  # texts are normalised here
     k = resolve_top_k(top_k, payload.top_k, settings.default_top_k, settings.max_top_k)
     kind, model = ("text", settings.text_model) if payload.texts else ("image", settings.image_model)
     if not model:
         raise InvalidInputError(f"this gateway serves no {kind} model")
     request.state.model = model  # the metrics' model label
-    async with admission.slot():
-        await workers.run(sum(map(len, payload.images)), inspect_images, payload.images, settings.image)
+    with tracing.span("admission"):  # the wait for an in-flight slot (the gateway's queue)
+        await admission.acquire()
+    try:
+        if payload.images:
+            with tracing.span("validate images", {"gateway.inputs": len(payload.images)}):
+                await workers.run(
+                    sum(map(len, payload.images)), inspect_images, payload.images, settings.image
+                )
         metrics.validation_duration.labels(model=model).observe(perf_counter() - started)
         metrics.inputs.labels(model=model).observe(len(payload.texts or payload.images))
         if payload.texts:
@@ -121,6 +130,8 @@ async def classify(
             answers = await backend.classify_images(
                 model, settings.image_model_version, payload.images, k, request_id
             )
+    finally:
+        admission.release()
     return ClassifyResponse(
         model=model,
         model_version=answers[0].model_version,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from gateway.dependencies import BackendDep, MetricsDep, SettingsDep, TritonMetricsDep
-from gateway.metrics import EXPOSITION_CONTENT_TYPE
+from gateway.metrics import EXPOSITION_CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE
 from gateway.routes.health import model_statuses
 
 router = APIRouter(tags=["health"])
@@ -19,11 +19,19 @@ router = APIRouter(tags=["health"])
     summary="Prometheus metrics: gateway_* and, when Triton's endpoint answers, Triton's nv_*",
     response_class=Response,
     responses={
-        200: {"content": {EXPOSITION_CONTENT_TYPE: {}}, "description": "Prometheus text format 0.0.4."}
+        200: {
+            "content": {EXPOSITION_CONTENT_TYPE: {}, OPENMETRICS_CONTENT_TYPE: {}},
+            "description": "Prometheus text format 0.0.4, or OpenMetrics 1.0 (with exemplars: trace "
+            "ids on the request-latency histogram) when the Accept header asks for it.",
+        }
     },
 )
 async def metrics(
-    settings: SettingsDep, backend: BackendDep, gateway_metrics: MetricsDep, scraper: TritonMetricsDep
+    request: Request,
+    settings: SettingsDep,
+    backend: BackendDep,
+    gateway_metrics: MetricsDep,
+    scraper: TritonMetricsDep,
 ) -> Response:
     triton_text, statuses = await asyncio.gather(
         scraper.fetch(), model_statuses(backend, settings.served_models())
@@ -31,4 +39,5 @@ async def metrics(
     gateway_metrics.triton_metrics_up.set(1 if triton_text else 0)
     for status in statuses:
         gateway_metrics.model_ready.labels(model=status.name).set(1 if status.ready else 0)
-    return Response(gateway_metrics.exposition(triton_text), media_type=EXPOSITION_CONTENT_TYPE)
+    body, media_type = gateway_metrics.exposition(triton_text, request.headers.get("accept", ""))
+    return Response(body, media_type=media_type)

@@ -1,0 +1,211 @@
+"""One trace per request, end to end, on the real stack: a tritonserver with OpenTelemetry
+tracing and the gateway with tracing on, both exporting to an OTLP receiver in the test.
+
+A request sent with a known ``traceparent`` yields one tree under that trace id: the
+caller's span -> the gateway's server span -> its Triton client span -> Triton's request
+span -> the ensemble -> each composing model. Tracing off sends no span and no metadata
+(Triton, started with ``rate=0``, traces only requests that carry one)."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from otlp import OtlpReceiver, ReceivedSpan
+from support import ServedApp, chelsea_jpeg
+from triton_fixtures import REPOSITORY, triton_env
+
+from gateway.app import create_app
+from gateway.settings import Settings, TracingSettings, TritonSettings
+from gateway.tracing import triton_trace_args
+from gateway.tritonserver import TritonServer
+
+SERVER, CLIENT = 2, 3  # OTLP SpanKind
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[OtlpReceiver]:
+    with OtlpReceiver() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def traced_triton(receiver: OtlpReceiver, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
+    tracing = TracingSettings(enabled=True, endpoint=receiver.endpoint)
+    server = TritonServer.on_free_ports(
+        triton_env(),
+        REPOSITORY,
+        tmp_path_factory.mktemp("traced-triton"),
+        response_cache_bytes=0,
+        extra_args=tuple(triton_trace_args(tracing)),
+    )
+    server.start()
+    try:
+        server.wait_ready(timeout=180)
+        yield server
+    finally:
+        server.stop()
+
+
+def serve(triton: TritonServer, tracing: TracingSettings) -> ServedApp:
+    settings = Settings(
+        triton=TritonSettings(url=triton.grpc_url, metrics_url=triton.metrics_url), tracing=tracing
+    )
+    return ServedApp(create_app(settings)).start()
+
+
+@pytest.fixture(scope="module")
+def traced_gateway(traced_triton: TritonServer, receiver: OtlpReceiver) -> Iterator[ServedApp]:
+    served = serve(
+        traced_triton, TracingSettings(enabled=True, endpoint=receiver.endpoint, export_delay_seconds=0.2)
+    )
+    yield served
+    served.stop()
+
+
+def new_traceparent() -> tuple[str, str, str]:
+    trace_id, span_id = secrets.token_hex(16), secrets.token_hex(8)
+    return trace_id, span_id, f"00-{trace_id}-{span_id}-01"
+
+
+def children(spans: list[ReceivedSpan], parent: ReceivedSpan) -> list[ReceivedSpan]:
+    return [s for s in spans if s.parent_id == parent.span_id]
+
+
+def descendants(spans: list[ReceivedSpan], root: ReceivedSpan) -> list[ReceivedSpan]:
+    found, frontier = [], [root]
+    while frontier:
+        nxt = [c for p in frontier for c in children(spans, p)]
+        found.extend(nxt)
+        frontier = nxt
+    return found
+
+
+def triton_models(spans: list[ReceivedSpan]) -> set[str]:
+    return {
+        str(s.attributes["triton.model_name"])
+        for s in spans
+        if s.service == "triton-inference-server" and "triton.model_name" in s.attributes
+    }
+
+
+def check_tree(
+    receiver: OtlpReceiver, trace_id: str, caller_span: str, ensemble: str, steps: set[str]
+) -> None:
+    expected = {ensemble, *steps}
+    spans = receiver.wait_for(lambda s: expected <= triton_models([x for x in s if x.trace_id == trace_id]))
+    spans = [s for s in spans if s.trace_id == trace_id]
+    [server] = [s for s in spans if s.kind == SERVER and s.service == "triton-gateway"]
+    assert server.parent_id == caller_span  # the caller's span -> the gateway's server span
+    assert server.name == "POST /classify"
+    clients = [s for s in children(spans, server) if s.kind == CLIENT]
+    assert clients, [s.name for s in spans]
+    for client in clients:
+        assert client.attributes["triton.model.name"] == ensemble
+        assert client.attributes["rpc.grpc.status_code"] == 0
+        below = descendants(spans, client)
+        # Triton's own spans hang under the gateway's client span, in the same trace
+        assert below, f"no Triton span under {client.name}: {[(s.name, s.parent_id) for s in spans]}"
+        assert {s.service for s in below} == {"triton-inference-server"}
+        assert expected <= triton_models(below), [(s.name, s.attributes) for s in below]
+    assert {s.trace_id for s in spans} == {trace_id}
+
+
+def test_an_image_request_is_one_tree_from_the_caller_into_every_ensemble_step(
+    traced_gateway: ServedApp, receiver: OtlpReceiver
+) -> None:
+    trace_id, span_id, traceparent = new_traceparent()
+    response = httpx.post(
+        f"{traced_gateway.url}/classify",
+        files=[("file", ("a.jpg", chelsea_jpeg())), ("file", ("b.jpg", chelsea_jpeg()))],
+        headers={"traceparent": traceparent},
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text
+    check_tree(
+        receiver,
+        trace_id,
+        span_id,
+        "image_classifier",
+        {"image_preprocess", "image_model", "image_postprocess"},
+    )
+    clients = [s for s in receiver.trace(trace_id) if s.kind == CLIENT]
+    assert len(clients) == 2  # one Triton call (and subtree) per image
+
+
+def test_a_text_request_is_one_tree_too(traced_gateway: ServedApp, receiver: OtlpReceiver) -> None:
+    trace_id, span_id, traceparent = new_traceparent()
+    response = httpx.post(
+        f"{traced_gateway.url}/classify",
+        json={"texts": ["The striker scored twice.", "Parliament passed the budget."]},
+        headers={"traceparent": traceparent},
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text
+    check_tree(
+        receiver, trace_id, span_id, "text_classifier", {"text_tokenize", "text_model", "text_postprocess"}
+    )
+
+
+def test_without_traceparent_the_gateway_starts_the_trace_triton_joins(
+    traced_gateway: ServedApp, receiver: OtlpReceiver
+) -> None:
+    before = {s.trace_id for s in receiver.spans}
+    response = httpx.post(f"{traced_gateway.url}/classify", json={"text": "A quiet night."}, timeout=60)
+    assert response.status_code == 200
+
+    def roots(spans: list[ReceivedSpan]) -> list[ReceivedSpan]:
+        # (spans of earlier tests may still arrive: they all continued a caller's trace)
+        return [s for s in spans if s.kind == SERVER and s.parent_id == "" and s.trace_id not in before]
+
+    spans = receiver.wait_for(
+        lambda s: any(
+            "text_model" in triton_models([x for x in s if x.trace_id == r.trace_id]) for r in roots(s)
+        )
+    )
+    [root] = roots(spans)  # a fresh trace, rooted at the gateway's server span
+    assert len(root.trace_id) == 32
+    assert "text_model" in triton_models([s for s in spans if s.trace_id == root.trace_id])
+
+
+def test_tracing_off_sends_no_span_and_no_metadata(
+    traced_triton: TritonServer, receiver: OtlpReceiver
+) -> None:
+    with OtlpReceiver() as silent:
+        # the gateway would export here if it traced; Triton exports to the module's receiver,
+        # and traces only requests carrying a traceparent: none should arrive at either
+        served = serve(traced_triton, TracingSettings(enabled=False, endpoint=silent.endpoint))
+        try:
+            trace_id, _, traceparent = new_traceparent()
+            response = httpx.post(
+                f"{served.url}/classify",
+                json={"text": "No trace, please."},
+                headers={"traceparent": traceparent},
+                timeout=60,
+            )
+            assert response.status_code == 200
+            assert "trace_id" not in response.text
+        finally:
+            served.stop()
+        assert silent.wait_for(lambda s: bool(s), timeout=3.0) == []
+    assert receiver.wait_for(lambda s: any(x.trace_id == trace_id for x in s), timeout=3.0)
+    assert receiver.trace(trace_id) == []  # no traceparent reached Triton
+
+
+def test_a_dead_collector_still_answers(traced_triton: TritonServer) -> None:
+    from gateway.tritonserver import free_port
+
+    dead = TracingSettings(
+        enabled=True, endpoint=f"http://127.0.0.1:{free_port()}/v1/traces", export_delay_seconds=0.1
+    )
+    served = serve(traced_triton, dead)
+    try:
+        statuses = [
+            httpx.post(f"{served.url}/classify", json={"text": f"sentence {i}"}, timeout=60).status_code
+            for i in range(10)
+        ]
+    finally:
+        served.stop()
+    assert statuses == [200] * 10
