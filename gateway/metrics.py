@@ -167,10 +167,21 @@ class _TritonFamilies:
         self._text = text
 
     def collect(self) -> Iterator[Metric]:
+        # The parser names counter samples *_total; Triton's are not: keep Triton's names.
+        written = {
+            line.split("{", 1)[0].split(" ", 1)[0] for line in self._text.splitlines() if line[:1] != "#"
+        }
         for family in text_string_to_metric_families(self._text):
             if family.type in ("counter", "untyped", "unknown"):
-                retyped = Metric(family.name, family.documentation, "unknown")
-                retyped.samples = family.samples
+                samples = [
+                    sample
+                    if sample.name in written
+                    else sample._replace(name=sample.name.removesuffix("_total"))
+                    for sample in family.samples
+                ]
+                # an unknown family's samples bear its name exactly
+                retyped = Metric(samples[0].name if samples else family.name, family.documentation, "unknown")
+                retyped.samples = samples
                 yield retyped
             else:
                 yield family

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import importlib.util
 import io
 import os
 import random
+import shutil
 import struct
 import subprocess
 import sys
 import threading
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -22,7 +24,9 @@ from typing import Any
 
 import httpx
 import numpy as np
+import pytest
 import uvicorn
+import yaml
 from fastapi import FastAPI
 from PIL import Image
 
@@ -291,3 +295,55 @@ class GatewayProcess:
             else:
                 self.process.kill()
             self.process.wait(timeout=60)
+
+
+@contextlib.contextmanager
+def running_prometheus(
+    target_url: str, workdir: Path, rule_files: Sequence[Path] = (), scrape_interval: str = "1s"
+) -> Iterator[str]:
+    """A real Prometheus (Debian's package) scraping ``target_url``'s /metrics, with exemplar
+    storage on (as deploy/ runs it); yields its URL."""
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.fail("prometheus is not installed: `make test` installs it (apt package prometheus)")
+    port = free_port()
+    config = {
+        "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
+        "rule_files": [str(path) for path in rule_files],
+        "scrape_configs": [
+            {
+                "job_name": "triton-gateway",
+                "metrics_path": "/metrics",
+                "static_configs": [{"targets": [target_url.removeprefix("http://")]}],
+            }
+        ],
+    }
+    (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
+    log = (workdir / "prometheus.log").open("wb")
+    process = subprocess.Popen(
+        [
+            binary,
+            f"--config.file={workdir / 'prometheus.yml'}",
+            f"--storage.tsdb.path={workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--enable-feature=exemplar-storage",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/-/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert process.poll() is None, (workdir / "prometheus.log").read_text()
+            time.sleep(0.1)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        log.close()

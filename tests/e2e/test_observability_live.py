@@ -10,8 +10,6 @@ from __future__ import annotations
 import base64
 import json
 import math
-import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,9 +18,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from support import ServedApp, chelsea_jpeg, coffee_png, random_bytes, truncated_jpeg
-
-from gateway.tritonserver import free_port
+from support import ServedApp, chelsea_jpeg, coffee_png, random_bytes, running_prometheus, truncated_jpeg
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "rules"
@@ -36,50 +32,10 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def prometheus(gateway: ServedApp, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    binary = shutil.which("prometheus")
-    if binary is None:
-        pytest.fail("prometheus is not installed: `make test` installs it (apt package prometheus)")
-    workdir = tmp_path_factory.mktemp("prometheus")
-    port = free_port()
-    config = {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(path) for path in sorted(RULES.glob("*.yml"))],
-        "scrape_configs": [
-            {
-                "job_name": "triton-gateway",
-                "metrics_path": "/metrics",
-                "static_configs": [{"targets": [gateway.url.removeprefix("http://")]}],
-            }
-        ],
-    }
-    (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
-    log = (workdir / "prometheus.log").open("wb")
-    process = subprocess.Popen(
-        [
-            binary,
-            f"--config.file={workdir / 'prometheus.yml'}",
-            f"--storage.tsdb.path={workdir / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/-/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert process.poll() is None, (workdir / "prometheus.log").read_text()
-            time.sleep(0.1)
+    with running_prometheus(
+        gateway.url, tmp_path_factory.mktemp("prometheus"), rule_files=sorted(RULES.glob("*.yml"))
+    ) as url:
         yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-        log.close()
 
 
 def send_mixed_traffic(base: str, seconds: float) -> None:
