@@ -22,8 +22,13 @@ RATE = "$__rate_interval"
 MODEL = 'model=~"$model"'
 
 
-def target(expr: str, legend: str, ref: str) -> dict[str, Any]:
-    return {"refId": ref, "datasource": DS, "expr": expr, "legendFormat": legend, "range": True}
+def target(expr: str, legend: str, ref: str, exemplar: bool = False) -> dict[str, Any]:
+    found = {"refId": ref, "datasource": DS, "expr": expr, "legendFormat": legend, "range": True}
+    if exemplar:
+        # Exemplars (trace ids of sampled requests) as points; the Prometheus datasource
+        # links each to its trace in the Jaeger datasource (provisioning/datasources).
+        found["exemplar"] = True
+    return found
 
 
 def panel(
@@ -34,6 +39,7 @@ def panel(
     grid: tuple[int, int, int, int],
     kind: str = "timeseries",
     stack: bool = False,
+    exemplars: bool = False,
 ) -> dict[str, Any]:
     x, y, w, h = grid
     custom: dict[str, Any] = {}
@@ -61,7 +67,9 @@ def panel(
         "description": description,
         "datasource": DS,
         "gridPos": {"x": x, "y": y, "w": w, "h": h},
-        "targets": [target(expr, legend, chr(ord("A") + i)) for i, (expr, legend) in enumerate(queries)],
+        "targets": [
+            target(expr, legend, chr(ord("A") + i), exemplars) for i, (expr, legend) in enumerate(queries)
+        ],
         "fieldConfig": {"defaults": {"unit": unit, "custom": custom}, "overrides": []},
         "options": options,
     }
@@ -160,7 +168,8 @@ def gateway_overview() -> dict[str, Any]:
         ),
         panel(
             "/classify latency percentiles",
-            "Whole-request latency at the gateway, from the first byte in to the last byte out.",
+            "Whole-request latency at the gateway, from the first byte in to the last byte out. "
+            "With tracing on, the dots are exemplars: click one to open that request's trace.",
             [
                 (quantile(0.5, "gateway_request_duration_seconds", "route", classify), "p50"),
                 (quantile(0.95, "gateway_request_duration_seconds", "route", classify), "p95"),
@@ -168,6 +177,7 @@ def gateway_overview() -> dict[str, Any]:
             ],
             "s",
             (0, 8, 12, 8),
+            exemplars=True,
         ),
         panel(
             "Requests in flight",
@@ -343,10 +353,12 @@ def latency_breakdown() -> dict[str, Any]:
         ),
         panel(
             "Whole request (p95)",
-            "The /classify request at the gateway, by model.",
+            "The /classify request at the gateway, by model; with tracing on, exemplar dots open "
+            "the trace of one request (gateway spans and every Triton step).",
             [(quantile(0.95, "gateway_request_duration_seconds", "model", gateway_model), "{{model}}")],
             "s",
             (16, 9, 8, 8),
+            exemplars=True,
         ),
         panel(
             "Inside Triton: queue and compute per model (mean per request)",
