@@ -11,6 +11,11 @@ tritonserver and a gateway process, then, interleaved over rounds, loads:
 - Triton direct: an async gRPC client (tritonclient.grpc.aio), the way the gateway calls it;
 - the gateway: wrk (C, a few % of a core), posting the same inputs over HTTP.
 
+With ``--tracing`` a second gateway process runs beside the first with tracing on at 100 %
+sampling (spans to an OTLP receiver in this process; Triton started with OpenTelemetry,
+tracing exactly the requests that carry a traceparent), measured in the same rounds: the
+"traced" columns, and what tracing adds per request.
+
 Scenarios: one text, one ~250 KiB JPEG, eight JPEGs in one request, and an error path
 (gateway only: a body that is not an image, refused before Triton). It reports req/s,
 p50/p99, the ratio to direct, and CPU per request of the gateway and of Triton (with its
@@ -42,8 +47,11 @@ import tritonclient.grpc.aio as grpcclient
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from otlp import OtlpReceiver
 from support import GatewayProcess
 
+from gateway.settings import TracingSettings
+from gateway.tracing import triton_trace_args
 from gateway.tritonserver import TritonServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,7 +125,7 @@ def scenarios() -> list[Scenario]:
 class Measure:
     repository: str
     scenario: str
-    target: str  # direct | gateway
+    target: str  # direct | gateway | traced (the gateway with tracing at 100 %)
     concurrency: int
     requests: int = 0
     errors: int = 0
@@ -200,20 +208,45 @@ def _wrk(
 class Stack:
     triton: TritonServer
     gateway: GatewayProcess
+    traced: GatewayProcess | None = None  # the same gateway with tracing on (--tracing)
 
-    @property
-    def url(self) -> str:
-        return self.gateway.url
+    def process(self, target: str) -> GatewayProcess:
+        if target == "traced":
+            assert self.traced is not None
+            return self.traced
+        return self.gateway
+
+    def stop(self) -> None:
+        for gateway in (self.gateway, self.traced):
+            if gateway is not None:
+                gateway.stop(graceful=True)
+        self.triton.stop()
 
 
-def start_stack(repository: Path, workdir: Path, triton_env: Path) -> Stack:
+def start_stack(repository: Path, workdir: Path, triton_env: Path, trace_endpoint: str | None) -> Stack:
     # Without a response cache: every request does the models' work.
-    triton = TritonServer.on_free_ports(triton_env, repository, workdir, response_cache_bytes=0)
+    tracing = TracingSettings(
+        enabled=trace_endpoint is not None, endpoint=trace_endpoint or "http://127.0.0.1:1/"
+    )
+    triton = TritonServer.on_free_ports(
+        triton_env, repository, workdir, response_cache_bytes=0, extra_args=tuple(triton_trace_args(tracing))
+    )
     triton.start()
     triton.wait_ready(timeout=180)
     labels = "" if repository == REPOSITORIES["trivial"] else "text_labels"
     gateway = GatewayProcess.start(triton, workdir, GATEWAY_TEXT_LABELS_MODEL=labels)
-    return Stack(triton, gateway.wait("/readyz", timeout=60))
+    stack = Stack(triton, gateway.wait("/readyz", timeout=60))
+    if trace_endpoint is not None:
+        traced = GatewayProcess.start(
+            triton,
+            workdir,
+            GATEWAY_TEXT_LABELS_MODEL=labels,
+            GATEWAY_TRACING__ENABLED="true",
+            GATEWAY_TRACING__ENDPOINT=trace_endpoint,
+            GATEWAY_TRACING__SAMPLE_RATIO="1.0",
+        )
+        stack.traced = traced.wait("/readyz", timeout=60)
+    return stack
 
 
 def measure(
@@ -221,7 +254,8 @@ def measure(
 ) -> Measure:
     result = Measure(name, scenario.name, target, concurrency)
     assert stack.triton.pid is not None
-    gateway_before = _cpu_seconds(stack.gateway.process.pid, with_children=False)
+    gateway = stack.process(target)
+    gateway_before = _cpu_seconds(gateway.process.pid, with_children=False)
     triton_before = _cpu_seconds(stack.triton.pid, with_children=True)
     started = time.perf_counter()
     if target == "direct":
@@ -234,12 +268,12 @@ def measure(
             result.p99_ms = 1000 * latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
     else:
         result.requests, result.errors, result.p50_ms, result.p99_ms = _wrk(
-            stack.url, scenario, concurrency, seconds, folder
+            gateway.url, scenario, concurrency, seconds, folder
         )
     result.seconds = time.perf_counter() - started
     if result.requests:
         result.gateway_cpu_ms = (
-            1000 * (_cpu_seconds(stack.gateway.process.pid, False) - gateway_before) / result.requests
+            1000 * (_cpu_seconds(gateway.process.pid, False) - gateway_before) / result.requests
         )
         result.triton_cpu_ms = 1000 * (_cpu_seconds(stack.triton.pid, True) - triton_before) / result.requests
     return result
@@ -262,6 +296,13 @@ class Row:
     triton_cpu_ms_gateway: float
     errors: int = 0
     rounds: list[dict[str, float]] = field(default_factory=list)
+    traced_rps: float | None = None
+    traced_cpu_ms: float | None = None  # the gateway's, with tracing at 100 %
+    traced_triton_cpu_ms: float | None = None  # Triton's, tracing those requests
+
+    @property
+    def tracing_adds_cpu_ms(self) -> float | None:
+        return None if self.traced_cpu_ms is None else self.traced_cpu_ms - self.gateway_cpu_ms
 
 
 def summarise(measures: list[Measure]) -> list[Row]:
@@ -281,6 +322,7 @@ def summarise(measures: list[Measure]) -> list[Row]:
         def med(items: list[Measure], attribute: str) -> float:
             return float(statistics.median(getattr(m, attribute) for m in items))
 
+        traced = [m for m in mine if m.target == "traced"]
         direct_rps = med(direct, "rps") if direct else None
         gateway_rps = med(gateway, "rps")
         rows.append(
@@ -290,7 +332,10 @@ def summarise(measures: list[Measure]) -> list[Row]:
                 med(direct, "p50_ms") if direct else None, med(direct, "p99_ms") if direct else None,
                 med(gateway, "p50_ms"), med(gateway, "p99_ms"), med(gateway, "gateway_cpu_ms"),
                 med(direct, "triton_cpu_ms") if direct else None, med(gateway, "triton_cpu_ms"),
-                sum(m.errors for m in mine),
+                sum(m.errors for m in mine), [],
+                med(traced, "rps") if traced else None,
+                med(traced, "gateway_cpu_ms") if traced else None,
+                med(traced, "triton_cpu_ms") if traced else None,
             )
         )  # fmt: skip
     return rows
@@ -313,6 +358,20 @@ def table(rows: list[Row]) -> str:
             f"{r.gateway_p99_ms:.1f} | {r.gateway_cpu_ms:.2f} | {fmt(r.triton_cpu_ms_direct, '.2f')} / "
             f"{r.triton_cpu_ms_gateway:.2f} |"
         )
+    traced = [r for r in rows if r.traced_cpu_ms is not None]
+    if traced:
+        lines += [
+            "",
+            "| models | scenario | c | gateway req/s (tracing off / 100 %) | gateway CPU ms/req (off / 100 %) "
+            "| tracing adds | Triton CPU ms/req (untraced / traced) |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in traced:
+            lines.append(
+                f"| {r.repository} | {r.scenario} | {r.concurrency} | {r.gateway_rps:.0f} / {fmt(r.traced_rps, '.0f')} "
+                f"| {r.gateway_cpu_ms:.2f} / {fmt(r.traced_cpu_ms, '.2f')} | {fmt(r.tracing_adds_cpu_ms, '+.2f')} ms "
+                f"| {r.triton_cpu_ms_gateway:.2f} / {fmt(r.traced_triton_cpu_ms, '.2f')} |"
+            )
     return "\n".join(lines)
 
 
@@ -360,6 +419,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenarios", nargs="+", help="names to keep (default: all)")
     parser.add_argument("--out", type=Path, default=ROOT / ".reports" / "bench")
     parser.add_argument("--triton-env", type=Path, default=ROOT / ".venv-triton")
+    parser.add_argument(
+        "--tracing", action="store_true", help="also measure a gateway with tracing at 100 %% sampling"
+    )
     options = parser.parse_args(argv)
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is missing: `make bench` installs it (apt)")
@@ -369,20 +431,23 @@ def main(argv: list[str] | None = None) -> int:
         if not options.scenarios or any(s.name.startswith(n) for n in options.scenarios)
     ]
     measures: list[Measure] = []
-    with tempfile.TemporaryDirectory(prefix="bench-") as folder:
+    gateways = ["gateway", "traced"] if options.tracing else ["gateway"]
+    with tempfile.TemporaryDirectory(prefix="bench-") as folder, OtlpReceiver() as receiver:
         for name in options.repositories:
             workdir = Path(folder) / name
             workdir.mkdir()
-            stack = start_stack(REPOSITORIES[name], workdir, options.triton_env)
+            endpoint = receiver.endpoint if options.tracing else None
+            stack = start_stack(REPOSITORIES[name], workdir, options.triton_env, endpoint)
             try:
-                for scenario in chosen:  # warm both paths once
+                for scenario in chosen:  # warm every path once
                     if scenario.direct:
                         measure(stack, name, scenario, "direct", 1, 0.5, workdir)
-                    measure(stack, name, scenario, "gateway", 1, 1, workdir)
+                    for target in gateways:
+                        measure(stack, name, scenario, target, 1, 1, workdir)
                 for _ in range(options.rounds):
                     for scenario in chosen:
                         for concurrency in options.concurrency:
-                            targets = ["direct", "gateway"] if scenario.direct else ["gateway"]
+                            targets = (["direct"] if scenario.direct else []) + gateways
                             for target in targets:
                                 measures.append(
                                     measure(
@@ -390,8 +455,7 @@ def main(argv: list[str] | None = None) -> int:
                                     )
                                 )
             finally:
-                stack.gateway.stop(graceful=True)
-                stack.triton.stop()
+                stack.stop()
     rows = summarise(measures)
     print(table(rows))
     options.out.parent.mkdir(parents=True, exist_ok=True)
@@ -402,7 +466,12 @@ def main(argv: list[str] | None = None) -> int:
                     "cpus": os.cpu_count(),
                     "load_generator": "wrk (gateway), tritonclient.grpc.aio (direct)",
                 },
-                "settings": {"seconds": options.seconds, "rounds": options.rounds},
+                "settings": {
+                    "seconds": options.seconds,
+                    "rounds": options.rounds,
+                    "tracing": options.tracing,
+                },
+                "spans_received": len(receiver.spans),
                 "rows": [asdict(r) for r in rows],
                 "measures": [{**asdict(m), "rps": m.rps} for m in measures],
             },

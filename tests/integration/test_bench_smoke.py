@@ -18,7 +18,7 @@ def test_bench_runs_and_writes_a_table_json_and_plot(tmp_path: Path, triton_pyth
             sys.executable, str(ROOT / "tests" / "benchmarks" / "bench_side_by_side.py"),
             "--seconds", "1", "--rounds", "1", "--concurrency", "1", "4",
             "--repositories", "trivial", "--scenarios", "text", "jpeg", "error",
-            "--out", str(out), "--triton-env", str(triton_python_env),
+            "--out", str(out), "--triton-env", str(triton_python_env), "--tracing",
         ],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
@@ -31,8 +31,12 @@ def test_bench_runs_and_writes_a_table_json_and_plot(tmp_path: Path, triton_pyth
         assert row["gateway_rps"] > 0
         assert 0 < row["gateway_p50_ms"] <= row["gateway_p99_ms"]  # parsed from wrk (NaN fails)
         assert row["gateway_cpu_ms"] > 0
+        assert row["traced_rps"] > 0  # the gateway with tracing on, measured in the same rounds
+        assert row["traced_cpu_ms"] > 0
         assert (row["direct_rps"] is None) == (scenario == "error")
         if scenario != "error":
             assert row["direct_rps"] > 0
             assert row["errors"] == 0
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert report["spans_received"] > 0  # the traced gateway (and Triton) really exported
+    assert "tracing adds" in result.stdout
