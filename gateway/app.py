@@ -21,7 +21,7 @@ from gateway.docs import install_docs
 from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics, TritonMetricsScraper
 from gateway.requestid import RequestIdMiddleware
-from gateway.routes import classify, health, metrics_route
+from gateway.routes import classify, health, metrics_route, oip
 from gateway.schemas import Problem, classify_json_model
 from gateway.settings import Settings
 from gateway.telemetry import TelemetryMiddleware
@@ -134,6 +134,7 @@ def create_app(
     app.include_router(classify.router)
     app.include_router(health.router)
     app.include_router(metrics_route.router)
+    app.include_router(oip.router)
     if openapi_url is not None:
         install_docs(app, openapi_url)
         app.openapi = _openapi_with_components(app, settings)  # type: ignore[method-assign]

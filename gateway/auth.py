@@ -35,7 +35,7 @@ from gateway.errors import (
 )
 from gateway.metrics import GatewayMetrics
 
-ALWAYS_OPEN = frozenset({"/livez", "/readyz"})
+ALWAYS_OPEN = frozenset({"/livez", "/readyz", "/v2/health/live", "/v2/health/ready"})
 DOCS_PREFIXES = ("/docs", "/redoc", "/openapi.json")
 
 

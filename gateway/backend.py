@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from gateway.oip import ModelSignature, Tensor
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,16 @@ class InferenceBackend(Protocol):
         request_id: str,
     ) -> list[Classification]:
         """One classification per text, in input order; raises GatewayError subclasses."""
+        ...
+
+    async def model_signature(self, model: str, version: str) -> ModelSignature:
+        """The model's metadata (inputs, outputs); NotFoundError for an unknown model."""
+        ...
+
+    async def infer_tensors(
+        self, model: str, version: str, inputs: Sequence[Tensor], outputs: Sequence[str], request_id: str
+    ) -> tuple[str, list[Tensor]]:
+        """One inference on checked tensors: (the version that answered, the outputs)."""
         ...
 
     async def label_set(self, model: str) -> list[str] | None:

@@ -87,6 +87,11 @@ def _limited(request: Request, limit: int, timeout: float) -> Request:
     return Request(request.scope, _capped(request.receive, limit, timeout))
 
 
+async def limited_body(request: Request, limit: int, seconds: float) -> bytes:
+    """The whole body, refused past ``limit`` bytes (413) or ``seconds`` (408)."""
+    return await _limited(request, limit, seconds).body()
+
+
 async def _read_multipart(request: Request, settings: Settings) -> ClassifyInput:
     capped = _limited(request, settings.max_body_bytes, settings.server.body_timeout_seconds)
     try:

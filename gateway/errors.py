@@ -283,6 +283,8 @@ def problem_response(
 ) -> JSONResponse:
     body = error.problem(request_id_of(request), instance_of(request), current_trace_id())
     record_problem(body["type"], error.status)
+    if request.url.path == "/v2" or request.url.path.startswith("/v2/"):
+        body["error"] = error.detail  # the Open Inference Protocol's error shape (tritonclient reads it)
     merged = {**error.headers, **(headers or {})}
     return JSONResponse(body, status_code=error.status, headers=merged, media_type=PROBLEM_MEDIA_TYPE)
 

@@ -227,6 +227,11 @@ class Settings(BaseSettings):
     server: ServerSettings = Field(default_factory=ServerSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)
+    v2_models: list[str] = Field(
+        default_factory=list,
+        description="Models the /v2 Open Inference Protocol routes expose (JSON list); empty: the "
+        "served ensembles. Any other model is 404 there.",
+    )
     image: ImageLimits = Field(default_factory=ImageLimits)
     text: TextLimits = Field(default_factory=TextLimits)
     check_threads: int = Field(
@@ -256,6 +261,10 @@ class Settings(BaseSettings):
                 "or a request in flight at SIGTERM could be cut off"
             )
         return self
+
+    def oip_models(self) -> list[str]:
+        """The allow-list of the /v2 routes."""
+        return self.v2_models or [m.name for m in self.served_models()]
 
     def served_models(self) -> list[ServedModel]:
         """The classifiers this gateway is configured to serve, in a stable order."""

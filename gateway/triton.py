@@ -23,11 +23,13 @@ from gateway.errors import (
     GatewayError,
     InvalidImageError,
     InvalidInputError,
+    NotFoundError,
     TritonFailureError,
     TritonTimeoutError,
     TritonUnavailableError,
 )
 from gateway.metrics import GatewayMetrics
+from gateway.oip import ModelSignature, Tensor, TensorSpec
 from gateway.settings import TritonSettings
 from gateway.tracing import Tracing, grpc_status
 
@@ -42,6 +44,8 @@ _UNAVAILABLE = {
     "StatusCode.CANCELLED",
 }
 _TIMEOUT = {"StatusCode.DEADLINE_EXCEEDED"}
+# How long a model's metadata is trusted for OIP checks (a failed call forgets it at once).
+SIGNATURE_TTL_SECONDS = 30.0
 # The Python backend answers INTERNAL while it replaces a stub process it found unhealthy
 # (after a stall, say): transient, so the client hears 503 + Retry-After, not 502.
 _STUB_RESTARTING = ("Stub process", "health mutex")
@@ -113,6 +117,7 @@ class TritonBackend:
         self._client = grpcclient.InferenceServerClient(
             settings.url, channel_args=channel_options(settings, max_send_bytes)
         )
+        self._signatures: dict[tuple[str, str], tuple[float, ModelSignature]] = {}
         self._breaker = CircuitBreaker(on_change=lambda state: metrics.circuit.state(state.value))
         self._probe_task = asyncio.create_task(self._probe_loop(), name="triton-probe")
 
@@ -181,6 +186,7 @@ class TritonBackend:
         inputs: list[grpcclient.InferInput],
         request_id: str,
         request_bytes: int,
+        outputs: list[grpcclient.InferRequestedOutput] | None = None,
     ) -> grpcclient.InferResult:
         """One inference call: timed, traced (its ``traceparent`` goes along as gRPC
         metadata, so Triton's spans join the request's trace), under the call deadline."""
@@ -193,6 +199,7 @@ class TritonBackend:
                     model,
                     inputs,
                     model_version=version,
+                    outputs=outputs,
                     request_id=request_id,
                     headers=metadata,
                     client_timeout=self._settings.timeout_seconds,
@@ -303,6 +310,75 @@ class TritonBackend:
                 strict=True,
             )
         ]
+
+    async def model_signature(self, model: str, version: str) -> ModelSignature:
+        """The model's inputs and outputs from Triton's metadata, kept for a short while
+        (``signature_ttl_seconds``): every OIP request is checked against it."""
+        key = (model, version)
+        cached = self._signatures.get(key)
+        now = asyncio.get_running_loop().time()
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        self._admit(model)
+        try:
+            metadata = await self._client.get_model_metadata(
+                model, version, client_timeout=self._settings.health_timeout_seconds
+            )
+            config = (
+                await self._client.get_model_config(
+                    model, version, client_timeout=self._settings.health_timeout_seconds
+                )
+            ).config
+        except InferenceServerException as exc:
+            if (exc.status() or "") in (
+                "StatusCode.NOT_FOUND",
+                "StatusCode.UNAVAILABLE",
+            ) and "unknown model" in (exc.message() or ""):
+                raise NotFoundError("there is no such model version") from exc
+            raise self._error(exc, model, f"metadata of {model}") from exc
+
+        optional = {item.name for item in config.input if item.optional}
+
+        def specs(tensors: Any) -> tuple[TensorSpec, ...]:
+            return tuple(
+                TensorSpec(t.name, t.datatype, tuple(int(d) for d in t.shape), t.name in optional)
+                for t in tensors
+            )
+
+        signature = ModelSignature(
+            name=metadata.name,
+            versions=tuple(metadata.versions),
+            platform=metadata.platform,
+            inputs=specs(metadata.inputs),
+            outputs=specs(metadata.outputs),
+        )
+        self._signatures[key] = (now + SIGNATURE_TTL_SECONDS, signature)
+        return signature
+
+    async def infer_tensors(
+        self, model: str, version: str, inputs: Sequence[Tensor], outputs: Sequence[str], request_id: str
+    ) -> tuple[str, list[Tensor]]:
+        """One inference on checked tensors; returns the version that answered and the
+        outputs (all of the model's when none are named)."""
+        prepared = []
+        for tensor in inputs:
+            item = grpcclient.InferInput(tensor.name, list(tensor.shape), tensor.datatype)
+            item.set_data_from_numpy(tensor.array)
+            prepared.append(item)
+        wanted = [grpcclient.InferRequestedOutput(name) for name in outputs] or None
+        with self._circuit(model):
+            try:
+                nbytes = sum(t.nbytes for t in inputs)
+                result = await self._infer(model, version, prepared, request_id, nbytes, wanted)
+            except InferenceServerException as exc:
+                self._signatures.pop((model, version), None)  # the model may have changed
+                invalid = InvalidInputError("the model rejected the input")
+                raise self._error(exc, model, f"request {request_id}", invalid) from exc
+        response = result.get_response()
+        answered = [
+            Tensor(output.name, output.datatype, result.as_numpy(output.name)) for output in response.outputs
+        ]
+        return response.model_version, answered
 
     async def label_set(self, model: str) -> list[str] | None:
         query = grpcclient.InferInput("QUERY", [1], "INT32")

@@ -8,6 +8,7 @@ from gateway.errors import PROBLEM_MEDIA_TYPE, TYPE_PREFIX
 
 _DESCRIPTIONS: dict[int, tuple[str, str, str]] = {
     400: ("Malformed JSON, multipart or base64.", "malformed-request", "the body is not valid JSON"),
+    404: ("No such model (or not on the /v2 allow-list).", "not-found", "there is no such model"),
     408: (
         "The body did not arrive within the body read timeout.",
         "request-timeout",

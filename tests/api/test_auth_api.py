@@ -108,3 +108,13 @@ def test_hash_key_command(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Captur
     monkeypatch.setattr("sys.stdin", io.StringIO("alice-secret\n"))
     assert main(["hash-key"]) == 0
     assert capsys.readouterr().out.strip() == hash_key("alice-secret")
+
+
+def test_the_v2_protocol_needs_a_key_but_its_health_probes_do_not(client: TestClient) -> None:
+    refused = client.post("/v2/models/text_classifier/infer", json={"inputs": []})
+    assert refused.status_code == 401
+    assert refused.json()["error"] == refused.json()["detail"]  # the OIP error shape as well
+    assert client.get("/v2/models/text_classifier").status_code == 401
+    assert client.get("/v2").status_code == 401
+    assert client.get("/v2/health/live").status_code == 200
+    assert client.get("/v2/health/ready").status_code == 200
