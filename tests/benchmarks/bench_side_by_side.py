@@ -11,10 +11,11 @@ tritonserver and a gateway process, then, interleaved over rounds, loads:
 - Triton direct: an async gRPC client (tritonclient.grpc.aio), the way the gateway calls it;
 - the gateway: wrk (C, a few % of a core), posting the same inputs over HTTP.
 
-With ``--tracing`` a second gateway process runs beside the first with tracing on at 100 %
-sampling (spans to an OTLP receiver in this process; Triton started with OpenTelemetry,
-tracing exactly the requests that carry a traceparent), measured in the same rounds: the
-"traced" columns, and what tracing adds per request.
+A/B in the same run: ``--variant KEY=VALUE ...`` runs a second gateway process beside the
+first with those GATEWAY_* settings, measured in the same interleaved rounds (the
+"variant" columns and what it changes per request). ``--tracing`` is the variant with
+tracing on at 100 % sampling (spans to an OTLP receiver in this process; Triton started
+with OpenTelemetry, tracing exactly the requests that carry a traceparent).
 
 Scenarios: one text, one ~250 KiB JPEG, eight JPEGs in one request, and an error path
 (gateway only: a body that is not an image, refused before Triton). It reports req/s,
@@ -125,7 +126,7 @@ def scenarios() -> list[Scenario]:
 class Measure:
     repository: str
     scenario: str
-    target: str  # direct | gateway | traced (the gateway with tracing at 100 %)
+    target: str  # direct | gateway | variant (the gateway with --variant settings)
     concurrency: int
     requests: int = 0
     errors: int = 0
@@ -208,22 +209,28 @@ def _wrk(
 class Stack:
     triton: TritonServer
     gateway: GatewayProcess
-    traced: GatewayProcess | None = None  # the same gateway with tracing on (--tracing)
+    variant: GatewayProcess | None = None  # the same gateway with other settings (--variant)
 
     def process(self, target: str) -> GatewayProcess:
-        if target == "traced":
-            assert self.traced is not None
-            return self.traced
+        if target == "variant":
+            assert self.variant is not None
+            return self.variant
         return self.gateway
 
     def stop(self) -> None:
-        for gateway in (self.gateway, self.traced):
+        for gateway in (self.gateway, self.variant):
             if gateway is not None:
                 gateway.stop(graceful=True)
         self.triton.stop()
 
 
-def start_stack(repository: Path, workdir: Path, triton_env: Path, trace_endpoint: str | None) -> Stack:
+def start_stack(
+    repository: Path,
+    workdir: Path,
+    triton_env: Path,
+    trace_endpoint: str | None,
+    variant: dict[str, str] | None,
+) -> Stack:
     # Without a response cache: every request does the models' work.
     tracing = TracingSettings(
         enabled=trace_endpoint is not None, endpoint=trace_endpoint or "http://127.0.0.1:1/"
@@ -236,16 +243,9 @@ def start_stack(repository: Path, workdir: Path, triton_env: Path, trace_endpoin
     labels = "" if repository == REPOSITORIES["trivial"] else "text_labels"
     gateway = GatewayProcess.start(triton, workdir, GATEWAY_TEXT_LABELS_MODEL=labels)
     stack = Stack(triton, gateway.wait("/readyz", timeout=60))
-    if trace_endpoint is not None:
-        traced = GatewayProcess.start(
-            triton,
-            workdir,
-            GATEWAY_TEXT_LABELS_MODEL=labels,
-            GATEWAY_TRACING__ENABLED="true",
-            GATEWAY_TRACING__ENDPOINT=trace_endpoint,
-            GATEWAY_TRACING__SAMPLE_RATIO="1.0",
-        )
-        stack.traced = traced.wait("/readyz", timeout=60)
+    if variant is not None:
+        other = GatewayProcess.start(triton, workdir, GATEWAY_TEXT_LABELS_MODEL=labels, **variant)
+        stack.variant = other.wait("/readyz", timeout=60)
     return stack
 
 
@@ -296,13 +296,13 @@ class Row:
     triton_cpu_ms_gateway: float
     errors: int = 0
     rounds: list[dict[str, float]] = field(default_factory=list)
-    traced_rps: float | None = None
-    traced_cpu_ms: float | None = None  # the gateway's, with tracing at 100 %
-    traced_triton_cpu_ms: float | None = None  # Triton's, tracing those requests
+    variant_rps: float | None = None
+    variant_cpu_ms: float | None = None  # the variant gateway's
+    variant_triton_cpu_ms: float | None = None  # Triton's, for the variant's requests
 
     @property
-    def tracing_adds_cpu_ms(self) -> float | None:
-        return None if self.traced_cpu_ms is None else self.traced_cpu_ms - self.gateway_cpu_ms
+    def variant_adds_cpu_ms(self) -> float | None:
+        return None if self.variant_cpu_ms is None else self.variant_cpu_ms - self.gateway_cpu_ms
 
 
 def summarise(measures: list[Measure]) -> list[Row]:
@@ -322,7 +322,7 @@ def summarise(measures: list[Measure]) -> list[Row]:
         def med(items: list[Measure], attribute: str) -> float:
             return float(statistics.median(getattr(m, attribute) for m in items))
 
-        traced = [m for m in mine if m.target == "traced"]
+        variant = [m for m in mine if m.target == "variant"]
         direct_rps = med(direct, "rps") if direct else None
         gateway_rps = med(gateway, "rps")
         rows.append(
@@ -333,15 +333,15 @@ def summarise(measures: list[Measure]) -> list[Row]:
                 med(gateway, "p50_ms"), med(gateway, "p99_ms"), med(gateway, "gateway_cpu_ms"),
                 med(direct, "triton_cpu_ms") if direct else None, med(gateway, "triton_cpu_ms"),
                 sum(m.errors for m in mine), [],
-                med(traced, "rps") if traced else None,
-                med(traced, "gateway_cpu_ms") if traced else None,
-                med(traced, "triton_cpu_ms") if traced else None,
+                med(variant, "rps") if variant else None,
+                med(variant, "gateway_cpu_ms") if variant else None,
+                med(variant, "triton_cpu_ms") if variant else None,
             )
         )  # fmt: skip
     return rows
 
 
-def table(rows: list[Row]) -> str:
+def table(rows: list[Row], variant_label: str = "") -> str:
     def fmt(value: float | None, spec: str) -> str:
         return "-" if value is None else format(value, spec)
 
@@ -358,19 +358,21 @@ def table(rows: list[Row]) -> str:
             f"{r.gateway_p99_ms:.1f} | {r.gateway_cpu_ms:.2f} | {fmt(r.triton_cpu_ms_direct, '.2f')} / "
             f"{r.triton_cpu_ms_gateway:.2f} |"
         )
-    traced = [r for r in rows if r.traced_cpu_ms is not None]
-    if traced:
+    compared = [r for r in rows if r.variant_cpu_ms is not None]
+    if compared:
         lines += [
             "",
-            "| models | scenario | c | gateway req/s (tracing off / 100 %) | gateway CPU ms/req (off / 100 %) "
-            "| tracing adds | Triton CPU ms/req (untraced / traced) |",
+            f"Variant: {variant_label}",
+            "",
+            "| models | scenario | c | gateway req/s (base / variant) | gateway CPU ms/req (base / variant) "
+            "| variant adds | Triton CPU ms/req (base / variant) |",
             "|---|---|---|---|---|---|---|",
         ]
-        for r in traced:
+        for r in compared:
             lines.append(
-                f"| {r.repository} | {r.scenario} | {r.concurrency} | {r.gateway_rps:.0f} / {fmt(r.traced_rps, '.0f')} "
-                f"| {r.gateway_cpu_ms:.2f} / {fmt(r.traced_cpu_ms, '.2f')} | {fmt(r.tracing_adds_cpu_ms, '+.2f')} ms "
-                f"| {r.triton_cpu_ms_gateway:.2f} / {fmt(r.traced_triton_cpu_ms, '.2f')} |"
+                f"| {r.repository} | {r.scenario} | {r.concurrency} | {r.gateway_rps:.0f} / {fmt(r.variant_rps, '.0f')} "
+                f"| {r.gateway_cpu_ms:.2f} / {fmt(r.variant_cpu_ms, '.2f')} | {fmt(r.variant_adds_cpu_ms, '+.2f')} ms "
+                f"| {r.triton_cpu_ms_gateway:.2f} / {fmt(r.variant_triton_cpu_ms, '.2f')} |"
             )
     return "\n".join(lines)
 
@@ -420,9 +422,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / ".reports" / "bench")
     parser.add_argument("--triton-env", type=Path, default=ROOT / ".venv-triton")
     parser.add_argument(
-        "--tracing", action="store_true", help="also measure a gateway with tracing at 100 %% sampling"
+        "--variant",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="GATEWAY_* settings of a second gateway (A/B)",
     )
+    parser.add_argument("--tracing", action="store_true", help="the variant: tracing on at 100 %% sampling")
     options = parser.parse_args(argv)
+    variant_env = dict(item.split("=", 1) for item in options.variant)
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is missing: `make bench` installs it (apt)")
     chosen = [
@@ -431,13 +439,21 @@ def main(argv: list[str] | None = None) -> int:
         if not options.scenarios or any(s.name.startswith(n) for n in options.scenarios)
     ]
     measures: list[Measure] = []
-    gateways = ["gateway", "traced"] if options.tracing else ["gateway"]
     with tempfile.TemporaryDirectory(prefix="bench-") as folder, OtlpReceiver() as receiver:
+        if options.tracing:
+            variant_env.update(
+                GATEWAY_TRACING__ENABLED="true",
+                GATEWAY_TRACING__ENDPOINT=receiver.endpoint,
+                GATEWAY_TRACING__SAMPLE_RATIO="1.0",
+            )
+        gateways = ["gateway", "variant"] if variant_env else ["gateway"]
         for name in options.repositories:
             workdir = Path(folder) / name
             workdir.mkdir()
             endpoint = receiver.endpoint if options.tracing else None
-            stack = start_stack(REPOSITORIES[name], workdir, options.triton_env, endpoint)
+            stack = start_stack(
+                REPOSITORIES[name], workdir, options.triton_env, endpoint, variant_env or None
+            )
             try:
                 for scenario in chosen:  # warm every path once
                     if scenario.direct:
@@ -457,7 +473,8 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 stack.stop()
     rows = summarise(measures)
-    print(table(rows))
+    label = " ".join(f"{k}={v}" for k, v in variant_env.items() if k != "GATEWAY_TRACING__ENDPOINT")
+    print(table(rows, label))
     options.out.parent.mkdir(parents=True, exist_ok=True)
     options.out.with_suffix(".json").write_text(
         json.dumps(

@@ -31,12 +31,13 @@ def test_bench_runs_and_writes_a_table_json_and_plot(tmp_path: Path, triton_pyth
         assert row["gateway_rps"] > 0
         assert 0 < row["gateway_p50_ms"] <= row["gateway_p99_ms"]  # parsed from wrk (NaN fails)
         assert row["gateway_cpu_ms"] > 0
-        assert row["traced_rps"] > 0  # the gateway with tracing on, measured in the same rounds
-        assert row["traced_cpu_ms"] > 0
+        assert row["variant_rps"] > 0  # the gateway with tracing on, measured in the same rounds
+        assert row["variant_cpu_ms"] > 0
         assert (row["direct_rps"] is None) == (scenario == "error")
         if scenario != "error":
             assert row["direct_rps"] > 0
             assert row["errors"] == 0
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert report["spans_received"] > 0  # the traced gateway (and Triton) really exported
-    assert "tracing adds" in result.stdout
+    assert "variant adds" in result.stdout
+    assert "GATEWAY_TRACING__ENABLED=true" in result.stdout
