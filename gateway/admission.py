@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
+from typing import Any
 
 from gateway.errors import OverloadedError, ShuttingDownError
 
@@ -62,9 +63,11 @@ class Admission:
             self._idle.set()
 
     @asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        """Hold one in-flight slot for the duration of the block."""
-        await self.acquire()
+    async def slot(self, waiting: AbstractContextManager[Any] | None = None) -> AsyncIterator[None]:
+        """Hold one in-flight slot for the duration of the block; ``waiting`` (say, a
+        tracing span) is entered only while the slot is being acquired."""
+        with waiting or nullcontext():
+            await self.acquire()
         try:
             yield
         finally:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from time import perf_counter
 
 import httpx
@@ -142,20 +143,28 @@ class GatewayMetrics:
                 perf_counter() - started
             )
 
-    def exposition(self, triton_text: str | None, accept: str = "") -> tuple[bytes, str]:
+    def exposition(self, triton: TritonScrape | None, accept: str = "") -> tuple[bytes, str]:
         """The gateway's families, then Triton's (when they were read), and the media type.
 
         A scraper that accepts OpenMetrics (Prometheus does) gets it, with the exemplars
         (trace ids) on the latency histogram; anything else gets the text format 0.0.4,
         Triton's part verbatim."""
         if "application/openmetrics-text" in accept:
-            families = _TritonFamilies(triton_text or "")
-            text = generate_openmetrics(_Chain(self.registry, families))  # type: ignore[no-untyped-call]
+            collectors = (self.registry, _TritonFamilies(triton)) if triton else (self.registry,)
+            text = generate_openmetrics(_Chain(*collectors))  # type: ignore[no-untyped-call]
             return text, OPENMETRICS_CONTENT_TYPE
         ours = generate_latest(self.registry)
-        if not triton_text:
+        if triton is None:
             return ours, EXPOSITION_CONTENT_TYPE
-        return ours + triton_text.encode("utf-8"), EXPOSITION_CONTENT_TYPE
+        return ours + triton.text.encode("utf-8"), EXPOSITION_CONTENT_TYPE
+
+
+@dataclass(frozen=True)
+class TritonScrape:
+    """Triton's exposition as read (text, passed on verbatim) and as parsed once."""
+
+    text: str
+    families: list[Metric]
 
 
 class _TritonFamilies:
@@ -163,15 +172,17 @@ class _TritonFamilies:
     OpenMetrics requires, so they go out as ``unknown``, which keeps every series name
     exactly as Triton writes it (and as dashboards query it)."""
 
-    def __init__(self, text: str) -> None:
-        self._text = text
+    def __init__(self, scrape: TritonScrape) -> None:
+        self._scrape = scrape
 
     def collect(self) -> Iterator[Metric]:
         # The parser names counter samples *_total; Triton's are not: keep Triton's names.
         written = {
-            line.split("{", 1)[0].split(" ", 1)[0] for line in self._text.splitlines() if line[:1] != "#"
+            line.split("{", 1)[0].split(" ", 1)[0]
+            for line in self._scrape.text.splitlines()
+            if line[:1] != "#"
         }
-        for family in text_string_to_metric_families(self._text):
+        for family in self._scrape.families:
             if family.type in ("counter", "untyped", "unknown"):
                 samples = [
                     sample
@@ -198,7 +209,7 @@ class _Chain:
             yield from collector.collect()
 
 
-def sanitise_triton_metrics(text: str, reserved_prefix: str = "gateway_") -> str | None:
+def sanitise_triton_metrics(text: str, reserved_prefix: str = "gateway_") -> TritonScrape | None:
     """Triton's exposition when it parses and has no family of ours; None otherwise.
 
     Passing it through verbatim keeps Triton's names and types exactly as Triton emits
@@ -210,7 +221,7 @@ def sanitise_triton_metrics(text: str, reserved_prefix: str = "gateway_") -> str
         return None
     if any(family.name.startswith(reserved_prefix) for family in families):
         return None
-    return text if text.endswith("\n") else text + "\n"
+    return TritonScrape(text if text.endswith("\n") else text + "\n", families)
 
 
 class TritonMetricsScraper:
@@ -220,7 +231,7 @@ class TritonMetricsScraper:
         self._url = url
         self._client = httpx.AsyncClient(timeout=timeout)
 
-    async def fetch(self) -> str | None:
+    async def fetch(self) -> TritonScrape | None:
         """Triton's exposition, or None when it cannot be read or parsed."""
         if not self._url:
             return None

@@ -17,7 +17,7 @@ from time import perf_counter
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.metrics import GatewayMetrics
-from gateway.tracing import Tracing, current_trace_id, describe_server_span, sampled_trace_id
+from gateway.tracing import Tracing, current_trace, describe_server_span
 
 access_log = logging.getLogger("gateway.access")
 UNMATCHED = "<unmatched>"
@@ -85,11 +85,10 @@ class TelemetryMiddleware:
         state = scope.get("state", {})
         model = str(state.get("model", ""))
         request_id = state.get("request_id", "")
-        trace_id = current_trace_id()
-        sampled = sampled_trace_id()
+        trace_id, sampled = current_trace()
         self.metrics.requests.labels(route=route, method=method, status=str(status), model=model).inc()
         self.metrics.request_duration.labels(route=route, method=method, model=model).observe(
-            elapsed, exemplar={"trace_id": sampled} if sampled else None
+            elapsed, exemplar={"trace_id": trace_id} if sampled and trace_id else None
         )
         if method in ("POST", "PUT", "PATCH"):
             self.metrics.request_body.labels(route=route).observe(received)

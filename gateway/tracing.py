@@ -55,18 +55,18 @@ _GRPC_CODES = {
 }
 
 
+def current_trace() -> tuple[str | None, bool]:
+    """The trace id (32 hex digits) of the request being handled, or None (tracing off),
+    and whether that trace is recorded (an exemplar worth keeping)."""
+    context = trace.get_current_span().get_span_context()
+    if not context.is_valid:
+        return None, False
+    return trace.format_trace_id(context.trace_id), context.trace_flags.sampled
+
+
 def current_trace_id() -> str | None:
-    """The trace id (32 hex digits) of the request being handled, or None (tracing off)."""
-    context = trace.get_current_span().get_span_context()
-    return trace.format_trace_id(context.trace_id) if context.is_valid else None
-
-
-def sampled_trace_id() -> str | None:
-    """The trace id when this request's trace is recorded (an exemplar worth keeping)."""
-    context = trace.get_current_span().get_span_context()
-    return (
-        trace.format_trace_id(context.trace_id) if context.is_valid and context.trace_flags.sampled else None
-    )
+    """The trace id of the request being handled, or None (tracing off)."""
+    return current_trace()[0]
 
 
 def describe_server_span(span: Span, method: str, route: str, status: int) -> None:

@@ -330,10 +330,7 @@ class TritonBackend:
                 )
             ).config
         except InferenceServerException as exc:
-            if (exc.status() or "") in (
-                "StatusCode.NOT_FOUND",
-                "StatusCode.UNAVAILABLE",
-            ) and "unknown model" in (exc.message() or ""):
+            if exc.status() == "StatusCode.NOT_FOUND":  # metadata of a model or version Triton lacks
                 raise NotFoundError("there is no such model version") from exc
             raise self._error(exc, model, f"metadata of {model}") from exc
 

@@ -112,9 +112,8 @@ async def classify(
     if not model:
         raise InvalidInputError(f"this gateway serves no {kind} model")
     request.state.model = model  # the metrics' model label
-    with tracing.span("admission"):  # the wait for an in-flight slot (the gateway's queue)
-        await admission.acquire()
-    try:
+    # the span covers the wait for an in-flight slot (the gateway's queue)
+    async with admission.slot(waiting=tracing.span("admission")):
         if payload.images:
             with tracing.span("validate images", {"gateway.inputs": len(payload.images)}):
                 await workers.run(
@@ -130,8 +129,6 @@ async def classify(
             answers = await backend.classify_images(
                 model, settings.image_model_version, payload.images, k, request_id
             )
-    finally:
-        admission.release()
     return ClassifyResponse(
         model=model,
         model_version=answers[0].model_version,

@@ -33,11 +33,11 @@ async def metrics(
     gateway_metrics: MetricsDep,
     scraper: TritonMetricsDep,
 ) -> Response:
-    triton_text, statuses = await asyncio.gather(
+    triton, statuses = await asyncio.gather(
         scraper.fetch(), model_statuses(backend, settings.served_models())
     )
-    gateway_metrics.triton_metrics_up.set(1 if triton_text else 0)
+    gateway_metrics.triton_metrics_up.set(1 if triton else 0)
     for status in statuses:
         gateway_metrics.model_ready.labels(model=status.name).set(1 if status.ready else 0)
-    body, media_type = gateway_metrics.exposition(triton_text, request.headers.get("accept", ""))
+    body, media_type = gateway_metrics.exposition(triton, request.headers.get("accept", ""))
     return Response(body, media_type=media_type)

@@ -12,12 +12,15 @@ shape, which ``tritonclient.http`` reads).
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi import APIRouter, Depends, Path, Request
+from fastapi.responses import Response
 
 from gateway import __version__
+from gateway.admission import Admission
+from gateway.backend import InferenceBackend
 from gateway.bodies import limited_body
 from gateway.dependencies import (
     AdmissionDep,
@@ -30,14 +33,18 @@ from gateway.dependencies import (
 from gateway.errors import InvalidInputError, NotFoundError, TritonUnavailableError
 from gateway.oip import (
     HEADER_LENGTH,
+    BytesCheck,
     Caps,
+    Tensor,
     encode_infer_response,
     parse_infer_request,
     split_body,
 )
 from gateway.routes.problems import problem_responses
 from gateway.settings import Settings
+from gateway.tracing import Tracing
 from gateway.validation import check_count, inspect_images, normalize_text
+from gateway.workers import CheckWorkers
 
 router = APIRouter(prefix="/v2", tags=["open inference protocol"])
 
@@ -100,7 +107,7 @@ async def model_version_metadata(
     ).as_json()
 
 
-async def _ready(settings: Settings, backend: Any, name: str, version: str) -> dict[str, bool]:
+async def _ready(settings: Settings, backend: InferenceBackend, name: str, version: str) -> dict[str, bool]:
     model = allowed(settings, name, version)
     if version:
         await backend.model_signature(model, version)  # an unknown version is 404, not "not ready"
@@ -128,7 +135,7 @@ async def model_version_ready(
     return await _ready(settings, backend, model_name, model_version)
 
 
-def _bytes_checks(settings: Settings, model: str) -> Any:
+def _bytes_checks(settings: Settings, model: str) -> BytesCheck:
     """The gateway's own checks on a served ensemble's BYTES inputs: images as on
     /classify, texts and candidate labels by the text rule. Returns the elements to send
     (texts normalised)."""
@@ -157,49 +164,73 @@ def _bytes_checks(settings: Settings, model: str) -> Any:
     return check
 
 
-def _check_top_k(settings: Settings, inputs: list[Any]) -> None:
+def _check_top_k(settings: Settings, inputs: list[Tensor]) -> None:
     for tensor in inputs:
         if tensor.name == "TOP_K" and ((tensor.array < 1).any() or (tensor.array > settings.max_top_k).any()):
             raise InvalidInputError(f"TOP_K must be between 1 and {settings.max_top_k}")
 
 
-async def _infer(
-    request: Request,
-    name: str,
-    version: str,
-    settings: Settings,
-    backend: Any,
-    workers: Any,
-    admission: Any,
-    tracing: Any,
-    request_id: str,
-) -> Response:
-    model = allowed(settings, name, version)
-    request.state.model = model  # the metrics' model label
-    with tracing.span("read body"):
-        body = await limited_body(request, settings.max_json_body_bytes, settings.server.body_timeout_seconds)
-    signature = await backend.model_signature(model, version)
-    caps = Caps(
+def _caps(settings: Settings) -> Caps:
+    """What one /v2 request may hold: the largest image batch or text request the
+    gateway's caps allow, and the JSON body cap."""
+    return Caps(
         max_tensor_bytes=max(
             settings.image.max_bytes * settings.image.max_images, settings.max_text_body_bytes
         ),
         max_request_bytes=settings.max_json_body_bytes,
         max_batch=max(settings.image.max_images, settings.text.max_texts),
     )
+
+
+@dataclass(frozen=True)
+class InferContext:
+    """What an inference route needs from the app, as one dependency."""
+
+    settings: Settings
+    backend: InferenceBackend
+    workers: CheckWorkers
+    admission: Admission
+    tracing: Tracing
+    request_id: str
+
+
+async def _infer_context(
+    settings: SettingsDep,
+    backend: BackendDep,
+    workers: WorkersDep,
+    admission: AdmissionDep,
+    tracing: TracingDep,
+    request_id: RequestIdDep,
+) -> InferContext:
+    return InferContext(settings, backend, workers, admission, tracing, request_id)
+
+
+InferContextDep = Annotated[InferContext, Depends(_infer_context)]
+
+
+async def _infer(request: Request, name: str, version: str, context: InferContext) -> Response:
+    settings, backend, tracing = context.settings, context.backend, context.tracing
+    model = allowed(settings, name, version)
+    request.state.model = model  # the metrics' model label
+    with tracing.span("read body"):
+        body = await limited_body(request, settings.max_json_body_bytes, settings.server.body_timeout_seconds)
+    signature = await backend.model_signature(model, version)
     with tracing.span("validate tensors"):
         header, binary = split_body(body, request.headers.get(HEADER_LENGTH))
-        parsed = await workers.run(
-            len(body), parse_infer_request, header, binary, signature, caps, _bytes_checks(settings, model)
+        parsed = await context.workers.run(
+            len(body),
+            parse_infer_request,
+            header,
+            binary,
+            signature,
+            _caps(settings),
+            _bytes_checks(settings, model),
         )
         _check_top_k(settings, parsed.inputs)
-    with tracing.span("admission"):
-        await admission.acquire()
-    try:
+    async with context.admission.slot(waiting=tracing.span("admission")):
         answered, outputs = await backend.infer_tensors(
-            model, version, parsed.inputs, parsed.outputs, request_id
+            model, version, parsed.inputs, parsed.outputs, context.request_id
         )
-    finally:
-        admission.release()
     content, header_length = encode_infer_response(model, answered, parsed.id, outputs, parsed.binary_outputs)
     if header_length is None:
         return Response(content, media_type="application/json")
@@ -227,17 +258,8 @@ INFER_DOC = {
     responses=problem_responses(400, 404, 408, 413, 422, 502, 503, 504),
     openapi_extra=INFER_DOC,
 )
-async def infer(
-    request: Request,
-    model_name: ModelName,
-    settings: SettingsDep,
-    backend: BackendDep,
-    workers: WorkersDep,
-    admission: AdmissionDep,
-    tracing: TracingDep,
-    request_id: RequestIdDep,
-) -> Response:
-    return await _infer(request, model_name, "", settings, backend, workers, admission, tracing, request_id)
+async def infer(request: Request, model_name: ModelName, context: InferContextDep) -> Response:
+    return await _infer(request, model_name, "", context)
 
 
 @router.post(
@@ -247,19 +269,6 @@ async def infer(
     openapi_extra=INFER_DOC,
 )
 async def infer_version(
-    request: Request,
-    model_name: ModelName,
-    model_version: ModelVersion,
-    settings: SettingsDep,
-    backend: BackendDep,
-    workers: WorkersDep,
-    admission: AdmissionDep,
-    tracing: TracingDep,
-    request_id: RequestIdDep,
+    request: Request, model_name: ModelName, model_version: ModelVersion, context: InferContextDep
 ) -> Response:
-    return await _infer(
-        request, model_name, model_version, settings, backend, workers, admission, tracing, request_id
-    )
-
-
-__all__ = ["JSONResponse", "router"]
+    return await _infer(request, model_name, model_version, context)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import timeit
 
 from gateway.settings import TracingSettings
-from gateway.tracing import Tracing, current_trace_id, describe_server_span, sampled_trace_id
+from gateway.tracing import Tracing, current_trace, describe_server_span
 
 HEADERS = [(b"host", b"gateway:8080"), (b"content-type", b"application/json"), (b"accept", b"*/*")]
 
@@ -31,8 +31,7 @@ def main() -> int:
             with tracing.triton_call("image_classifier", "", 2, 250_000):
                 pass
             describe_server_span(span, "POST", "/classify", 200)
-            current_trace_id()
-            sampled_trace_id()
+            current_trace()
 
     count = 100_000
     best = min(timeit.repeat(one_request, number=count, repeat=5)) / count
