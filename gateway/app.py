@@ -21,8 +21,9 @@ from gateway.docs import install_docs
 from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics, TritonMetricsScraper
 from gateway.requestid import RequestIdMiddleware
-from gateway.routes import classify, health, metrics_route, oip
+from gateway.routes import admin, classify, health, metrics_route, oip
 from gateway.schemas import Problem, classify_json_model
+from gateway.served import ServedModels
 from gateway.settings import Settings
 from gateway.telemetry import TelemetryMiddleware
 from gateway.tracing import Tracing
@@ -91,6 +92,7 @@ def create_app(
                 workers=CheckWorkers(settings.check_threads),
                 admission=admission,
                 tracing=tracing,
+                served=ServedModels(settings),
             )
         finally:
             await scraper.close()
@@ -135,6 +137,9 @@ def create_app(
     app.include_router(health.router)
     app.include_router(metrics_route.router)
     app.include_router(oip.router)
+    if settings.admin.keys_file is not None:
+        app.state.admin_keys = load_keys(settings.admin.keys_file)
+        app.include_router(admin.router)
     if openapi_url is not None:
         install_docs(app, openapi_url)
         app.openapi = _openapi_with_components(app, settings)  # type: ignore[method-assign]

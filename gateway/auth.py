@@ -10,7 +10,8 @@ with ``WWW-Authenticate``. A known key past its rate: 429 with ``Retry-After`` a
 every answer to a limited key carries. Metrics name the key's id, never the key.
 
 ``/livez`` and ``/readyz`` are always open (probes carry no keys); ``/metrics`` and the
-docs are protected only when configured to be.
+docs are protected only when configured to be. ``/admin`` takes admin keys only (a keys
+file of its own), checked by its router: a client key never opens it.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from gateway.metrics import GatewayMetrics
 
 ALWAYS_OPEN = frozenset({"/livez", "/readyz", "/v2/health/live", "/v2/health/ready"})
 DOCS_PREFIXES = ("/docs", "/redoc", "/openapi.json")
+ADMIN_PREFIX = "/admin/"
 
 
 def hash_key(key: str) -> str:
@@ -106,6 +108,32 @@ def load_keys(path: Path) -> list[ApiKey]:
     return keys
 
 
+def identify(keys: list[ApiKey], scope: Scope) -> ApiKey | None:
+    """The key a request presents (``Authorization: Bearer`` or ``X-API-Key``), if it is
+    one of ``keys``; every key is compared, in constant time, so timing tells nothing."""
+    presented = None
+    for name, value in scope.get("headers", []):
+        if name == b"authorization" and value[:7].lower() == b"bearer ":
+            presented = value[7:].strip()
+        elif name == b"x-api-key":
+            presented = value.strip()
+    if not presented:
+        return None
+    digest = hashlib.sha256(presented).digest()
+    found = None
+    for key in keys:
+        if hmac.compare_digest(digest, key.digest):
+            found = key
+    return found
+
+
+def missing_key_error() -> UnauthorizedError:
+    return UnauthorizedError(
+        "send a valid API key as 'Authorization: Bearer <key>' or 'X-API-Key: <key>'",
+        headers={"WWW-Authenticate": 'Bearer realm="triton-gateway"'},
+    )
+
+
 class AuthMiddleware:
     """Checks keys and rate limits before anything else runs."""
 
@@ -125,29 +153,13 @@ class AuthMiddleware:
         self.buckets = {k.id: TokenBucket(k.rate, k.burst) for k in keys if k.rate and k.burst}
 
     def _protected(self, path: str) -> bool:
-        if path in ALWAYS_OPEN:
-            return False
+        if path in ALWAYS_OPEN or path.startswith(ADMIN_PREFIX):
+            return False  # /admin checks its own keys (gateway.routes.admin)
         if path == "/metrics":
             return self.protect_metrics
         if path.startswith(DOCS_PREFIXES):
             return self.protect_docs
         return True
-
-    def _identify(self, scope: Scope) -> ApiKey | None:
-        presented = None
-        for name, value in scope.get("headers", []):
-            if name == b"authorization" and value[:7].lower() == b"bearer ":
-                presented = value[7:].strip()
-            elif name == b"x-api-key":
-                presented = value.strip()
-        if not presented:
-            return None
-        digest = hashlib.sha256(presented).digest()
-        found = None
-        for key in self.keys:  # every key compared: the time does not say which one matched
-            if hmac.compare_digest(digest, key.digest):
-                found = key
-        return found
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, error: GatewayError) -> None:
         self.metrics.rejections.labels(reason=error.slug).inc()
@@ -157,13 +169,9 @@ class AuthMiddleware:
         if scope["type"] != "http" or not self._protected(scope["path"]):
             await self.app(scope, receive, send)
             return
-        key = self._identify(scope)
+        key = identify(self.keys, scope)
         if key is None:
-            error = UnauthorizedError(
-                "send a valid API key as 'Authorization: Bearer <key>' or 'X-API-Key: <key>'",
-                headers={"WWW-Authenticate": 'Bearer realm="triton-gateway"'},
-            )
-            await self._refuse(scope, receive, send, error)
+            await self._refuse(scope, receive, send, missing_key_error())
             return
         scope.setdefault("state", {})["client"] = key.id
         bucket = self.buckets.get(key.id)

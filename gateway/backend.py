@@ -44,6 +44,25 @@ class ModelStatus:
 
 
 @dataclass(frozen=True)
+class RepositoryModel:
+    """One entry of Triton's repository index: a model (version) and its state.
+
+    ``state`` is Triton's (READY, LOADING, UNLOADING, UNAVAILABLE) or "" for a model in
+    the repository that was never loaded; ``reason`` says why it is not ready ("unloaded"
+    after an unload)."""
+
+    name: str
+    version: str = ""
+    state: str = ""
+    reason: str = ""
+
+    @property
+    def unloaded(self) -> bool:
+        """Taken out on purpose (an unload), as opposed to failing."""
+        return self.state == "UNAVAILABLE" and self.reason == "unloaded"
+
+
+@dataclass(frozen=True)
 class ServerStatus:
     """Whether Triton answers, and what it says it is."""
 
@@ -84,6 +103,20 @@ class InferenceBackend(Protocol):
 
     async def label_set(self, model: str) -> list[str] | None:
         """The labels a label-listing model reports; None when it cannot be asked."""
+        ...
+
+    async def repository_index(self) -> list[RepositoryModel]:
+        """Every model in Triton's repository, loaded or not; raises GatewayError subclasses."""
+        ...
+
+    async def load_model(self, model: str) -> None:
+        """Load the model, or reload it if loaded: Triton reloads what changed on disk and
+        keeps the loaded one serving until the new one is ready. Raises
+        ModelControlError when Triton cannot load it."""
+        ...
+
+    async def unload_model(self, model: str, *, dependents: bool) -> None:
+        """Unload the model (and, with ``dependents``, the models only it needed)."""
         ...
 
     async def server_status(self) -> ServerStatus:

@@ -13,6 +13,7 @@ from fastapi import Depends, Request
 from gateway.admission import Admission
 from gateway.backend import InferenceBackend
 from gateway.metrics import GatewayMetrics, TritonMetricsScraper
+from gateway.served import ServedModels
 from gateway.settings import Settings
 from gateway.tracing import Tracing
 from gateway.workers import CheckWorkers
@@ -28,6 +29,7 @@ class GatewayState(TypedDict):
     workers: CheckWorkers
     admission: Admission
     tracing: Tracing
+    served: ServedModels
 
 
 def _from_state(name: str) -> Callable[[Request], Awaitable[Any]]:
@@ -49,3 +51,4 @@ WorkersDep = Annotated[CheckWorkers, Depends(_from_state("workers"))]
 AdmissionDep = Annotated[Admission, Depends(_from_state("admission"))]
 TracingDep = Annotated[Tracing, Depends(_from_state("tracing"))]
 TritonMetricsDep = Annotated[TritonMetricsScraper, Depends(_from_state("triton_metrics"))]
+ServedDep = Annotated[ServedModels, Depends(_from_state("served"))]

@@ -10,6 +10,8 @@ Every error a client can see is a :class:`GatewayError`; each class has a stable
     │   ├── MethodNotAllowedError      405 method-not-allowed
     │   ├── UnauthorizedError          401 unauthorized        no or unknown API key (+ WWW-Authenticate)
     │   ├── RequestTimeoutError        408 request-timeout     the body did not arrive in time
+    │   ├── ConflictError              409 conflict            not possible in the model's state (admin)
+    │   │   └── ModelLoadError         409 model-load-failed   Triton could not load the model (admin)
     │   ├── RateLimitedError           429 rate-limited        the key's rate is spent (+ Retry-After)
     │   ├── PayloadTooLargeError       413 payload-too-large   body, image bytes or count caps
     │   │   └── ImageTooLargeError     413 image-too-large     pixel, side or frame caps
@@ -26,7 +28,9 @@ Every error a client can see is a :class:`GatewayError`; each class has a stable
     │   └── TritonTimeoutError         504 triton-timeout
     └── ConfigurationError             the gateway cannot start as configured (never an HTTP answer)
 
-Bodies never echo the client's input, Triton's messages or a stack trace.
+Bodies never echo the client's input, Triton's messages or a stack trace; the one
+exception is ModelLoadError, answered on the admin surface only, which quotes Triton's
+reason to the operator who asked for the load.
 """
 
 from __future__ import annotations
@@ -147,6 +151,21 @@ class RequestTimeoutError(ClientError):
     status = 408
     slug = "request-timeout"
     title = "Request timeout"
+
+
+class ConflictError(ClientError):
+    """The operation is not possible in the model's current state (admin surface)."""
+
+    status = 409
+    slug = "conflict"
+    title = "Conflict"
+
+
+class ModelLoadError(ConflictError):
+    """Triton could not load the model; the loaded one, if any, keeps serving."""
+
+    slug = "model-load-failed"
+    title = "Model load failed"
 
 
 class RateLimitedError(ClientError):

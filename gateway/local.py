@@ -1,7 +1,9 @@
 """`triton-gateway local`: a real tritonserver on loopback plus the gateway, as one command.
 
-Starts Triton (CPU, ``--model-config-name=cpu``; with OpenTelemetry tracing to the same
-collector when the gateway's tracing is on) from the Triton environment, waits
+Starts Triton (CPU, ``--model-config-name=cpu``; model control ``explicit`` with every
+model loaded at start and its repository API restricted to a key made for this run, which
+only the gateway holds; with OpenTelemetry tracing to the same collector when the
+gateway's tracing is on) from the Triton environment, waits
 until every model is loaded, points the gateway at it, serves, and on Ctrl-C or
 SIGTERM shuts the gateway down gracefully and then Triton.
 """
@@ -9,13 +11,16 @@ SIGTERM shuts the gateway down gracefully and then Triton.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import SecretStr
+
 from gateway.app import create_app
-from gateway.server import GatewayServer, server_config
+from gateway.server import GatewayServer, listen_sockets, server_config
 from gateway.settings import Settings
 from gateway.tracing import triton_trace_args
 from gateway.tritonserver import TritonServer
@@ -37,8 +42,8 @@ def _say(message: str) -> None:
     print(f"[triton-gateway] {message}", file=sys.stderr, flush=True)
 
 
-async def _serve(server: GatewayServer, options: LocalOptions) -> None:
-    task = asyncio.create_task(server.serve())
+async def _serve(server: GatewayServer, options: LocalOptions, settings: Settings) -> None:
+    task = asyncio.create_task(server.serve(listen_sockets(settings, options.host, options.port)))
     # uvicorn exposes readiness only as a flag; poll it briefly.
     while not server.started and not task.done():  # noqa: ASYNC110
         await asyncio.sleep(0.05)
@@ -48,6 +53,9 @@ async def _serve(server: GatewayServer, options: LocalOptions) -> None:
             f"ready: API {base}/classify  docs {base}/docs  health {base}/readyz  "
             f"metrics {base}/metrics  (Ctrl-C stops)"
         )
+        if settings.admin.keys_file is not None:
+            where = f"{settings.admin.host}:{settings.admin.port}" if settings.admin.port else "the same port"
+            _say(f"model control: /admin on {where}, admin keys from {settings.admin.keys_file}")
     await task
 
 
@@ -60,10 +68,14 @@ def _on_stop_signal(signum: int, frame: object) -> None:
 
 
 def run_local(settings: Settings, options: LocalOptions) -> int:
+    repository_key = secrets.token_urlsafe(32)
     triton = TritonServer.on_free_ports(
         options.triton_env,
         options.model_repository,
         options.workdir,
+        model_control_mode="explicit",
+        load_models=("*",),
+        repository_key=repository_key,
         extra_args=tuple(triton_trace_args(settings.tracing)),  # none unless tracing is on
     )
     # uvicorn handles the signal while serving (graceful shutdown), then re-raises it
@@ -74,12 +86,16 @@ def run_local(settings: Settings, options: LocalOptions) -> int:
         triton.start()
         triton.wait_ready(options.ready_timeout)
         _say("tritonserver is ready (all models loaded)")
-        local_triton = {"url": triton.grpc_url, "metrics_url": triton.metrics_url}
+        local_triton = {
+            "url": triton.grpc_url,
+            "metrics_url": triton.metrics_url,
+            "repository_key": SecretStr(repository_key),
+        }
         settings = settings.model_copy(update={"triton": settings.triton.model_copy(update=local_triton)})
         app = create_app(settings)
         config = server_config(app, settings, options.host, options.port)
         server = GatewayServer(config, app.state.admission, settings.server.shutdown_grace_seconds)
-        asyncio.run(_serve(server, options))
+        asyncio.run(_serve(server, options, settings))
     except _StopRequestedError:
         pass
     finally:

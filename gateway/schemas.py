@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from functools import cache
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, create_model
 
@@ -172,6 +172,12 @@ class ModelInfo(BaseModel):
     accepts: list[str] = Field(description="Input media types.")
     composing_models: list[ComposingModel]
     labels: list[str] | None = Field(None, description="Texts: the configured label set.")
+    pinned_version: str = Field(
+        "", description="The version /classify calls (empty: Triton's latest); moved by the admin surface."
+    )
+    state: Literal["ready", "unavailable", "unloaded"] = Field(
+        "ready", description="'unloaded': taken out through model control on purpose; 'unavailable': failing."
+    )
 
 
 class TritonInfo(BaseModel):
@@ -191,8 +197,55 @@ class ModelsResponse(BaseModel):
 class Readiness(BaseModel):
     """/readyz: each check and whether it passed."""
 
-    status: str
+    status: Literal["ready", "degraded"] = Field(
+        description="'degraded': a served model was unloaded on purpose; the others are served."
+    )
     checks: dict[str, bool]
+    unloaded: list[str] = Field(
+        default_factory=list, description="Served models unloaded through model control (not failing)."
+    )
+
+
+class RepositoryEntry(BaseModel):
+    """A model in Triton's repository and its state."""
+
+    name: str
+    version: str = Field(description="Empty for a model never loaded.")
+    state: str = Field(description="READY, LOADING, UNLOADING, UNAVAILABLE, or empty (never loaded).")
+    reason: str = Field(description="Why it is not ready ('unloaded' after an unload).")
+
+
+class RepositoryIndex(BaseModel):
+    """Every model in Triton's repository, loaded or not."""
+
+    models: list[RepositoryEntry]
+
+
+class ModelControlResult(BaseModel):
+    """What a load, reload or unload did."""
+
+    model: str
+    action: Literal["load", "reload", "unload", "reload-changed"]
+    seconds: float = Field(description="How long Triton took.")
+    models: list[RepositoryEntry] = Field(description="The repository entries of the model(s) after it.")
+
+
+class ServedVersion(BaseModel):
+    """A classifier /classify serves and the version it is pinned to."""
+
+    name: str
+    task: str
+    version: str = Field(description="Empty: Triton's latest.")
+
+
+class PinRequest(BaseModel):
+    """Move a served model's pin."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: str = Field(
+        pattern=r"^\d{0,10}$", description="A version Triton has ready; empty: Triton's latest."
+    )
 
 
 class Liveness(BaseModel):

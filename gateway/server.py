@@ -5,6 +5,9 @@
   backstop), keep-alive and graceful-shutdown timeouts from the settings, and an HTTP
   protocol that closes connections whose request head does not arrive in time
   (uvicorn has no such timeout: 500 silent sockets would stay open forever).
+- With ``admin.port`` set, the gateway listens on two sockets: ``/admin`` is answered on
+  the admin listener only, and everything else on the main one only (404 elsewhere), so
+  a firewall, a Service or a loopback bind keeps model control private.
 - ``GatewayServer`` turns the first SIGTERM/SIGINT into a drain: ``/readyz`` and new
   inference requests answer 503 at once, requests in flight finish (up to the grace
   period), and only then does uvicorn stop listening and exit. A second signal exits now.
@@ -14,14 +17,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from types import FrameType
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
+from starlette.requests import Request
+from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from gateway.admission import Admission
+from gateway.auth import ADMIN_PREFIX
+from gateway.errors import NotFoundError, problem_response
 from gateway.settings import Settings
 
 logger = logging.getLogger("gateway.server")
@@ -70,6 +78,34 @@ class HeaderTimeoutH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
 
+def split_by_listener(app: ASGIApp, admin_port: int) -> ASGIApp:
+    """``/admin`` on the admin listener only, the rest on the main listener only."""
+
+    async def split(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            on_admin = scope.get("server", ("", 0))[1] == admin_port
+            if on_admin != scope["path"].startswith(ADMIN_PREFIX):
+                error = NotFoundError("there is no such route on this listener")
+                await problem_response(error, Request(scope))(scope, receive, send)
+                return
+        await app(scope, receive, send)
+
+    return split
+
+
+def listen_sockets(settings: Settings, host: str, port: int) -> list[socket.socket] | None:
+    """The main and the admin listeners when the admin surface has a port of its own;
+    None: uvicorn binds ``host:port`` itself."""
+    if settings.admin.keys_file is None or settings.admin.port is None:
+        return None
+    if settings.admin.port == port:
+        raise ValueError("the admin port must differ from the main port")
+    return [
+        socket.create_server((address, number), family=socket.AF_INET6 if ":" in address else socket.AF_INET)
+        for address, number in ((host, port), (settings.admin.host, settings.admin.port))
+    ]
+
+
 def server_config(app: FastAPI, settings: Settings, host: str, port: int) -> uvicorn.Config:
     """The uvicorn configuration of the gateway (used by serve, local and the tests)."""
     protocol = type(
@@ -77,8 +113,11 @@ def server_config(app: FastAPI, settings: Settings, host: str, port: int) -> uvi
         (HeaderTimeoutH11Protocol,),
         {"header_timeout": settings.server.header_timeout_seconds},
     )
+    asgi: ASGIApp = app
+    if settings.admin.keys_file is not None and settings.admin.port is not None:
+        asgi = split_by_listener(app, settings.admin.port)
     return uvicorn.Config(
-        app,
+        asgi,
         host=host,
         port=port,
         http=protocol,
@@ -140,4 +179,4 @@ def run_server(app: FastAPI, settings: Settings, host: str, port: int) -> None:
     server = GatewayServer(
         server_config(app, settings, host, port), admission, settings.server.shutdown_grace_seconds
     )
-    server.run()
+    server.run(sockets=listen_sockets(settings, host, port))

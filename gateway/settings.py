@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MiB = 1024 * 1024
@@ -72,6 +72,14 @@ class TritonSettings(BaseModel):
     )
     retry_after_seconds: int = Field(
         5, ge=1, le=3600, description="Retry-After sent with 503 when Triton or a model is unavailable."
+    )
+    repository_key: SecretStr = Field(
+        SecretStr(""),
+        description="The key Triton demands for its repository API (tritonserver "
+        "--grpc-restricted-protocol=model-repository,...:triton-gateway-admin-key=<key>); empty: none sent.",
+    )
+    load_timeout_seconds: float = Field(
+        300.0, gt=0, le=3600, description="Deadline for loading or unloading a model (admin surface)."
     )
 
 
@@ -162,6 +170,24 @@ class AuthSettings(BaseModel):
     )
 
 
+class AdminSettings(BaseModel):
+    """The model-control surface: Triton's repository API for operators (off unless a keys
+    file is given). Its keys are not client keys: neither opens the other's routes."""
+
+    keys_file: Path | None = Field(
+        None,
+        description="File of admin keys, in the format of auth.keys_file; unset: no admin surface (404).",
+    )
+    port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="Serve /admin on its own listener (admin.host:port) and nowhere else; unset: on the "
+        "main port.",
+    )
+    host: str = Field("127.0.0.1", description="Address of the admin listener (with admin.port).")
+
+
 class TracingSettings(BaseModel):
     """OpenTelemetry tracing (off unless enabled): spans to an OTLP/HTTP collector, and the
     W3C ``traceparent`` passed on to Triton."""
@@ -226,6 +252,7 @@ class Settings(BaseSettings):
     triton: TritonSettings = Field(default_factory=TritonSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
+    admin: AdminSettings = Field(default_factory=AdminSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)
     v2_models: list[str] = Field(
         default_factory=list,
@@ -253,6 +280,8 @@ class Settings(BaseSettings):
             raise ValueError("default_top_k must not exceed max_top_k")
         if self.image.max_bytes > self.max_body_bytes:
             raise ValueError("image.max_bytes must not exceed max_body_bytes")
+        if self.admin.port is not None and self.admin.port == self.port:
+            raise ValueError("admin.port must differ from port")
         if not (self.image_model or self.text_model):
             raise ValueError("serve at least one of image_model and text_model")
         if self.server.shutdown_grace_seconds <= self.triton.timeout_seconds:

@@ -17,12 +17,13 @@ import numpy as np
 import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from gateway.backend import Classification, ModelStatus, ScoredLabel, ServerStatus
+from gateway.backend import Classification, ModelStatus, RepositoryModel, ScoredLabel, ServerStatus
 from gateway.breaker import CircuitBreaker, CircuitState
 from gateway.errors import (
     GatewayError,
     InvalidImageError,
     InvalidInputError,
+    ModelLoadError,
     NotFoundError,
     TritonFailureError,
     TritonTimeoutError,
@@ -32,6 +33,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.oip import ModelSignature, Tensor, TensorSpec
 from gateway.settings import TritonSettings
 from gateway.tracing import Tracing, grpc_status
+from gateway.tritonserver import REPOSITORY_KEY_HEADER
 
 logger = logging.getLogger("gateway.triton")
 
@@ -118,6 +120,9 @@ class TritonBackend:
             settings.url, channel_args=channel_options(settings, max_send_bytes)
         )
         self._signatures: dict[tuple[str, str], tuple[float, ModelSignature]] = {}
+        # Triton's gRPC front end expects a restricted protocol's header under this prefix.
+        key = settings.repository_key.get_secret_value()
+        self._repository_headers = {f"triton-grpc-protocol-{REPOSITORY_KEY_HEADER}": key} if key else {}
         self._breaker = CircuitBreaker(on_change=lambda state: metrics.circuit.state(state.value))
         self._probe_task = asyncio.create_task(self._probe_loop(), name="triton-probe")
 
@@ -387,6 +392,41 @@ class TritonBackend:
         except InferenceServerException:
             return None
         return _strings(result.as_numpy("LABELS"))
+
+    async def repository_index(self) -> list[RepositoryModel]:
+        try:
+            index = await self._client.get_model_repository_index(
+                headers=self._repository_headers, client_timeout=self._settings.health_timeout_seconds
+            )
+        except InferenceServerException as exc:
+            raise self._error(exc, "", "repository index") from exc
+        return [RepositoryModel(m.name, m.version, m.state, m.reason) for m in index.models]
+
+    async def load_model(self, model: str) -> None:
+        try:
+            await self._client.load_model(
+                model, headers=self._repository_headers, client_timeout=self._settings.load_timeout_seconds
+            )
+        except InferenceServerException as exc:
+            if exc.status() in _UNAVAILABLE | _TIMEOUT and "load" not in (exc.message() or ""):
+                raise self._error(exc, model, f"load of {model}") from exc
+            logger.warning("triton could not load %s: %s", model, exc.message())
+            raise ModelLoadError(f"Triton could not load {model}: {exc.message()}"[:1000]) from exc
+        finally:
+            self._signatures.clear()  # what a model accepts may have changed
+
+    async def unload_model(self, model: str, *, dependents: bool) -> None:
+        try:
+            await self._client.unload_model(
+                model,
+                headers=self._repository_headers,
+                unload_dependents=dependents,
+                client_timeout=self._settings.load_timeout_seconds,
+            )
+        except InferenceServerException as exc:
+            raise self._error(exc, model, f"unload of {model}") from exc
+        finally:
+            self._signatures.clear()
 
     async def server_status(self) -> ServerStatus:
         if self._breaker.state is CircuitState.OPEN:

@@ -55,6 +55,22 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
+# The gRPC metadata / HTTP header that carries the key of Triton's restricted APIs.
+REPOSITORY_KEY_HEADER = "triton-gateway-admin-key"
+# What a client of Triton must never reach without that key: model control (loading a
+# model runs its code: older releases had a remote-code flaw there), shared-memory
+# registration, and the trace and log settings.
+RESTRICTED_PROTOCOLS = "model-repository,shared-memory,trace,logging"
+
+
+def restricted_api_args(key: str) -> list[str]:
+    """tritonserver flags that put its admin APIs behind ``key`` (none without a key)."""
+    if not key:
+        return []
+    setting = f"{RESTRICTED_PROTOCOLS}:{REPOSITORY_KEY_HEADER}={key}"
+    return [f"--grpc-restricted-protocol={setting}", f"--http-restricted-api={setting}"]
+
+
 @dataclass(frozen=True)
 class TritonInstall:
     """Where the bundled tritonserver and its pieces live inside a Python environment."""
@@ -103,6 +119,13 @@ class TritonServer:
     # Triton's response cache, for the models whose config enables it (the ensembles);
     # 0: no cache (those models then simply run every request).
     response_cache_bytes: int = 64 * 1024 * 1024
+    # "explicit": models load and unload through Triton's repository API, and at start
+    # only ``load_models`` (with what they compose) load; "none": everything, fixed.
+    model_control_mode: str = "none"
+    load_models: tuple[str, ...] = ()
+    # With a key, Triton refuses its repository, shared-memory, trace and logging APIs to
+    # any call without the header ``REPOSITORY_KEY_HEADER: <key>`` (the gateway sends it).
+    repository_key: str = ""
     # More tritonserver flags (say gateway.tracing.triton_trace_args), appended as given.
     extra_args: tuple[str, ...] = ()
     _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
@@ -168,7 +191,9 @@ class TritonServer:
             f"--metrics-port={self.metrics_port}",
             "--allow-metrics=true",
             "--allow-cpu-metrics=true",
-            "--model-control-mode=none",
+            f"--model-control-mode={self.model_control_mode}",
+            *(f"--load-model={name}" for name in self.load_models),
+            *restricted_api_args(self.repository_key),
             "--exit-timeout-secs=5",
             f"--log-verbose={self.log_verbose}",
         ]

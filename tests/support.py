@@ -30,7 +30,7 @@ import yaml
 from fastapi import FastAPI
 from PIL import Image
 
-from gateway.backend import Classification, ModelStatus, ScoredLabel, ServerStatus
+from gateway.backend import Classification, ModelStatus, RepositoryModel, ScoredLabel, ServerStatus
 from gateway.errors import GatewayError
 from gateway.server import server_config
 from gateway.tritonserver import TritonServer, free_port
@@ -158,11 +158,17 @@ class FakeBackend:
     calls: list[tuple[str, int, str, int]] = field(default_factory=list)
     texts: list[tuple[list[str], list[str] | None]] = field(default_factory=list)
     closed: bool = False
+    # Model control: what was unloaded, the versions Triton "has", the calls made.
+    unloaded: set[str] = field(default_factory=set)
+    ready_versions: tuple[str, ...] = ("", "1", "2", "3")
+    versions_called: list[str] = field(default_factory=list)
+    control: list[tuple[str, str]] = field(default_factory=list)
 
     async def classify_images(
         self, model: str, version: str, inputs: Sequence[bytes], top_k: int, request_id: str
     ) -> list[Classification]:
         self.calls.append((model, len(inputs), request_id, top_k))
+        self.versions_called.append(version)
         if self.fail_with is not None:
             raise self.fail_with
         return [
@@ -208,10 +214,28 @@ class FakeBackend:
         return ServerStatus(live=self.live, version="2.51.0" if self.live else "")
 
     async def model_status(self, model: str, version: str) -> ModelStatus:
+        if model in self.unloaded or version not in self.ready_versions:
+            return ModelStatus(name=model, ready=False)
         steps = [
             ModelStatus(name=n, ready=self.ready, versions=["1"]) for n in (f"{model}.pre", f"{model}.net")
         ]
         return ModelStatus(name=model, ready=self.ready, versions=["1"], platform="ensemble", composing=steps)
+
+    async def repository_index(self) -> list[RepositoryModel]:
+        return [
+            RepositoryModel(name, "1", "UNAVAILABLE", "unloaded")
+            if name in self.unloaded
+            else RepositoryModel(name, "1", "READY")
+            for name in ("image_classifier", "text_classifier", "text_labels")
+        ]
+
+    async def load_model(self, model: str) -> None:
+        self.control.append(("load", model))
+        self.unloaded.discard(model)
+
+    async def unload_model(self, model: str, *, dependents: bool) -> None:
+        self.control.append(("unload", model))
+        self.unloaded.add(model)
 
     async def close(self) -> None:
         self.closed = True
@@ -260,6 +284,7 @@ class GatewayProcess:
             **os.environ,
             "GATEWAY_TRITON__URL": triton.grpc_url,
             "GATEWAY_TRITON__METRICS_URL": triton.metrics_url,
+            "GATEWAY_TRITON__REPOSITORY_KEY": triton.repository_key,
             **env,
         }
         command = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", str(port)]

@@ -8,12 +8,14 @@ a missing environment or model is a loud failure, never a skip.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from pydantic import SecretStr
 from support import GatewayProcess, ServedApp
 
 from gateway.app import create_app
@@ -35,13 +37,20 @@ def triton_env() -> Path:
 
 
 def start_triton(repository: Path, workdir: Path, response_cache_bytes: int = 0) -> TritonServer:
-    """A real tritonserver; without a response cache unless asked, so that tests sending
-    the same input twice still exercise the models (tests/integration/test_response_cache.py
-    covers the cache)."""
+    """A real tritonserver as `make run` starts it: model control ``explicit`` with every
+    model loaded at start and the repository API behind a key of its own. Without a
+    response cache unless asked, so that tests sending the same input twice still exercise
+    the models (tests/integration/test_response_cache.py covers the cache)."""
     if not (REPOSITORY / "image_model" / "1" / "model.onnx").exists():
         pytest.fail("model_repository/image_model/1/model.onnx is missing: run `make models`")
     server = TritonServer.on_free_ports(
-        triton_env(), repository, workdir, response_cache_bytes=response_cache_bytes
+        triton_env(),
+        repository,
+        workdir,
+        response_cache_bytes=response_cache_bytes,
+        model_control_mode="explicit",
+        load_models=("*",),
+        repository_key=secrets.token_hex(16),
     )
     _servers.append(server)
     server.start()
@@ -81,7 +90,11 @@ def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
 def gateway_settings(triton: TritonServer, **overrides: object) -> Settings:
     """Settings pointing at this Triton's gRPC and metrics endpoints."""
     return Settings(
-        triton=TritonSettings(url=triton.grpc_url, metrics_url=triton.metrics_url),
+        triton=TritonSettings(
+            url=triton.grpc_url,
+            metrics_url=triton.metrics_url,
+            repository_key=SecretStr(triton.repository_key),
+        ),
         **overrides,  # type: ignore[arg-type]
     )
 

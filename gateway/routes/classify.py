@@ -13,6 +13,7 @@ from gateway.dependencies import (
     BackendDep,
     MetricsDep,
     RequestIdDep,
+    ServedDep,
     SettingsDep,
     TracingDep,
     WorkersDep,
@@ -97,6 +98,7 @@ async def classify(
     workers: WorkersDep,
     admission: AdmissionDep,
     tracing: TracingDep,
+    served: ServedDep,
     top_k: Annotated[
         int | None, Query(ge=1, le=MODEL_MAX_TOP_K, description="Predictions per input (default 5).")
     ] = None,
@@ -123,11 +125,11 @@ async def classify(
         metrics.inputs.labels(model=model).observe(len(payload.texts or payload.images))
         if payload.texts:
             answers = await backend.classify_texts(
-                model, settings.text_model_version, payload.texts, k, payload.candidate_labels, request_id
+                model, served.version(model), payload.texts, k, payload.candidate_labels, request_id
             )
         else:
             answers = await backend.classify_images(
-                model, settings.image_model_version, payload.images, k, request_id
+                model, served.version(model), payload.images, k, request_id
             )
     return ClassifyResponse(
         model=model,

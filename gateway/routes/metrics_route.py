@@ -7,7 +7,7 @@ import asyncio
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from gateway.dependencies import BackendDep, MetricsDep, SettingsDep, TritonMetricsDep
+from gateway.dependencies import BackendDep, MetricsDep, ServedDep, TritonMetricsDep
 from gateway.metrics import EXPOSITION_CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE
 from gateway.routes.health import model_statuses
 
@@ -28,14 +28,12 @@ router = APIRouter(tags=["health"])
 )
 async def metrics(
     request: Request,
-    settings: SettingsDep,
+    served: ServedDep,
     backend: BackendDep,
     gateway_metrics: MetricsDep,
     scraper: TritonMetricsDep,
 ) -> Response:
-    triton, statuses = await asyncio.gather(
-        scraper.fetch(), model_statuses(backend, settings.served_models())
-    )
+    triton, statuses = await asyncio.gather(scraper.fetch(), model_statuses(backend, served.all()))
     gateway_metrics.triton_metrics_up.set(1 if triton else 0)
     for status in statuses:
         gateway_metrics.model_ready.labels(model=status.name).set(1 if status.ready else 0)

@@ -8,6 +8,13 @@ from gateway.errors import PROBLEM_MEDIA_TYPE, TYPE_PREFIX
 
 _DESCRIPTIONS: dict[int, tuple[str, str, str]] = {
     400: ("Malformed JSON, multipart or base64.", "malformed-request", "the body is not valid JSON"),
+    401: ("No admin key, or not one of the admin keys.", "unauthorized", "send a valid API key"),
+    409: (
+        "Not possible in the model's state (reload of a model not loaded, pin to a version not ready), "
+        "or Triton could not load the model (model-load-failed, with Triton's reason).",
+        "conflict",
+        "text_classifier version 3 is not ready in Triton",
+    ),
     404: ("No such model (or not on the /v2 allow-list).", "not-found", "there is no such model"),
     408: (
         "The body did not arrive within the body read timeout.",

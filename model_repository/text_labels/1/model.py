@@ -14,7 +14,7 @@ class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
-        path = Path(args["model_repository"]).parent / params["labels_from"]
+        path = Path(args["model_repository"]) / args["model_version"] / params["labels_file"]
         with np.load(path) as stored:
             self.names = np.array([str(n).encode("utf-8") for n in stored["names"]], dtype=np.object_)
             self.prompts = np.array([str(p).encode("utf-8") for p in stored["prompts"]], dtype=np.object_)

@@ -1,0 +1,169 @@
+"""Model control for operators: Triton's repository API behind admin keys (``/admin``).
+
+Off unless ``GATEWAY_ADMIN__KEYS_FILE`` is set (the routes do not exist: 404). Admin keys
+are a keys file of their own; a client key never opens these routes, and an admin key
+opens nothing else. With ``GATEWAY_ADMIN__PORT`` the routes are served on that listener
+only (see gateway.server). Every operation is logged with the admin key's id.
+
+Triton must run with ``--model-control-mode=explicit``; its repository API should be
+restricted to a key only the gateway holds (``GATEWAY_TRITON__REPOSITORY_KEY``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+
+from gateway.auth import identify, missing_key_error
+from gateway.backend import InferenceBackend, RepositoryModel
+from gateway.dependencies import BackendDep, ServedDep
+from gateway.errors import ConflictError, NotFoundError
+from gateway.routes.problems import problem_responses
+from gateway.schemas import (
+    ModelControlResult,
+    PinRequest,
+    RepositoryEntry,
+    RepositoryIndex,
+    ServedVersion,
+)
+from gateway.served import ServedModels
+
+logger = logging.getLogger("gateway.admin")
+
+
+async def require_admin(request: Request) -> str:
+    """The admin key's id, or 401."""
+    key = identify(request.app.state.admin_keys, request.scope)
+    if key is None:
+        raise missing_key_error()
+    request.state.client = key.id
+    return key.id
+
+
+AdminDep = Annotated[str, Depends(require_admin)]
+ModelName = Annotated[
+    str, Path(pattern=r"^[A-Za-z0-9_.\-]{1,128}$", description="A model in Triton's repository.")
+]
+
+router = APIRouter(prefix="/admin", tags=["admin"], responses=problem_responses(401, 503))
+
+
+def _entries(models: list[RepositoryModel], name: str | None = None) -> list[RepositoryEntry]:
+    return [
+        RepositoryEntry(name=m.name, version=m.version, state=m.state, reason=m.reason)
+        for m in models
+        if name is None or m.name == name
+    ]
+
+
+async def _known(backend: InferenceBackend, name: str) -> list[RepositoryModel]:
+    """The model's repository entries; 404 for a name the repository does not hold."""
+    entries = [m for m in await backend.repository_index() if m.name == name]
+    if not entries:
+        raise NotFoundError(f"Triton's repository holds no model {name!r}")
+    return entries
+
+
+async def _after(
+    backend: InferenceBackend, name: str, action: str, started: float, admin: str
+) -> ModelControlResult:
+    took = time.monotonic() - started
+    logger.info("admin %s: %s %s (%.2f s)", admin, action, name, took)
+    return ModelControlResult(
+        model=name,
+        action=action,
+        seconds=round(took, 3),
+        models=_entries(await backend.repository_index(), None if name == "*" else name),
+    )
+
+
+@router.get("/repository", summary="Every model in Triton's repository and its state")
+async def repository(admin: AdminDep, backend: BackendDep) -> RepositoryIndex:
+    return RepositoryIndex(models=_entries(await backend.repository_index()))
+
+
+@router.post(
+    "/models/{name}/load",
+    summary="Load a model, or reload it if loaded (the loaded one serves until the new one is ready)",
+    responses=problem_responses(404, 409),
+)
+async def load(name: ModelName, admin: AdminDep, backend: BackendDep) -> ModelControlResult:
+    await _known(backend, name)
+    started = time.monotonic()
+    await backend.load_model(name)
+    return await _after(backend, name, "load", started, admin)
+
+
+@router.post(
+    "/models/{name}/reload",
+    summary="Reload a loaded model from the repository (409 if it is not loaded)",
+    responses=problem_responses(404, 409),
+)
+async def reload(name: ModelName, admin: AdminDep, backend: BackendDep) -> ModelControlResult:
+    if not any(m.state == "READY" for m in await _known(backend, name)):
+        raise ConflictError(f"{name} is not loaded: load it instead")
+    started = time.monotonic()
+    await backend.load_model(name)
+    return await _after(backend, name, "reload", started, admin)
+
+
+@router.post(
+    "/models/{name}/unload",
+    summary="Unload a model; /readyz and /models then say it is unloaded",
+    responses=problem_responses(404),
+)
+async def unload(
+    name: ModelName,
+    admin: AdminDep,
+    backend: BackendDep,
+    dependents: Annotated[
+        bool, Query(description="Also unload the models it loaded with it (an ensemble's steps).")
+    ] = False,
+) -> ModelControlResult:
+    await _known(backend, name)
+    started = time.monotonic()
+    await backend.unload_model(name, dependents=dependents)
+    return await _after(backend, name, "unload", started, admin)
+
+
+@router.post(
+    "/repository/reload",
+    summary="Load every loaded model again: Triton reloads those whose files changed",
+    responses=problem_responses(409),
+)
+async def reload_changed(admin: AdminDep, backend: BackendDep) -> ModelControlResult:
+    started = time.monotonic()
+    loaded = dict.fromkeys(m.name for m in await backend.repository_index() if m.state == "READY")
+    for name in loaded:
+        await backend.load_model(name)
+    return await _after(backend, "*", "reload-changed", started, admin)
+
+
+def _served(served: ServedModels) -> list[ServedVersion]:
+    return [ServedVersion(name=m.name, task=m.task, version=m.version) for m in served.all()]
+
+
+@router.get("/served", summary="The classifiers /classify serves and their pinned versions")
+async def served_versions(admin: AdminDep, served: ServedDep) -> list[ServedVersion]:
+    return _served(served)
+
+
+@router.put(
+    "/served/{name}",
+    summary="Pin a served classifier to a version Triton has ready (empty: Triton's latest)",
+    responses=problem_responses(404, 409),
+)
+async def pin(
+    name: ModelName, body: PinRequest, admin: AdminDep, backend: BackendDep, served: ServedDep
+) -> ServedVersion:
+    if served.get(name) is None:
+        raise NotFoundError(f"{name} is not a model this gateway serves")
+    status = await backend.model_status(name, body.version)
+    if not status.ready:
+        raise ConflictError(f"{name} version {body.version or '(latest)'} is not ready in Triton")
+    model = served.pin(name, body.version)
+    logger.info("admin %s: pinned %s to version %s", admin, name, body.version or "(latest)")
+    return ServedVersion(name=model.name, task=model.task, version=model.version)

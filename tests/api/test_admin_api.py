@@ -1,0 +1,132 @@
+"""The admin surface as an operator and a client see it (fake backend): off by default,
+its own keys, pins, and what /readyz and /models say about an unloaded model."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from support import FakeBackend, chelsea_jpeg
+
+from gateway.app import create_app
+from gateway.auth import hash_key
+from gateway.settings import AdminSettings, AuthSettings, Settings
+
+ADMIN = {"Authorization": "Bearer admin-secret"}
+CLIENT = {"X-API-Key": "client-secret"}
+TEXT = {"text": "The striker scored twice."}
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> tuple[Path, Path]:
+    admin, client = tmp_path / "admin-keys", tmp_path / "client-keys"
+    admin.write_text(f"ops {hash_key('admin-secret')}\n")
+    client.write_text(f"app {hash_key('client-secret')}\n")
+    return admin, client
+
+
+@pytest.fixture
+def backend() -> FakeBackend:
+    return FakeBackend()
+
+
+@pytest.fixture
+def client(keys: tuple[Path, Path], backend: FakeBackend) -> Iterator[TestClient]:
+    settings = Settings(admin=AdminSettings(keys_file=keys[0]), auth=AuthSettings(keys_file=keys[1]))
+    with TestClient(create_app(settings, backend_factory=lambda *_: backend)) as test_client:
+        yield test_client
+
+
+def test_without_an_admin_keys_file_there_is_no_admin_surface() -> None:
+    with TestClient(create_app(Settings(), backend_factory=lambda *_: FakeBackend())) as plain:
+        for method, path in (("GET", "/admin/repository"), ("POST", "/admin/models/text_classifier/load")):
+            response = plain.request(method, path, headers=ADMIN)
+            assert response.status_code == 404, path
+            assert response.headers["content-type"] == "application/problem+json"
+        assert not any(p.startswith("/admin") for p in plain.get("/openapi.json").json()["paths"])
+
+
+def test_admin_routes_take_admin_keys_only(client: TestClient, backend: FakeBackend) -> None:
+    for headers in ({}, CLIENT, {"Authorization": "Bearer wrong"}):
+        response = client.post("/admin/models/text_classifier/unload", headers=headers)
+        assert response.status_code == 401, headers
+        assert response.json()["type"].endswith(":unauthorized")
+    assert backend.control == []
+    # ... and an admin key opens nothing else
+    assert client.post("/classify", json=TEXT, headers=ADMIN).status_code == 401
+    assert client.post("/classify", json=TEXT, headers=CLIENT).status_code == 200
+    listed = client.get("/admin/repository", headers=ADMIN)
+    assert listed.status_code == 200
+    assert {m["name"]: m["state"] for m in listed.json()["models"]}["text_classifier"] == "READY"
+
+
+def test_unknown_or_malformed_model_names_are_refused_before_triton(
+    client: TestClient, backend: FakeBackend
+) -> None:
+    assert client.post("/admin/models/nope/load", headers=ADMIN).status_code == 404
+    for bad in ("..%2F..%2Fetc", "a" * 200, "x%20y"):
+        assert client.post(f"/admin/models/{bad}/load", headers=ADMIN).status_code in (404, 422), bad
+    assert backend.control == []
+
+
+def test_unload_is_reported_by_readyz_and_models_and_the_rest_is_served(
+    client: TestClient, backend: FakeBackend
+) -> None:
+    response = client.post("/admin/models/text_classifier/unload", headers=ADMIN)
+    assert response.status_code == 200
+    assert response.json()["models"] == [
+        {"name": "text_classifier", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}
+    ]
+    ready = client.get("/readyz")
+    assert ready.status_code == 200, ready.text
+    assert ready.json()["status"] == "degraded"
+    assert ready.json()["unloaded"] == ["text_classifier"]
+    models = {m["name"]: m for m in client.get("/models", headers=CLIENT).json()["models"]}
+    assert models["text_classifier"]["state"] == "unloaded"
+    assert not models["text_classifier"]["ready"]
+    assert models["image_classifier"]["state"] == "ready"
+    image = client.post("/classify", content=chelsea_jpeg(), headers={**CLIENT, "Content-Type": "image/jpeg"})
+    assert image.status_code == 200
+    # with every served model unloaded there is nothing left to serve: not ready
+    client.post("/admin/models/image_classifier/unload", headers=ADMIN)
+    assert client.get("/readyz").status_code == 503
+    # loading them again makes the gateway ready again
+    for name in ("image_classifier", "text_classifier"):
+        assert client.post(f"/admin/models/{name}/load", headers=ADMIN).status_code == 200
+    assert client.get("/readyz").json()["status"] == "ready"
+
+
+def test_a_failing_model_is_still_not_ready(client: TestClient, backend: FakeBackend) -> None:
+    backend.ready = False  # failing, not unloaded
+    assert client.get("/readyz").status_code == 503
+
+
+def test_reload_of_a_model_that_is_not_loaded_is_a_conflict(client: TestClient, backend: FakeBackend) -> None:
+    backend.unloaded.add("text_labels")
+    response = client.post("/admin/models/text_labels/reload", headers=ADMIN)
+    assert response.status_code == 409
+    assert backend.control == []
+    assert client.post("/admin/models/text_classifier/reload", headers=ADMIN).status_code == 200
+    assert backend.control == [("load", "text_classifier")]
+
+
+def test_the_pin_moves_to_a_ready_version_only(client: TestClient, backend: FakeBackend) -> None:
+    jpeg = {**CLIENT, "Content-Type": "image/jpeg"}
+    client.post("/classify", content=chelsea_jpeg(), headers=jpeg)
+    refused = client.put("/admin/served/image_classifier", json={"version": "9"}, headers=ADMIN)
+    assert refused.status_code == 409
+    assert client.put("/admin/served/nope", json={"version": "1"}, headers=ADMIN).status_code == 404
+    assert (
+        client.put("/admin/served/image_classifier", json={"version": "x"}, headers=ADMIN).status_code == 422
+    )
+    moved = client.put("/admin/served/image_classifier", json={"version": "2"}, headers=ADMIN)
+    assert moved.status_code == 200
+    assert moved.json() == {"name": "image_classifier", "task": "image-classification", "version": "2"}
+    client.post("/classify", content=chelsea_jpeg(), headers=jpeg)
+    assert backend.versions_called == ["", "2"]
+    models = {m["name"]: m for m in client.get("/models", headers=CLIENT).json()["models"]}
+    assert models["image_classifier"]["pinned_version"] == "2"
+    served = client.get("/admin/served", headers=ADMIN).json()
+    assert [(m["name"], m["version"]) for m in served] == [("image_classifier", "2"), ("text_classifier", "")]
