@@ -447,7 +447,8 @@ class TritonBackend:
             ready = bool(await self._client.is_model_ready(model, version, client_timeout=timeout))
             if not ready:
                 return ModelStatus(name=model, ready=False)
-            metadata = await self._client.get_model_metadata(model, version, client_timeout=timeout)
+            # without a version: the metadata then lists every version Triton has ready
+            metadata = await self._client.get_model_metadata(model, client_timeout=timeout)
             config = (await self._client.get_model_config(model, version, client_timeout=timeout)).config
         except InferenceServerException:
             return ModelStatus(name=model, ready=False)
