@@ -37,7 +37,12 @@ def compose_config(*files: str) -> dict[str, Any]:
     args = [tool("docker-compose"), "--project-directory", str(ROOT)]
     for name in files:
         args += ["-f", str(ROOT / name)]
-    env = {**os.environ, "GRAFANA_ADMIN_PASSWORD": "a-test-password"}  # required by the file
+    env = {  # required by the files
+        **os.environ,
+        "GRAFANA_ADMIN_PASSWORD": "a-test-password",
+        "TRITON_REPOSITORY_KEY": "a-test-key",
+        "ADMIN_KEYS_FILE": str(ROOT / "README.md"),  # any existing file
+    }
     quiet = subprocess.run([*args, "config", "-q"], capture_output=True, text=True, env=env)
     assert quiet.returncode == 0, quiet.stderr
     rendered = subprocess.run([*args, "config"], capture_output=True, text=True, check=True, env=env)
@@ -93,6 +98,47 @@ def test_cpu_variant_needs_no_gpu() -> None:
     assert all(gpu_devices(service) == [] for service in services.values())
     assert "--model-config-name=cpu" in services["triton"]["command"]
     assert services["model-build"]["command"] == ["/models", "--cpu"]
+
+
+@pytest.mark.parametrize("files", [GPU, CPU], ids=["gpu", "cpu"])
+def test_compose_triton_takes_model_control_only_from_the_gateway(files: tuple[str, ...]) -> None:
+    services = compose_config(*files)["services"]
+    command = services["triton"]["command"]
+    assert "--model-control-mode=explicit" in command
+    assert "--load-model=*" in command
+    restricted = "model-repository,shared-memory,trace,logging:triton-gateway-admin-key=a-test-key"
+    assert f"--grpc-restricted-protocol={restricted}" in command
+    assert f"--http-restricted-api={restricted}" in command
+    assert services["gateway"]["environment"]["GATEWAY_TRITON__REPOSITORY_KEY"] == "a-test-key"
+    # no admin surface unless docker-compose.admin.yml is added
+    assert not any(k.startswith("GATEWAY_ADMIN__") for k in services["gateway"]["environment"])
+
+
+def test_compose_admin_file_publishes_admin_on_loopback_only() -> None:
+    gateway = compose_config(*GPU, "docker-compose.admin.yml")["services"]["gateway"]
+    env = gateway["environment"]
+    assert env["GATEWAY_ADMIN__KEYS_FILE"] == "/run/secrets/admin-keys"
+    assert env["GATEWAY_ADMIN__PORT"] == "8081"
+    admin = [p for p in gateway["ports"] if "8081" in str(p)]
+    assert len(admin) == 1
+    port = admin[0]
+    assert port in ("127.0.0.1:8081:8081", "127.0.0.1:8081:8081/tcp") or (
+        isinstance(port, dict) and port.get("host_ip") == "127.0.0.1"
+    ), port
+
+
+def test_compose_refuses_to_start_without_the_triton_repository_key(tmp_path: Path) -> None:
+    env = {**os.environ, "GRAFANA_ADMIN_PASSWORD": "x"}
+    env.pop("TRITON_REPOSITORY_KEY", None)
+    refused = subprocess.run(
+        [tool("docker-compose"), "-f", str(ROOT / "docker-compose.yml"), "config", "-q"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert refused.returncode != 0
+    assert "TRITON_REPOSITORY_KEY" in refused.stderr
 
 
 def test_backend_network_is_internal() -> None:
@@ -354,6 +400,7 @@ def test_compose_requires_a_grafana_password_and_binds_dashboards_to_loopback() 
 
 def test_compose_refuses_to_start_without_the_grafana_password(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "GRAFANA_ADMIN_PASSWORD"}
+    env["TRITON_REPOSITORY_KEY"] = "x"
     refused = subprocess.run(
         [tool("docker-compose"), "-f", str(ROOT / "docker-compose.yml"), "config", "-q"],
         capture_output=True,
@@ -477,3 +524,26 @@ def test_k8s_triton_traces_to_the_configmaps_endpoint(overlay: str) -> None:
     reference = env["valueFrom"]["configMapKeyRef"]
     assert reference["name"] == "gateway-settings"
     assert reference["key"] in config
+
+
+@pytest.mark.parametrize("overlay", ["cpu", "gpu"])
+def test_k8s_triton_takes_model_control_only_with_the_gateways_key(overlay: str) -> None:
+    documents = rendered(overlay)
+    triton = by_kind(documents, "Deployment", "triton")["spec"]["template"]["spec"]["containers"][0]
+    assert "--model-control-mode=explicit" in triton["args"]
+    assert "--load-model=*" in triton["args"]
+    restricted = "model-repository,shared-memory,trace,logging:triton-gateway-admin-key=$(REPOSITORY_KEY)"
+    assert f"--grpc-restricted-protocol={restricted}" in triton["args"]
+    assert f"--http-restricted-api={restricted}" in triton["args"]
+    gateway = by_kind(documents, "Deployment", "gateway")["spec"]["template"]["spec"]
+    [triton_key] = [e for e in triton["env"] if e["name"] == "REPOSITORY_KEY"]
+    [gateway_key] = [
+        e for e in gateway["containers"][0]["env"] if e["name"] == "GATEWAY_TRITON__REPOSITORY_KEY"
+    ]
+    assert triton_key["valueFrom"] == gateway_key["valueFrom"]  # one Secret, both sides
+    assert triton_key["valueFrom"]["secretKeyRef"]["name"] == "triton-repository-key"
+    # the admin port is in no Service, and the admin surface is off in the ConfigMap
+    service = by_kind(documents, "Service", "gateway")["spec"]
+    assert all(port["port"] != 8081 and port.get("targetPort") != "admin" for port in service["ports"])
+    config = by_kind(documents, "ConfigMap", "gateway-settings")["data"]
+    assert not any(key.startswith("GATEWAY_ADMIN__") for key in config)
