@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 from support import chelsea_jpeg
 
+from gateway.auth import hash_key
 from gateway.tritonserver import free_port
 
 CATS = {"tiger cat", "tabby", "Egyptian cat"}
@@ -34,8 +35,16 @@ def _tritonservers_in(workdir: Path) -> list[int]:
 def test_local_command_serves_and_shuts_down_cleanly(
     tmp_path: Path, triton_python_env: Path, model_repository: Path
 ) -> None:
-    port = free_port()
+    port, admin_port = free_port(), free_port()
     workdir = tmp_path / "local-triton"
+    keys = tmp_path / "admin-keys"
+    keys.write_text(f"ops {hash_key('ops-secret')}\n")
+    # make run with the admin surface on a port of its own (README "Model control")
+    environment = {
+        **os.environ,
+        "GATEWAY_ADMIN__KEYS_FILE": str(keys),
+        "GATEWAY_ADMIN__PORT": str(admin_port),
+    }
     command = [
         sys.executable, "-m", "gateway", "local",
         "--port", str(port),
@@ -44,7 +53,7 @@ def test_local_command_serves_and_shuts_down_cleanly(
         "--workdir", str(workdir),
     ]  # fmt: skip
     log = (tmp_path / "local.log").open("wb")
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment)
     try:
         deadline = time.monotonic() + 180
         ready = None
@@ -70,6 +79,17 @@ def test_local_command_serves_and_shuts_down_cleanly(
         )
         assert response.json()["results"][0]["predictions"][0]["label"] in CATS
         assert _tritonservers_in(workdir), "tritonserver should be running"
+
+        # Triton runs in explicit mode behind a key made for this run, which the gateway holds:
+        admin = httpx.get(
+            f"http://127.0.0.1:{admin_port}/admin/repository",
+            headers={"X-API-Key": "ops-secret"},
+            timeout=30,
+        )
+        assert admin.status_code == 200, admin.text
+        assert {m["state"] for m in admin.json()["models"]} == {"READY"}
+        assert "model control: /admin on 127.0.0.1:" in (tmp_path / "local.log").read_text()
+        assert httpx.get(f"http://127.0.0.1:{port}/admin/repository", timeout=10).status_code == 404
 
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 0
