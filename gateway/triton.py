@@ -394,6 +394,7 @@ class TritonBackend:
         return _strings(result.as_numpy("LABELS"))
 
     async def repository_index(self) -> list[RepositoryModel]:
+        self._admit("")  # known down: refused at once
         try:
             index = await self._client.get_model_repository_index(
                 headers=self._repository_headers, client_timeout=self._settings.health_timeout_seconds

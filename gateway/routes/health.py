@@ -70,7 +70,8 @@ async def readyz(
         server, statuses = await asyncio.gather(
             backend.server_status(), model_statuses(backend, served.all())
         )
-        unloaded = await unloaded_models(backend, statuses)
+        # only a live Triton unloads a model on purpose (and a dead one is not asked twice)
+        unloaded = await unloaded_models(backend, statuses) if server.live else set()
         checks = {"accepting": True, "triton_live": server.live}
         for status in statuses:
             checks[f"model:{status.name}"] = status.ready
@@ -112,7 +113,7 @@ async def models(settings: SettingsDep, served_models: ServedDep, backend: Backe
         model_statuses(backend, served),
         asyncio.gather(*(_labels(settings, backend, m) for m in served)),
     )
-    unloaded = await unloaded_models(backend, statuses)
+    unloaded = await unloaded_models(backend, statuses) if server.live else set()
     return ModelsResponse(
         triton=TritonInfo(live=server.live, version=server.version),
         models=[
