@@ -6,7 +6,7 @@ dependency in the thread pool (a thread hop per dependency per request)."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, TypedDict
+from typing import Annotated, Any, NotRequired, TypedDict, cast
 
 from fastapi import Depends, Request
 
@@ -30,6 +30,15 @@ class GatewayState(TypedDict):
     admission: Admission
     tracing: Tracing
     served: ServedModels
+    # per request: set by the request-id middleware and the route
+    request_id: NotRequired[str]
+    model: NotRequired[str]
+
+
+def gateway_state(request: Request) -> GatewayState:
+    """The request's state as one typed dict, without dependency resolution (for the hot
+    path; routes elsewhere use the ``*Dep`` annotations below)."""
+    return cast(GatewayState, request.scope["state"])
 
 
 def _from_state(name: str) -> Callable[[Request], Awaitable[Any]]:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from functools import cache
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, create_model
 
+from gateway.backend import Classification
 from gateway.settings import MODEL_MAX_TOP_K
 
 # A 1x1 PNG: small enough for /docs' "Try it out" and a real image all the same.
@@ -122,6 +124,28 @@ class ClassifyResponse(BaseModel):
     model_version: str = Field(description="The version of it that answered.")
     request_id: str = Field(description="Also in the X-Request-ID header and sent to Triton.")
     results: list[ClassificationResult]
+
+
+def classify_response_json(model: str, request_id: str, answers: list[Classification]) -> bytes:
+    """A ClassifyResponse serialised directly (the same document, built without models)."""
+    results = []
+    for index, answer in enumerate(answers):
+        result: dict[str, Any] = {
+            "index": index,
+            "predictions": [
+                {"label": p.label, "score": p.score, "class_id": p.class_id} for p in answer.predictions
+            ],
+        }
+        if answer.truncated is not None:
+            result["truncated"] = answer.truncated
+        results.append(result)
+    body = {
+        "model": model,
+        "model_version": answers[0].model_version,
+        "request_id": request_id,
+        "results": results,
+    }
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
 class ProblemItem(BaseModel):

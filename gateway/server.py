@@ -25,7 +25,7 @@ import uvicorn
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.admission import Admission
 from gateway.auth import ADMIN_PREFIX
@@ -35,25 +35,23 @@ from gateway.settings import Settings
 logger = logging.getLogger("gateway.server")
 
 
-class HeaderTimeoutH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol, closing a connection whose next request head is late.
+class HeaderTimeoutProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, closing a connection whose request head is late.
 
-    A timer is armed whenever the connection waits for a request head (on connect, and
-    when bytes of a next request start arriving on a kept-alive connection); it is
-    disarmed once the head is complete (uvicorn starts a new request cycle).
+    A timer is armed when the connection opens and when the first bytes of a next request
+    arrive on a kept-alive connection (the parser's message-begin callback), and disarmed
+    once the head is complete; between requests uvicorn's keep-alive timeout applies.
     """
 
     header_timeout: float = 10.0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._head_timer: asyncio.TimerHandle | None = None
-        self._armed_for: Any = None
         super().connection_made(transport)
         self._arm()
 
     def _arm(self) -> None:
         if self._head_timer is None:
-            self._armed_for = self.cycle
             self._head_timer = self.loop.call_later(self.header_timeout, self._head_late)
 
     def _disarm(self) -> None:
@@ -63,15 +61,16 @@ class HeaderTimeoutH11Protocol(H11Protocol):
 
     def _head_late(self) -> None:
         self._head_timer = None
-        if self.cycle is self._armed_for and not self.transport.is_closing():
+        if not self.transport.is_closing():
             self.transport.close()
 
-    def data_received(self, data: bytes) -> None:
-        super().data_received(data)
-        if self.cycle is not None and self.cycle is not self._armed_for:
-            self._disarm()  # a new request's head is complete
-        elif self.cycle is None or self.cycle.response_complete:
-            self._arm()  # bytes of a request head, still incomplete
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._arm()
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        super().on_headers_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -109,8 +108,8 @@ def listen_sockets(settings: Settings, host: str, port: int) -> list[socket.sock
 def server_config(app: FastAPI, settings: Settings, host: str, port: int) -> uvicorn.Config:
     """The uvicorn configuration of the gateway (used by serve, local and the tests)."""
     protocol = type(
-        "GatewayH11Protocol",
-        (HeaderTimeoutH11Protocol,),
+        "GatewayHttpProtocol",
+        (HeaderTimeoutProtocol,),
         {"header_timeout": settings.server.header_timeout_seconds},
     )
     asgi: ASGIApp = app
@@ -124,6 +123,8 @@ def server_config(app: FastAPI, settings: Settings, host: str, port: int) -> uvi
         log_config=None,
         access_log=False,  # the gateway writes its own access log
         server_header=False,
+        # The gateway reads no client address: no X-Forwarded-* rewriting layer per request.
+        proxy_headers=False,
         limit_concurrency=settings.server.max_connections,
         timeout_keep_alive=int(max(1, settings.server.keep_alive_seconds)),
         # After the drain, only stragglers (e.g. slow uploads) are left.

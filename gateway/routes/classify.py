@@ -6,21 +6,13 @@ from time import perf_counter
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response
 
 from gateway.bodies import read_classify_input
-from gateway.dependencies import (
-    AdmissionDep,
-    BackendDep,
-    MetricsDep,
-    RequestIdDep,
-    ServedDep,
-    SettingsDep,
-    TracingDep,
-    WorkersDep,
-)
+from gateway.dependencies import gateway_state
 from gateway.errors import InvalidInputError
 from gateway.routes.problems import problem_responses
-from gateway.schemas import EXAMPLE_PNG_BASE64, ClassificationResult, ClassifyResponse, Prediction
+from gateway.schemas import EXAMPLE_PNG_BASE64, ClassifyResponse, classify_response_json
 from gateway.settings import MODEL_MAX_TOP_K
 from gateway.validation import inspect_images, resolve_top_k
 
@@ -91,19 +83,16 @@ REQUEST_BODY: dict[str, Any] = {
 )
 async def classify(
     request: Request,
-    settings: SettingsDep,
-    backend: BackendDep,
-    metrics: MetricsDep,
-    request_id: RequestIdDep,
-    workers: WorkersDep,
-    admission: AdmissionDep,
-    tracing: TracingDep,
-    served: ServedDep,
     top_k: Annotated[
         int | None, Query(ge=1, le=MODEL_MAX_TOP_K, description="Predictions per input (default 5).")
     ] = None,
-) -> ClassifyResponse:
+) -> Response:
+    # The hot path: the lifespan's state is read straight from the request (no dependency
+    # resolution), and the answer is serialised once, here (FastAPI does not re-validate a
+    # Response; `response_model` still documents it).
     started = perf_counter()
+    state = gateway_state(request)
+    settings, tracing, workers = state["settings"], state["tracing"], state["workers"]
     # The body is read before admission: a slot bounds work (checks, Triton), and a slow
     # upload, bounded by the body timeout, never holds one. Refusing only once the body is
     # in also spares a client still writing it a connection reset instead of the 503.
@@ -113,9 +102,11 @@ async def classify(
     kind, model = ("text", settings.text_model) if payload.texts else ("image", settings.image_model)
     if not model:
         raise InvalidInputError(f"this gateway serves no {kind} model")
-    request.state.model = model  # the metrics' model label
+    state["model"] = model  # the metrics' model label
+    request_id, backend, metrics = state["request_id"], state["backend"], state["metrics"]
+    version = state["served"].version(model)
     # the span covers the wait for an in-flight slot (the gateway's queue)
-    async with admission.slot(waiting=tracing.span("admission")):
+    async with state["admission"].slot(waiting=tracing.span("admission")):
         if payload.images:
             with tracing.span("validate images", {"gateway.inputs": len(payload.images)}):
                 await workers.run(
@@ -125,24 +116,8 @@ async def classify(
         metrics.inputs.labels(model=model).observe(len(payload.texts or payload.images))
         if payload.texts:
             answers = await backend.classify_texts(
-                model, served.version(model), payload.texts, k, payload.candidate_labels, request_id
+                model, version, payload.texts, k, payload.candidate_labels, request_id
             )
         else:
-            answers = await backend.classify_images(
-                model, served.version(model), payload.images, k, request_id
-            )
-    return ClassifyResponse(
-        model=model,
-        model_version=answers[0].model_version,
-        request_id=request_id,
-        results=[
-            ClassificationResult(
-                index=index,
-                predictions=[
-                    Prediction(label=p.label, score=p.score, class_id=p.class_id) for p in answer.predictions
-                ],
-                truncated=answer.truncated,
-            )
-            for index, answer in enumerate(answers)
-        ],
-    )
+            answers = await backend.classify_images(model, version, payload.images, k, request_id)
+    return Response(classify_response_json(model, request_id, answers), media_type="application/json")
