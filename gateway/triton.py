@@ -1,8 +1,12 @@
-"""The gateway's only contact with ``tritonclient``: an async gRPC backend.
+"""The gateway's only contact with Triton: an async gRPC backend.
 
-Triton's failures are translated here, by gRPC status code and never by message
-text, into :mod:`gateway.errors` (the pattern of httpx's ``map_httpcore_exceptions``).
-Triton's own messages are logged, never returned to clients.
+Inference goes straight through Triton's generated gRPC stub (``ModelInferRequest``
+protobufs built here, outputs read from ``raw_output_contents``): one path for images,
+texts and the Open Inference Protocol, without tritonclient's per-call objects. Health,
+metadata and model control use ``tritonclient.grpc.aio``. Triton's failures are
+translated here, by gRPC status code and never by message text, into
+:mod:`gateway.errors` (the pattern of httpx's ``map_httpcore_exceptions``). Triton's own
+messages are logged, never returned to clients.
 """
 
 from __future__ import annotations
@@ -13,9 +17,11 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import grpc
 import numpy as np
 import tritonclient.grpc.aio as grpcclient
-from tritonclient.utils import InferenceServerException
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 
 from gateway.backend import Classification, ModelStatus, RepositoryModel, ScoredLabel, ServerStatus
 from gateway.breaker import CircuitBreaker, CircuitState
@@ -100,8 +106,78 @@ def channel_options(settings: TritonSettings, max_send_bytes: int) -> list[tuple
     ]
 
 
-def _strings(array: np.ndarray[Any, Any]) -> list[str]:
-    return [item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item) for item in array]
+def _strings(items: Sequence[Any]) -> list[str]:
+    return [item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item) for item in items]
+
+
+def _bytes_contents(elements: Sequence[bytes]) -> bytes:
+    """A BYTES tensor's raw contents: each element as a 4-byte little-endian length and its bytes."""
+    return b"".join(len(element).to_bytes(4, "little") + element for element in elements)
+
+
+def _bytes_elements(raw: bytes) -> list[bytes]:
+    """The elements of a BYTES tensor's raw contents."""
+    elements, at, end = [], 0, len(raw)
+    while at < end:
+        size = int.from_bytes(raw[at : at + 4], "little")
+        elements.append(raw[at + 4 : at + 4 + size])
+        at += 4 + size
+    return elements
+
+
+def _contents(tensor: Tensor) -> bytes:
+    if tensor.datatype == "BYTES":
+        return _bytes_contents([bytes(item) for item in tensor.array.reshape(-1)])
+    dtype = np.dtype(triton_to_np_dtype(tensor.datatype)).newbyteorder("<")
+    return np.ascontiguousarray(tensor.array, dtype=dtype).tobytes()
+
+
+class _Outputs:
+    """One inference response: its outputs by name, decoded on demand."""
+
+    def __init__(self, response: Any) -> None:
+        self.model_version = str(response.model_version)
+        self._by_name = {
+            output.name: (output, raw)
+            for output, raw in zip(response.outputs, response.raw_output_contents, strict=True)
+        }
+
+    def names(self) -> list[str]:
+        return list(self._by_name)
+
+    def rows(self, name: str) -> list[Any]:
+        """A [batch, n] output as one list per row (BYTES rows as bytes)."""
+        array = self.array(name)
+        return array.tolist() if array.dtype != np.object_ else [list(row) for row in array]
+
+    def array(self, name: str) -> np.ndarray[Any, Any]:
+        output, raw = self._by_name[name]
+        shape = tuple(int(d) for d in output.shape)
+        if output.datatype == "BYTES":
+            return np.array(_bytes_elements(raw), dtype=np.object_).reshape(shape)
+        dtype = np.dtype(triton_to_np_dtype(output.datatype)).newbyteorder("<")
+        return np.frombuffer(raw, dtype=dtype).reshape(shape)
+
+    def tensor(self, name: str) -> Tensor:
+        return Tensor(name, self._by_name[name][0].datatype, self.array(name))
+
+
+def _classifications(result: _Outputs, truncated: Sequence[bool] | None = None) -> list[Classification]:
+    """One Classification per row of an ensemble's LABELS, SCORES and CLASS_IDS."""
+    cuts: Sequence[bool | None] = truncated if truncated is not None else [None] * len(result.rows("SCORES"))
+    return [
+        Classification(
+            predictions=[
+                ScoredLabel(label=label, score=float(score), class_id=int(class_id))
+                for label, score, class_id in zip(_strings(labels), scores, ids, strict=True)
+            ],
+            model_version=result.model_version,
+            truncated=None if cut is None else bool(cut),
+        )
+        for labels, scores, ids, cut in zip(
+            result.rows("LABELS"), result.rows("SCORES"), result.rows("CLASS_IDS"), cuts, strict=True
+        )
+    ]
 
 
 class TritonBackend:
@@ -116,9 +192,11 @@ class TritonBackend:
         self._settings = settings
         self._metrics = metrics
         self._tracing = tracing
-        self._client = grpcclient.InferenceServerClient(
-            settings.url, channel_args=channel_options(settings, max_send_bytes)
-        )
+        options = channel_options(settings, max_send_bytes)
+        self._client = grpcclient.InferenceServerClient(settings.url, channel_args=options)
+        # inference: Triton's generated stub on a channel of its own
+        self._channel = grpc.aio.insecure_channel(settings.url, options=options)
+        self._model_infer = service_pb2_grpc.GRPCInferenceServiceStub(self._channel).ModelInfer
         self._signatures: dict[tuple[str, str], tuple[float, ModelSignature]] = {}
         # Triton's gRPC front end expects a restricted protocol's header under this prefix.
         key = settings.repository_key.get_secret_value()
@@ -131,6 +209,7 @@ class TritonBackend:
         with contextlib.suppress(asyncio.CancelledError):
             await self._probe_task
         await self._client.close()
+        await self._channel.close()
 
     async def _probe_once(self) -> bool:
         try:
@@ -188,49 +267,50 @@ class TritonBackend:
         self,
         model: str,
         version: str,
-        inputs: list[grpcclient.InferInput],
+        inputs: Sequence[Tensor],
         request_id: str,
-        request_bytes: int,
-        outputs: list[grpcclient.InferRequestedOutput] | None = None,
-    ) -> grpcclient.InferResult:
+        outputs: Sequence[str] = (),
+    ) -> _Outputs:
         """One inference call: timed, traced (its ``traceparent`` goes along as gRPC
-        metadata, so Triton's spans join the request's trace), under the call deadline."""
+        metadata, so Triton's spans join the request's trace), under the call deadline.
+        gRPC errors come out as tritonclient's InferenceServerException (status, message)."""
+        request = service_pb2.ModelInferRequest(model_name=model, model_version=version, id=request_id)
+        nbytes = 0
+        for tensor in inputs:
+            entry = request.inputs.add()
+            entry.name, entry.datatype = tensor.name, tensor.datatype
+            entry.shape.extend(tensor.shape)
+            raw = _contents(tensor)
+            nbytes += len(raw)
+            request.raw_input_contents.append(raw)
+        for name in outputs:
+            request.outputs.add().name = name
         with (
-            self._tracing.triton_call(model, version, len(inputs), request_bytes) as metadata,
+            self._tracing.triton_call(model, version, len(inputs), nbytes) as metadata,
             self._metrics.time_triton_call(model, version),
         ):
             try:
-                result = await self._client.infer(
-                    model,
-                    inputs,
-                    model_version=version,
-                    outputs=outputs,
-                    request_id=request_id,
-                    headers=metadata,
-                    client_timeout=self._settings.timeout_seconds,
+                response = await self._model_infer(
+                    request,
+                    metadata=tuple(metadata.items()) if metadata else None,
+                    timeout=self._settings.timeout_seconds,
                 )
-            except InferenceServerException as exc:
-                grpc_status(exc.status() or "UNKNOWN")
-                raise
+            except grpc.aio.AioRpcError as rpc_error:
+                grpc_status(str(rpc_error.code()))
+                raise InferenceServerException(
+                    msg=rpc_error.details() or "", status=str(rpc_error.code())
+                ) from None
             grpc_status("OK")
-            return result
+            return _Outputs(response)
 
     async def _classify_one(
         self, model: str, version: str, data: bytes, top_k: int, request_id: str
     ) -> Classification:
-        image = grpcclient.InferInput("IMAGE", [1, 1], "BYTES")
-        image.set_data_from_numpy(np.array([[data]], dtype=np.object_))
-        k = grpcclient.InferInput("TOP_K", [1, 1], "INT32")
-        k.set_data_from_numpy(np.array([[top_k]], dtype=np.int32))
-        result = await self._infer(model, version, [image, k], request_id, len(data))
-        labels = _strings(result.as_numpy("LABELS")[0])
-        scores = result.as_numpy("SCORES")[0].tolist()
-        ids = result.as_numpy("CLASS_IDS")[0].tolist()
-        predictions = [
-            ScoredLabel(label=l, score=float(s), class_id=int(i))
-            for l, s, i in zip(labels, scores, ids, strict=True)
+        inputs = [
+            Tensor("IMAGE", "BYTES", np.array([[data]], dtype=np.object_)),
+            Tensor("TOP_K", "INT32", np.array([[top_k]], dtype=np.int32)),
         ]
-        return Classification(predictions=predictions, model_version=result.get_response().model_version)
+        return _classifications(await self._infer(model, version, inputs, request_id))[0]
 
     async def classify_images(
         self, model: str, version: str, images: Sequence[bytes], top_k: int, request_id: str
@@ -279,42 +359,20 @@ class TritonBackend:
         # Texts go as one batch: the tokenizer pads to the longest of them, and they
         # were validated here, so there is no bad input to isolate.
         count = len(texts)
-        text = grpcclient.InferInput("TEXT", [count, 1], "BYTES")
-        text.set_data_from_numpy(np.array([[t.encode("utf-8")] for t in texts], dtype=np.object_))
-        k = grpcclient.InferInput("TOP_K", [count, 1], "INT32")
-        k.set_data_from_numpy(np.full((count, 1), top_k, dtype=np.int32))
-        inputs = [text, k]
+        inputs = [
+            Tensor("TEXT", "BYTES", np.array([[t.encode("utf-8")] for t in texts], dtype=np.object_)),
+            Tensor("TOP_K", "INT32", np.full((count, 1), top_k, dtype=np.int32)),
+        ]
         if candidate_labels is not None:
-            labels = grpcclient.InferInput("CANDIDATE_LABELS", [count, len(candidate_labels)], "BYTES")
             row = [label.encode("utf-8") for label in candidate_labels]
-            labels.set_data_from_numpy(np.array([row] * count, dtype=np.object_))
-            inputs.append(labels)
+            inputs.append(Tensor("CANDIDATE_LABELS", "BYTES", np.array([row] * count, dtype=np.object_)))
         with self._circuit(model):
             try:
-                nbytes = sum(map(len, texts)) + sum(map(len, candidate_labels or ()))
-                result = await self._infer(model, version, inputs, request_id, nbytes)
+                result = await self._infer(model, version, inputs, request_id)
             except InferenceServerException as exc:
                 invalid = InvalidInputError("the text model rejected the input")
                 raise self._error(exc, model, f"request {request_id}", invalid) from exc
-        version_answered = result.get_response().model_version
-        truncated = result.as_numpy("TRUNCATED").reshape(-1).tolist()
-        return [
-            Classification(
-                predictions=[
-                    ScoredLabel(label=label, score=float(score), class_id=int(class_id))
-                    for label, score, class_id in zip(_strings(labels_row), scores_row, ids_row, strict=True)
-                ],
-                model_version=version_answered,
-                truncated=bool(cut),
-            )
-            for labels_row, scores_row, ids_row, cut in zip(
-                result.as_numpy("LABELS"),
-                result.as_numpy("SCORES").tolist(),
-                result.as_numpy("CLASS_IDS").tolist(),
-                truncated,
-                strict=True,
-            )
-        ]
+        return _classifications(result, truncated=result.array("TRUNCATED").reshape(-1).tolist())
 
     async def model_signature(self, model: str, version: str) -> ModelSignature:
         """The model's inputs and outputs from Triton's metadata, kept for a short while
@@ -362,25 +420,14 @@ class TritonBackend:
     ) -> tuple[str, list[Tensor]]:
         """One inference on checked tensors; returns the version that answered and the
         outputs (all of the model's when none are named)."""
-        prepared = []
-        for tensor in inputs:
-            item = grpcclient.InferInput(tensor.name, list(tensor.shape), tensor.datatype)
-            item.set_data_from_numpy(tensor.array)
-            prepared.append(item)
-        wanted = [grpcclient.InferRequestedOutput(name) for name in outputs] or None
         with self._circuit(model):
             try:
-                nbytes = sum(t.nbytes for t in inputs)
-                result = await self._infer(model, version, prepared, request_id, nbytes, wanted)
+                result = await self._infer(model, version, inputs, request_id, outputs)
             except InferenceServerException as exc:
                 self._signatures.pop((model, version), None)  # the model may have changed
                 invalid = InvalidInputError("the model rejected the input")
                 raise self._error(exc, model, f"request {request_id}", invalid) from exc
-        response = result.get_response()
-        answered = [
-            Tensor(output.name, output.datatype, result.as_numpy(output.name)) for output in response.outputs
-        ]
-        return response.model_version, answered
+        return result.model_version, [result.tensor(name) for name in result.names()]
 
     async def label_set(self, model: str) -> list[str] | None:
         query = grpcclient.InferInput("QUERY", [1], "INT32")
