@@ -20,7 +20,6 @@ from gateway.dependencies import GatewayState
 from gateway.docs import install_docs
 from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics, TritonMetricsScraper
-from gateway.requestid import RequestIdMiddleware
 from gateway.routes import admin, classify, health, metrics_route, oip
 from gateway.schemas import Problem, classify_json_model
 from gateway.served import ServedModels
@@ -112,9 +111,9 @@ def create_app(
     # The server drains through it at SIGTERM (gateway.server).
     app.state.admission = admission
     app.state.settings = settings
-    # Added last = outermost: the request id exists before telemetry reads it.
+    # Added last = outermost: the request id and telemetry wrap everything else.
     if settings.auth.keys_file is not None:
-        # Inside the request id and telemetry layers, so refusals are counted and logged.
+        # Inside the request id and telemetry layer, so refusals are counted and logged.
         app.add_middleware(
             AuthMiddleware,
             keys=load_keys(settings.auth.keys_file),
@@ -122,8 +121,7 @@ def create_app(
             protect_metrics=settings.auth.protect_metrics,
             protect_docs=settings.auth.protect_docs,
         )
-    app.add_middleware(TelemetryMiddleware, metrics=metrics, tracing=tracing)
-    app.add_middleware(RequestIdMiddleware, admission=admission)
+    app.add_middleware(TelemetryMiddleware, metrics=metrics, tracing=tracing, admission=admission)
     if settings.auth.cors_origins:
         app.add_middleware(
             CORSMiddleware,

@@ -1,5 +1,6 @@
-"""Per-request telemetry: the request metrics, the request's server span (when tracing
-is on) and one structured access-log line.
+"""The one per-request middleware: the request id and the headers every answer carries
+(gateway.requestid), the request metrics, the request's server span (when tracing is on)
+and one structured access-log line.
 
 A pure ASGI middleware, so it sees every response, including errors, and counts body
 bytes as they arrive. The latency histogram carries the trace id as an exemplar for
@@ -16,7 +17,9 @@ from time import perf_counter
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.admission import Admission
 from gateway.metrics import GatewayMetrics
+from gateway.requestid import add_response_headers, request_id_of_scope
 from gateway.tracing import Tracing, current_trace, describe_server_span
 
 access_log = logging.getLogger("gateway.access")
@@ -39,12 +42,16 @@ def route_template(scope: Scope) -> str:
 
 
 class TelemetryMiddleware:
-    """Records request metrics, wraps the request in its server span, writes the access log line."""
+    """Gives the request its id, records its metrics, wraps it in its server span, writes
+    the access log line; outermost, so everything inside (auth included) is counted."""
 
-    def __init__(self, app: ASGIApp, metrics: GatewayMetrics, tracing: Tracing) -> None:
+    def __init__(
+        self, app: ASGIApp, metrics: GatewayMetrics, tracing: Tracing, admission: Admission | None = None
+    ) -> None:
         self.app = app
         self.metrics = metrics
         self.tracing = tracing
+        self.admission = admission
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -53,6 +60,9 @@ class TelemetryMiddleware:
         started = perf_counter()
         status = 500
         received = 0
+        request_id = request_id_of_scope(scope)
+        scope.setdefault("state", {})["request_id"] = request_id
+        admission = self.admission
 
         async def counting_receive() -> Message:
             nonlocal received
@@ -65,6 +75,7 @@ class TelemetryMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = int(message["status"])
+                add_response_headers(message, request_id, admission is not None and admission.draining)
             await send(message)
 
         method = method_label(scope["method"])
