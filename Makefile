@@ -91,7 +91,7 @@ clean:
 # The gateway side by side with Triton direct (trivial and real models; own Triton and
 # gateway; wrk as the HTTP load generator): table, .reports/bench.json and .reports/bench.png.
 bench: test-system-deps install models
-	$(VENV)/bin/python tests/benchmarks/bench_side_by_side.py --out .reports/bench
+	$(VENV)/bin/triton-gateway bench --out .reports/bench
 
 # 5 minutes of mixed traffic at 80 % of capacity against its own Triton and gateway:
 # RSS drift, descriptors, metric series, errors (exit 1 on a problem).

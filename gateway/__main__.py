@@ -27,6 +27,13 @@ def _parser() -> argparse.ArgumentParser:
         help="read an API key on stdin, print its SHA-256 for the keys file (GATEWAY_AUTH__KEYS_FILE)",
     )
 
+    bench = commands.add_parser(
+        "bench",
+        help="the gateway side by side with Triton direct (needs a checkout: its trivial model "
+        "repository, wrk); what `make bench` runs",
+    )
+    bench.add_argument("options", nargs="*", help="passed on to the benchmark (`bench --help`)")
+
     local = commands.add_parser("local", help="start a local CPU tritonserver and the gateway together")
     local.add_argument("--host", default="127.0.0.1", help="gateway listen address (default 127.0.0.1)")
     local.add_argument("--port", type=int, default=8080, help="gateway port (default 8080)")
@@ -43,7 +50,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    if given[:1] == ["bench"]:  # everything after it is the benchmark's own
+        return _bench(given[1:])
+    args = _parser().parse_args(given)
     if args.command == "hash-key":
         from gateway.auth import hash_key
 
@@ -78,6 +88,26 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigurationError as exc:
         print(f"triton-gateway: {exc.detail}", file=sys.stderr)
         return 1
+
+
+def _bench(options: list[str]) -> int:
+    """Run the checkout's benchmark (tests/benchmarks/bench_side_by_side.py) with ``options``."""
+    import runpy
+
+    script = Path(__file__).resolve().parents[1] / "tests" / "benchmarks" / "bench_side_by_side.py"
+    if not script.exists():
+        print(
+            "triton-gateway: the benchmark runs from a checkout of triton-gateway "
+            "(it brings its own model repository): `make bench` there",
+            file=sys.stderr,
+        )
+        return 1
+    sys.argv = [str(script), *options]
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""A smoke run of `make bench` (tests/benchmarks/bench_side_by_side.py): it runs against
-a real Triton and gateway and its output is well formed. No timing asserts."""
+"""A smoke run of `make bench` (`triton-gateway bench`, which runs
+tests/benchmarks/bench_side_by_side.py): it runs against a real Triton and gateway and its
+output is well formed. No timing asserts."""
 
 from __future__ import annotations
 
@@ -8,14 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def test_bench_runs_and_writes_a_table_json_and_plot(tmp_path: Path, triton_python_env: Path) -> None:
     out = tmp_path / "bench"
     result = subprocess.run(
         [
-            sys.executable, str(ROOT / "tests" / "benchmarks" / "bench_side_by_side.py"),
+            sys.executable, "-m", "gateway", "bench",
             "--seconds", "1", "--rounds", "1", "--concurrency", "1", "4",
             "--repositories", "trivial", "--scenarios", "text", "jpeg", "error",
             "--out", str(out), "--triton-env", str(triton_python_env), "--tracing",

@@ -159,6 +159,16 @@ def test_a_new_label_set_is_served_after_a_reload_without_losing_a_request(stack
     before = httpx.get(f"{stack.gateway.url}/models", timeout=30).json()
     text_model = next(m for m in before["models"] if m["name"] == "text_classifier")
     assert set(text_model["labels"]) == OLD_LABELS
+    readiness: list[int] = []
+    polling = threading.Event()
+
+    def poll_readyz() -> None:  # /readyz stays honest (and 200) while the models reload
+        while not polling.is_set():
+            readiness.append(httpx.get(f"{stack.gateway.url}/readyz", timeout=30).status_code)
+            time.sleep(0.05)
+
+    poller = threading.Thread(target=poll_readyz)
+    poller.start()
     with Traffic(stack.gateway.url, {"json": {"texts": TEXTS[:2], "top_k": 3}}) as traffic:
         labels_file.write_text(
             labels_file.read_text() + "cooking: This text is about cooking, recipes and baking.\nastronomy\n"
@@ -169,8 +179,12 @@ def test_a_new_label_set_is_served_after_a_reload_without_losing_a_request(stack
         reload_done = time.monotonic()
         assert reloaded.status_code == 200, reloaded.text
         time.sleep(1.0)
+    polling.set()
+    poller.join(timeout=60)
     assert len(traffic.answers) > 20
     assert traffic.failures() == [], traffic.failures()[:3]
+    assert len(readiness) > 10
+    assert set(readiness) == {200}, readiness
     seen_new = []
     for sent, _, body in traffic.answers:
         labels = {p["label"] for result in body["results"] for p in result["predictions"]}
