@@ -312,6 +312,21 @@ def triton_models() -> dict[str, Any]:
             "bytes",
             (12, 33, 12, 8),
         ),
+        panel(
+            "Response cache hit ratio",
+            "Share of requests Triton answered from its response cache, by model (models with "
+            "response_cache enabled, on a Triton started with --cache-config; empty otherwise).",
+            [
+                (
+                    f"sum by (model) (rate(nv_cache_num_hits_per_model{{{MODEL}}}[{RATE}]))"
+                    f" / (sum by (model) (rate(nv_cache_num_hits_per_model{{{MODEL}}}[{RATE}]))"
+                    f" + sum by (model) (rate(nv_cache_num_misses_per_model{{{MODEL}}}[{RATE}])))",
+                    "{{model}}",
+                )
+            ],
+            "percentunit",
+            (0, 41, 12, 8),
+        ),
     ]
     return dashboard(
         "triton-gateway-models",

@@ -225,6 +225,18 @@ def label_set(repository: Path) -> Path:
     return artifact
 
 
+def link_label_set(repository: Path) -> None:
+    """text_labels reads the label set through a symlink in its own version directory (so
+    Triton sees it change on a reload); a checkout that lost the link gets it back."""
+    link = repository / "text_labels" / "1" / "label_set.npz"
+    target = Path("..") / ".." / "text_postprocess" / "1" / "label_set.npz"
+    if link.is_symlink() and Path(link.readlink()) == target:
+        return
+    link.unlink(missing_ok=True)
+    link.symlink_to(target)
+    log(f"linked {link} -> {target}")
+
+
 TARGETS: dict[str, tuple[Callable[[Path], Path], str, list[str]]] = {
     "image": (
         export_image,
@@ -270,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         write_stamp(artifact, stamp)
         size = artifact.stat().st_size / 2**20
         log(f"{name}: wrote {artifact} ({size:.1f} MiB) in {time.monotonic() - started:.1f} s")
+    if "text-labels" in (args.targets or TARGETS) and (args.repository / "text_labels").is_dir():
+        link_label_set(args.repository)
     return 0
 
 

@@ -1,18 +1,20 @@
 """Triton's response cache, through the gateway: a repeated image is answered from the
 cache (Triton's own statistics count the hit) with the same answer, and anything that
-changes the answer (another top_k, another input) is a miss. The text ensemble is not
+changes the answer (another top_k, another input) is a miss; the Triton dashboard's
+hit-ratio panel shows it, read from a real Prometheus scraping the gateway. The text ensemble is not
 cached: its label set is reloaded at run time, and Triton keeps cached answers across a
 reload (tests/integration/test_model_control.py reloads it)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from support import ServedApp, chelsea_jpeg
+from support import ServedApp, chelsea_jpeg, running_prometheus
 from triton_fixtures import REPOSITORY, gateway_settings, start_triton
 
 from gateway.app import create_app
@@ -64,3 +66,27 @@ def test_repeated_images_are_answered_from_the_cache_and_texts_never(
             assert cache_counts(cached_triton, "text_classifier") == (0, 0)
     finally:
         served.stop()
+
+
+def test_the_dashboards_hit_ratio_panel_shows_the_cache(cached_triton: TritonServer, tmp_path: Path) -> None:
+    dashboard = Path(__file__).resolve().parents[2] / "deploy/grafana/dashboards/triton-models.json"
+    [panel] = [
+        p for p in json.loads(dashboard.read_text())["panels"] if p["title"] == "Response cache hit ratio"
+    ]
+    expr = panel["targets"][0]["expr"].replace("$__rate_interval", "1m").replace("$model", ".*")
+    served = ServedApp(create_app(gateway_settings(cached_triton))).start()
+    try:
+        with (
+            running_prometheus(served.url, tmp_path) as prometheus,
+            httpx.Client(base_url=served.url) as http,
+        ):
+            deadline = time.monotonic() + 8
+            while time.monotonic() < deadline:  # one photo, again and again: hits after the first
+                assert send_image(http, 2).status_code == 200
+                time.sleep(0.1)
+            time.sleep(3)  # a few scrapes after the last request
+            body = httpx.get(f"{prometheus}/api/v1/query", params={"query": expr}, timeout=30).json()
+    finally:
+        served.stop()
+    ratios = {item["metric"]["model"]: float(item["value"][1]) for item in body["data"]["result"]}
+    assert 0.5 < ratios["image_classifier"] <= 1.0, ratios
