@@ -29,6 +29,11 @@ def _floats(text: str) -> list[float]:
     return [float(part) for part in text.split(",")]
 
 
+def _rotated(image: Image.Image) -> bool:
+    """Whether the EXIF orientation asks for a transpose (1, or none, does not)."""
+    return image.getexif().get(0x0112, 1) not in (1, None)
+
+
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
         config = json.loads(args["model_config"])
@@ -45,21 +50,27 @@ class TritonPythonModel:
         Image.MAX_IMAGE_PIXELS = self.max_pixels
 
     def _crop(self, data: bytes) -> np.ndarray:
-        with Image.open(io.BytesIO(data), formats=self.formats) as image:
-            if image.width * image.height > self.max_pixels:
-                raise InvalidImageError(f"{image.width}x{image.height} exceeds {self.max_pixels} pixels")
-            if image.format == "JPEG":
+        with Image.open(io.BytesIO(data), formats=self.formats) as opened:
+            if opened.width * opened.height > self.max_pixels:
+                raise InvalidImageError(f"{opened.width}x{opened.height} exceeds {self.max_pixels} pixels")
+            if opened.format == "JPEG":
                 # Shrinks by 1/2, 1/4 or 1/8 while decoding, staying >= the resize size.
-                image.draft("RGB", (self.resize, self.resize))
-            image = ImageOps.exif_transpose(image).convert("RGB")
-        width, height = image.size
-        scale = self.resize / min(width, height)
-        size = (max(self.crop_w, round(width * scale)), max(self.crop_h, round(height * scale)))
-        image = image.resize(size, Image.Resampling.BILINEAR)
-        left = (size[0] - self.crop_w) // 2
-        top = (size[1] - self.crop_h) // 2
-        image = image.crop((left, top, left + self.crop_w, top + self.crop_h))
-        return np.asarray(image, dtype=np.uint8)
+                opened.draft("RGB", (self.resize, self.resize))
+            opened.load()
+            image = opened if opened.mode == "RGB" else opened.convert("RGB")
+            image = ImageOps.exif_transpose(image, in_place=False) if _rotated(opened) else image
+            width, height = image.size
+            # Resize the short side to `resize` and centre-crop, as one resample of the
+            # crop's source box (no full-size resized copy, no separate crop).
+            scale = self.resize / min(width, height)
+            box_w, box_h = self.crop_w / scale, self.crop_h / scale
+            left, top = (width - box_w) / 2, (height - box_h) / 2
+            crop = image.resize(
+                (self.crop_w, self.crop_h),
+                Image.Resampling.BILINEAR,
+                box=(left, top, left + box_w, top + box_h),
+            )
+        return np.asarray(crop, dtype=np.uint8)
 
     def execute(self, requests: list[Any]) -> list[Any]:
         responses: list[Any] = [None] * len(requests)
