@@ -40,3 +40,24 @@ def test_bench_runs_and_writes_a_table_json_and_plot(tmp_path: Path, triton_pyth
     assert report["spans_received"] > 0  # the traced gateway (and Triton) really exported
     assert "variant adds" in result.stdout
     assert "GATEWAY_TRACING__ENABLED=true" in result.stdout
+
+
+def test_processes_bench_runs_one_and_two_gateways(tmp_path: Path, triton_python_env: Path) -> None:
+    out = tmp_path / "processes.json"
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_processes.py"
+    result = subprocess.run(
+        [
+            sys.executable, str(script), "--seconds", "1", "--rounds", "1", "--concurrency", "4",
+            "--scenarios", "text", "--out", str(out), "--triton-env", str(triton_python_env),
+        ],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = {row["processes"]: row for row in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {1, 2}
+    for row in rows.values():
+        assert row["concurrency"] == 4
+        assert row["rps"] > 0
+        assert row["errors"] == 0
+        assert 0 < row["p50_ms"] <= row["p99_ms"]
+        assert row["gateway_cpu_ms"] > 0
