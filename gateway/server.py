@@ -95,13 +95,14 @@ def split_by_listener(app: ASGIApp, admin_port: int) -> ASGIApp:
 def listen_sockets(settings: Settings, host: str, port: int) -> list[socket.socket] | None:
     """The main and the admin listeners when the admin surface has a port of its own;
     None: uvicorn binds ``host:port`` itself."""
-    if settings.admin.keys_file is None or settings.admin.port is None:
+    admin_port = settings.admin_listener_port
+    if admin_port is None:
         return None
-    if settings.admin.port == port:
+    if admin_port == port:
         raise ValueError("the admin port must differ from the main port")
     return [
         socket.create_server((address, number), family=socket.AF_INET6 if ":" in address else socket.AF_INET)
-        for address, number in ((host, port), (settings.admin.host, settings.admin.port))
+        for address, number in ((host, port), (settings.admin.host, admin_port))
     ]
 
 
@@ -113,8 +114,8 @@ def server_config(app: FastAPI, settings: Settings, host: str, port: int) -> uvi
         {"header_timeout": settings.server.header_timeout_seconds},
     )
     asgi: ASGIApp = app
-    if settings.admin.keys_file is not None and settings.admin.port is not None:
-        asgi = split_by_listener(app, settings.admin.port)
+    if settings.admin_listener_port is not None:
+        asgi = split_by_listener(app, settings.admin_listener_port)
     return uvicorn.Config(
         asgi,
         host=host,

@@ -291,6 +291,11 @@ class Settings(BaseSettings):
             )
         return self
 
+    @property
+    def admin_listener_port(self) -> int | None:
+        """The port of /admin's own listener, when the admin surface is on and has one."""
+        return self.admin.port if self.admin.keys_file is not None else None
+
     def oip_models(self) -> list[str]:
         """The allow-list of the /v2 routes."""
         return self.v2_models or [m.name for m in self.served_models()]

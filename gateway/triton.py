@@ -164,18 +164,19 @@ class _Outputs:
 
 def _classifications(result: _Outputs, truncated: Sequence[bool] | None = None) -> list[Classification]:
     """One Classification per row of an ensemble's LABELS, SCORES and CLASS_IDS."""
-    cuts: Sequence[bool | None] = truncated if truncated is not None else [None] * len(result.rows("SCORES"))
+    scores = result.rows("SCORES")
+    cuts: Sequence[bool | None] = truncated if truncated is not None else [None] * len(scores)
     return [
         Classification(
             predictions=[
                 ScoredLabel(label=label, score=float(score), class_id=int(class_id))
-                for label, score, class_id in zip(_strings(labels), scores, ids, strict=True)
+                for label, score, class_id in zip(_strings(labels), row, ids, strict=True)
             ],
             model_version=result.model_version,
             truncated=None if cut is None else bool(cut),
         )
-        for labels, scores, ids, cut in zip(
-            result.rows("LABELS"), result.rows("SCORES"), result.rows("CLASS_IDS"), cuts, strict=True
+        for labels, row, ids, cut in zip(
+            result.rows("LABELS"), scores, result.rows("CLASS_IDS"), cuts, strict=True
         )
     ]
 

@@ -67,6 +67,12 @@ async def _known(backend: InferenceBackend, name: str) -> list[RepositoryModel]:
     return entries
 
 
+async def _load(backend: InferenceBackend, name: str, action: str, admin: str) -> ModelControlResult:
+    started = time.monotonic()
+    await backend.load_model(name)
+    return await _after(backend, name, action, started, admin)
+
+
 async def _after(
     backend: InferenceBackend, name: str, action: str, started: float, admin: str
 ) -> ModelControlResult:
@@ -92,9 +98,7 @@ async def repository(admin: AdminDep, backend: BackendDep) -> RepositoryIndex:
 )
 async def load(name: ModelName, admin: AdminDep, backend: BackendDep) -> ModelControlResult:
     await _known(backend, name)
-    started = time.monotonic()
-    await backend.load_model(name)
-    return await _after(backend, name, "load", started, admin)
+    return await _load(backend, name, "load", admin)
 
 
 @router.post(
@@ -105,9 +109,7 @@ async def load(name: ModelName, admin: AdminDep, backend: BackendDep) -> ModelCo
 async def reload(name: ModelName, admin: AdminDep, backend: BackendDep) -> ModelControlResult:
     if not any(m.state == "READY" for m in await _known(backend, name)):
         raise ConflictError(f"{name} is not loaded: load it instead")
-    started = time.monotonic()
-    await backend.load_model(name)
-    return await _after(backend, name, "reload", started, admin)
+    return await _load(backend, name, "reload", admin)
 
 
 @router.post(

@@ -9,6 +9,7 @@ RSS is its own. The figures behind the pixel caps and the instance count (README
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import io
 import json
 import subprocess
@@ -17,6 +18,7 @@ import tempfile
 import time
 import types
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -41,35 +43,41 @@ def _image(fmt: str, megapixels: float) -> bytes:
     return buffer.getvalue()
 
 
-def _model() -> object:
-    """The real TritonPythonModel, with the two pb_utils calls initialize() makes."""
+CONFIG = {
+    "output": [{"name": "PIXELS", "dims": [3, 224, 224]}],
+    "parameters": {
+        "formats": {"string_value": "JPEG,PNG,WEBP"},
+        "resize_short_side": {"string_value": "256"},
+        "mean": {"string_value": "127,127,127"},
+        "std": {"string_value": "128,128,128"},
+        "max_pixels": {"string_value": str(200_000_000)},
+    },
+}
+
+
+def load_model(path: Path = MODEL / "1" / "model.py", name: str = "model") -> Any:
+    """The real TritonPythonModel from ``path`` (a model.py), with the pb_utils calls
+    initialize() makes faked, initialised with CONFIG."""
     fake = types.ModuleType("triton_python_backend_utils")
     fake.get_output_config_by_name = lambda config, name: next(  # type: ignore[attr-defined]
         o for o in config["output"] if o["name"] == name
     )
+    fake.TritonModelException = RuntimeError  # type: ignore[attr-defined]
     sys.modules["triton_python_backend_utils"] = fake
-    sys.path.insert(0, str(MODEL / "1"))
-    import model  # type: ignore[import-not-found]
-
-    config = {
-        "output": [{"name": "PIXELS", "dims": [3, 224, 224]}],
-        "parameters": {
-            "formats": {"string_value": "JPEG,PNG,WEBP"},
-            "resize_short_side": {"string_value": "256"},
-            "mean": {"string_value": "127,127,127"},
-            "std": {"string_value": "128,128,128"},
-            "max_pixels": {"string_value": str(200_000_000)},
-        },
-    }
-    instance = model.TritonPythonModel()
-    instance.initialize({"model_config": json.dumps(config)})
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    instance = module.TritonPythonModel()
+    instance.initialize({"model_config": json.dumps(CONFIG)})
     return instance
 
 
 def one_case(path: Path) -> dict[str, float]:
     """In a fresh process: the image was made by the parent, so the peak is the decode's."""
     data = path.read_bytes()
-    instance = _model()
+    instance = load_model()
     Path("/proc/self/clear_refs").write_text("5")  # resets the peak RSS (VmHWM) to now
     before = _status_kib("VmRSS")
     started = time.perf_counter()

@@ -8,12 +8,10 @@ time), against the JPEG decode alone (draft mode), for 2 and 12 Mpx photos; with
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import io
 import json
 import sys
 import time
-import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,32 +20,6 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 MODEL = HERE.parents[1] / "model_repository" / "image_preprocess" / "1" / "model.py"
-CONFIG = {
-    "output": [{"name": "PIXELS", "dims": [3, 224, 224]}],
-    "parameters": {
-        "formats": {"string_value": "JPEG,PNG,WEBP"},
-        "resize_short_side": {"string_value": "256"},
-        "mean": {"string_value": "127,127,127"},
-        "std": {"string_value": "128,128,128"},
-        "max_pixels": {"string_value": "40000000"},
-    },
-}
-
-
-def _crop_function(path: Path, name: str) -> Callable[[bytes], Any]:
-    """The model's per-image function, from its file, with the pb_utils it needs faked."""
-    fake = types.ModuleType("triton_python_backend_utils")
-    fake.get_output_config_by_name = lambda config, _: config["output"][0]  # type: ignore[attr-defined]
-    fake.TritonModelException = RuntimeError  # type: ignore[attr-defined]
-    sys.modules["triton_python_backend_utils"] = fake
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    model = module.TritonPythonModel()
-    model.initialize({"model_config": json.dumps(CONFIG)})
-    return model._crop  # type: ignore[no-any-return]
 
 
 def _decode_only(data: bytes) -> None:
@@ -65,11 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     options = parser.parse_args(argv)
     sys.path.insert(0, str(HERE))
-    from bench_preprocess import _image
+    from bench_preprocess import _image, load_model
 
-    candidates: dict[str, Callable[[bytes], Any]] = {"model": _crop_function(MODEL, "current_model")}
+    candidates: dict[str, Callable[[bytes], Any]] = {"model": load_model(MODEL, "current_model")._crop}
     if options.compare:
-        candidates["compared"] = _crop_function(options.compare, "compared_model")
+        candidates["compared"] = load_model(options.compare, "compared_model")._crop
     candidates["decode alone"] = _decode_only
     report = []
     for megapixels in options.megapixels:
