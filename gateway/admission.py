@@ -26,6 +26,7 @@ class Admission:
         self._retry_after = {"Retry-After": str(retry_after)}
         self._slots = asyncio.Semaphore(limit)
         self.in_flight = 0
+        self.leaving = False  # /readyz says 503; requests are still admitted
         self.draining = False
         self._idle = asyncio.Event()
         self._idle.set()
@@ -73,8 +74,14 @@ class Admission:
         finally:
             self.release()
 
+    def start_leaving(self) -> None:
+        """From now on /readyz says not ready, so load balancers stop sending; requests
+        that still come are served (the drain delay before :meth:`start_draining`)."""
+        self.leaving = True
+
     def start_draining(self) -> None:
         """From now on, refuse new requests (and /readyz says not ready)."""
+        self.leaving = True
         self.draining = True
 
     async def wait_idle(self) -> None:

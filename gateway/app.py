@@ -62,7 +62,7 @@ def create_app(
     """Build the gateway. ``backend_factory`` replaces Triton (tests); it runs in the lifespan.
     Metrics go to ``registry`` (a fresh one by default, never the global registry)."""
     make_backend = backend_factory or _triton_backend
-    metrics = GatewayMetrics(registry or CollectorRegistry())
+    metrics = GatewayMetrics(registry or CollectorRegistry(), merges_triton=bool(settings.triton.metrics_url))
     tracing = Tracing(settings.tracing)
     admission = Admission(
         settings.server.max_in_flight, settings.server.queue_seconds, settings.server.retry_after_seconds

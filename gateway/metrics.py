@@ -47,7 +47,7 @@ BYTES_BUCKETS = (1024, 16 * 1024, 64 * 1024, 256 * 1024, 1024**2, 4 * 1024**2, 1
 class GatewayMetrics:
     """Every metric the gateway exports, registered in ``registry``."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, merges_triton: bool = True) -> None:
         # *_created series double the series count for nothing Prometheus uses here. The
         # switch is process-wide in prometheus-client, so it is flipped here, when the
         # app is built, never at import.
@@ -107,10 +107,15 @@ class GatewayMetrics:
             ["model", "code"],
             registry=registry,
         )
-        self.triton_metrics_up = Gauge(
-            "gateway_triton_metrics_up",
-            "1 when Triton's metrics endpoint answered the last scrape, else 0.",
-            registry=registry,
+        # Only when Triton's metrics are merged: scraped directly, Prometheus's own `up` says it.
+        self.triton_metrics_up = (
+            Gauge(
+                "gateway_triton_metrics_up",
+                "1 when Triton's metrics endpoint answered the last scrape, else 0.",
+                registry=registry,
+            )
+            if merges_triton
+            else None
         )
         self.model_ready = Gauge(
             "gateway_model_ready",

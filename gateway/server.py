@@ -8,9 +8,11 @@
 - With ``admin.port`` set, the gateway listens on two sockets: ``/admin`` is answered on
   the admin listener only, and everything else on the main one only (404 elsewhere), so
   a firewall, a Service or a loopback bind keeps model control private.
-- ``GatewayServer`` turns the first SIGTERM/SIGINT into a drain: ``/readyz`` and new
-  inference requests answer 503 at once, requests in flight finish (up to the grace
-  period), and only then does uvicorn stop listening and exit. A second signal exits now.
+- ``GatewayServer`` turns the first SIGTERM/SIGINT into a drain: ``/readyz`` answers 503
+  at once; after the drain delay (0 s unless set: the time a load balancer's health
+  checks need to take the replica out) new inference requests answer 503 too, requests
+  in flight finish (up to the grace period), and only then does uvicorn stop listening
+  and exit. A second signal exits now.
 """
 
 from __future__ import annotations
@@ -136,10 +138,13 @@ def server_config(app: FastAPI, settings: Settings, host: str, port: int) -> uvi
 class GatewayServer(uvicorn.Server):
     """uvicorn's server with a drain before shutdown (see the module docstring)."""
 
-    def __init__(self, config: uvicorn.Config, admission: Admission, grace_seconds: float) -> None:
+    def __init__(
+        self, config: uvicorn.Config, admission: Admission, grace_seconds: float, delay_seconds: float = 0.0
+    ) -> None:
         super().__init__(config)
         self._admission = admission
         self._grace = grace_seconds
+        self._delay = delay_seconds
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain_task: asyncio.Task[None] | None = None
         self._drain_requested = False
@@ -160,6 +165,10 @@ class GatewayServer(uvicorn.Server):
         self._drain_task = asyncio.ensure_future(self._drain())
 
     async def _drain(self) -> None:
+        if self._delay:
+            self._admission.start_leaving()
+            logger.info("leaving: /readyz is 503; serving %.1f s more before the drain", self._delay)
+            await asyncio.sleep(self._delay)
         logger.info("draining: %d request(s) in flight", self._admission.in_flight)
         self._admission.start_draining()
         try:
@@ -179,6 +188,9 @@ def run_server(app: FastAPI, settings: Settings, host: str, port: int) -> None:
     """Serve until SIGTERM/SIGINT, then drain and exit."""
     admission: Admission = app.state.admission
     server = GatewayServer(
-        server_config(app, settings, host, port), admission, settings.server.shutdown_grace_seconds
+        server_config(app, settings, host, port),
+        admission,
+        settings.server.shutdown_grace_seconds,
+        settings.server.drain_delay_seconds,
     )
     server.run(sockets=listen_sockets(settings, host, port))

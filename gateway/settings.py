@@ -146,6 +146,14 @@ class ServerSettings(BaseModel):
     keep_alive_seconds: float = Field(
         5.0, gt=0, le=300, description="Idle keep-alive connections are closed after this."
     )
+    drain_delay_seconds: float = Field(
+        0.0,
+        ge=0,
+        le=60,
+        description="On SIGTERM, how long /readyz says 503 while new requests are still served, "
+        "before the drain starts: time for a load balancer's health checks to take this replica "
+        "out (the compose stack's HAProxy: 5 s; Kubernetes uses a preStop sleep instead).",
+    )
     shutdown_grace_seconds: float = Field(
         20.0,
         gt=0,

@@ -274,12 +274,16 @@ class GatewayProcess:
     process: subprocess.Popen[bytes]
     port: int
     log: Path
+    host: str = "127.0.0.1"
 
     @classmethod
-    def start(cls, triton: TritonServer, log_dir: Path, **env: str) -> GatewayProcess:
-        """Start it with GATEWAY_* settings ``env``; its output goes to a log in ``log_dir``."""
-        port = free_port()
-        log = log_dir / f"gateway-{port}.log"
+    def start(
+        cls, triton: TritonServer, log_dir: Path, host: str = "127.0.0.1", port: int = 0, **env: str
+    ) -> GatewayProcess:
+        """Start it with GATEWAY_* settings ``env``; its output goes to a log in ``log_dir``.
+        It listens on ``host`` and ``port`` (a free one by default)."""
+        port = port or free_port()
+        log = log_dir / f"gateway-{host}-{port}.log"
         environment = {
             **os.environ,
             "GATEWAY_TRITON__URL": triton.grpc_url,
@@ -287,14 +291,14 @@ class GatewayProcess:
             "GATEWAY_TRITON__REPOSITORY_KEY": triton.repository_key,
             **env,
         }
-        command = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", str(port)]
+        command = [sys.executable, "-m", "gateway", "serve", "--host", host, "--port", str(port)]
         with log.open("wb") as sink:
             process = subprocess.Popen(command, env=environment, stdout=sink, stderr=subprocess.STDOUT)
-        return cls(process, port, log)
+        return cls(process, port, log, host)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def wait(self, path: str = "/livez", timeout: float = 30.0) -> GatewayProcess:
         """Until ``path`` answers 200 (``/readyz``: Triton's models too), or raise."""

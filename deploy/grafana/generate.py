@@ -188,8 +188,13 @@ def gateway_overview() -> dict[str, Any]:
         ),
         panel(
             "Triton and models",
-            "1 = up/ready. Triton's metrics endpoint and each served model with all its ensemble steps.",
-            [("gateway_triton_metrics_up", "triton metrics"), ("gateway_model_ready", "{{model}}")],
+            "1 = up/ready (the lowest over the gateway replicas). Triton's metrics endpoint (merged by "
+            "the gateway, or scraped directly as job `triton`) and each served model with all its "
+            "ensemble steps.",
+            [
+                ('min(gateway_triton_metrics_up or up{job="triton"})', "triton metrics"),
+                ("min by (model) (gateway_model_ready)", "{{model}}"),
+            ],
             "short",
             (18, 8, 6, 8),
             kind="stat",

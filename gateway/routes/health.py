@@ -64,7 +64,7 @@ async def readyz(
     request_id: RequestIdDep,
 ) -> JSONResponse:
     unloaded: set[str] = set()
-    if admission.draining:
+    if admission.leaving:
         checks = {"accepting": False}
     else:
         server, statuses = await asyncio.gather(

@@ -34,7 +34,8 @@ async def metrics(
     scraper: TritonMetricsDep,
 ) -> Response:
     triton, statuses = await asyncio.gather(scraper.fetch(), model_statuses(backend, served.all()))
-    gateway_metrics.triton_metrics_up.set(1 if triton else 0)
+    if gateway_metrics.triton_metrics_up is not None:
+        gateway_metrics.triton_metrics_up.set(1 if triton else 0)
     for status in statuses:
         gateway_metrics.model_ready.labels(model=status.name).set(1 if status.ready else 0)
     body, media_type = gateway_metrics.exposition(triton, request.headers.get("accept", ""))

@@ -70,6 +70,19 @@ def test_draining_refuses_new_work_and_readyz_says_so() -> None:
     assert ready.json()["checks"] == {"accepting": False}
 
 
+def test_leaving_says_not_ready_but_still_serves() -> None:
+    """The drain delay: /readyz 503 for the load balancer, requests still answered."""
+    app = create_app(Settings(), backend_factory=lambda *_: FakeBackend())
+    with TestClient(app) as client:
+        app.state.admission.start_leaving()
+        ready = client.get("/readyz")
+        served = _post(client)  # type: ignore[arg-type]
+    assert ready.status_code == 503
+    assert ready.json()["checks"] == {"accepting": False}
+    assert served.status_code == 200
+    assert "connection" not in served.headers
+
+
 def test_grace_must_outlast_the_triton_deadline() -> None:
     with pytest.raises(ValueError, match="shutdown_grace_seconds"):
         Settings(server=ServerSettings(shutdown_grace_seconds=5))

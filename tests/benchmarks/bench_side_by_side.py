@@ -17,6 +17,9 @@ first with those GATEWAY_* settings, measured in the same interleaved rounds (th
 tracing on at 100 % sampling (spans to an OTLP receiver in this process; Triton started
 with OpenTelemetry, tracing exactly the requests that carry a traceparent).
 
+``--pin`` puts Triton (with its stubs) on CPU 0, and the gateway and the load generators
+(this process, so the direct client, and wrk) on CPU 1: each side gets a core of its own.
+
 Scenarios: one text, one ~250 KiB JPEG, eight JPEGs in one request, and an error path
 (gateway only: a body that is not an image, refused before Triton). It reports req/s,
 p50/p99, the ratio to direct, and CPU per request of the gateway and of Triton (with its
@@ -205,6 +208,17 @@ def _wrk(
     return requests, errors, found.get("50", float("nan")), found.get("99", float("nan"))
 
 
+def pin(pid: int, cpu: int, with_children: bool = True) -> None:
+    """Every thread of ``pid`` (and of its children) on ``cpu``: affinity is per thread,
+    so ``taskset -a``."""
+    process = psutil.Process(pid)
+    members = [process, *process.children(recursive=True)] if with_children else [process]
+    for member in members:
+        subprocess.run(
+            ["taskset", "-a", "-p", "-c", str(cpu), str(member.pid)], check=True, capture_output=True
+        )
+
+
 @dataclass
 class Stack:
     triton: TritonServer
@@ -216,6 +230,15 @@ class Stack:
             assert self.variant is not None
             return self.variant
         return self.gateway
+
+    def pin(self) -> None:
+        """Triton on CPU 0; the gateways, this process and so the load generators on CPU 1."""
+        assert self.triton.pid is not None
+        pin(self.triton.pid, 0)
+        for gateway in (self.gateway, self.variant):
+            if gateway is not None:
+                pin(gateway.process.pid, 1)
+        pin(os.getpid(), 1, with_children=False)
 
     def stop(self) -> None:
         for gateway in (self.gateway, self.variant):
@@ -429,6 +452,9 @@ def main(argv: list[str] | None = None) -> int:
         help="GATEWAY_* settings of a second gateway (A/B)",
     )
     parser.add_argument("--tracing", action="store_true", help="the variant: tracing on at 100 %% sampling")
+    parser.add_argument(
+        "--pin", action="store_true", help="Triton on CPU 0; the gateway and the load generators on CPU 1"
+    )
     options = parser.parse_args(argv)
     variant_env = dict(item.split("=", 1) for item in options.variant)
     if shutil.which("wrk") is None:
@@ -455,6 +481,8 @@ def main(argv: list[str] | None = None) -> int:
                 REPOSITORIES[name], workdir, options.triton_env, endpoint, variant_env or None
             )
             try:
+                if options.pin:
+                    stack.pin()
                 for scenario in chosen:  # warm every path once
                     if scenario.direct:
                         measure(stack, name, scenario, "direct", 1, 0.5, workdir)
@@ -482,6 +510,9 @@ def main(argv: list[str] | None = None) -> int:
                 "machine": {
                     "cpus": os.cpu_count(),
                     "load_generator": "wrk (gateway), tritonclient.grpc.aio (direct)",
+                    "pinned": "Triton on CPU 0; gateway and load generators on CPU 1"
+                    if options.pin
+                    else None,
                 },
                 "settings": {
                     "seconds": options.seconds,

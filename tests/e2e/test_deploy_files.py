@@ -64,7 +64,7 @@ def gpu_devices(service: dict[str, Any]) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("files", [GPU, CPU], ids=["gpu", "cpu"])
 def test_compose_stack_is_valid_and_wired(files: tuple[str, ...]) -> None:
     services = compose_config(*files)["services"]
-    assert set(services) == {"model-build", "triton", "gateway", "prometheus", "grafana", "jaeger"}
+    assert set(services) == {"model-build", "triton", "gateway", "proxy", "prometheus", "grafana", "jaeger"}
     triton = services["triton"]
     assert "ports" not in triton, "Triton must not be published to the host"
     assert set(triton["networks"]) == {"backend"}
@@ -74,6 +74,27 @@ def test_compose_stack_is_valid_and_wired(files: tuple[str, ...]) -> None:
     assert gateway["depends_on"]["triton"]["condition"] == "service_healthy"
     assert "/livez" in " ".join(gateway["healthcheck"]["test"])
     assert set(gateway["networks"]) == {"backend", "frontend"}
+    # Replicas behind the proxy, which alone is published; none merges Triton's metrics.
+    assert gateway["deploy"]["replicas"] == 2
+    assert "ports" not in gateway
+    assert gateway["environment"]["GATEWAY_TRITON__METRICS_URL"] == ""
+    proxy = services["proxy"]
+    assert [str(p.get("target", p)) if isinstance(p, dict) else p for p in proxy["ports"]] in (
+        ["8080"],
+        ["8080:8080"],
+        ["8080:8080/tcp"],
+    ), proxy["ports"]
+    assert proxy["depends_on"]["gateway"]["condition"] == "service_healthy"
+    assert proxy["environment"]["GATEWAY_HOST"] == "gateway"
+    assert set(proxy["networks"]) == {"frontend"}
+    # The drain (delay + grace + uvicorn's 5 s) fits before compose's SIGKILL.
+    env = gateway["environment"]
+    stop = int(str(gateway["stop_grace_period"]).removesuffix("s"))
+    settings = Settings(
+        server={"drain_delay_seconds": env["GATEWAY_SERVER__DRAIN_DELAY_SECONDS"]}  # type: ignore[arg-type]
+    )
+    assert stop >= settings.server.drain_delay_seconds + settings.server.shutdown_grace_seconds + 5
+    assert set(services["prometheus"]["networks"]) == {"backend", "frontend"}  # scrapes Triton
     grafana_port = services["grafana"]["ports"][0]
     # Published on loopback only (compose 1.29 renders a host IP as "ip:host:container").
     assert grafana_port in ("127.0.0.1:3000:3000", "127.0.0.1:3000:3000/tcp") or (
@@ -115,11 +136,11 @@ def test_compose_triton_takes_model_control_only_from_the_gateway(files: tuple[s
 
 
 def test_compose_admin_file_publishes_admin_on_loopback_only() -> None:
-    gateway = compose_config(*GPU, "docker-compose.admin.yml")["services"]["gateway"]
-    env = gateway["environment"]
+    services = compose_config(*GPU, "docker-compose.admin.yml")["services"]
+    env = services["gateway"]["environment"]
     assert env["GATEWAY_ADMIN__KEYS_FILE"] == "/run/secrets/admin-keys"
-    assert env["GATEWAY_ADMIN__PORT"] == "8081"
-    admin = [p for p in gateway["ports"] if "8081" in str(p)]
+    assert env["GATEWAY_ADMIN__PORT"] == services["proxy"]["environment"]["GATEWAY_ADMIN_PORT"] == "8081"
+    admin = [p for p in services["proxy"]["ports"] if "8081" in str(p)]
     assert len(admin) == 1
     port = admin[0]
     assert port in ("127.0.0.1:8081:8081", "127.0.0.1:8081:8081/tcp") or (
@@ -192,12 +213,16 @@ def rendered(overlay: str, components: tuple[str, ...] = ()) -> list[tuple[Path,
     JSON 6902 `patches` on their targets (the only patch form used here; anything else in
     a kustomization fails here)."""
 
-    def walk(folder: Path, extra: tuple[str, ...] = ()) -> list[tuple[Path, dict[str, Any]]]:
+    def walk(
+        folder: Path, extra: tuple[str, ...] = (), inherited: list[tuple[Path, dict[str, Any]]] | None = None
+    ) -> list[tuple[Path, dict[str, Any]]]:
+        """``inherited``: what the kustomization that names this component has so far (a
+        component's patches apply to it too)."""
         kustomization = yaml.safe_load((folder / "kustomization.yaml").read_text())
         assert set(kustomization) <= {"apiVersion", "kind", "resources", "components", "patches"}, (
             kustomization
         )
-        documents: list[tuple[Path, dict[str, Any]]] = []
+        documents: list[tuple[Path, dict[str, Any]]] = list(inherited or [])
         for entry in kustomization["resources"]:
             target = (folder / entry).resolve()
             if target.is_dir():
@@ -208,7 +233,7 @@ def rendered(overlay: str, components: tuple[str, ...] = ()) -> list[tuple[Path,
         for entry in [*(kustomization.get("components") or []), *extra]:
             component = (folder / entry).resolve()
             assert yaml.safe_load((component / "kustomization.yaml").read_text())["kind"] == "Component"
-            documents += walk(component)
+            documents = walk(component, inherited=documents)
         for patch in kustomization.get("patches", []):
             operations = yaml.safe_load((folder / patch["path"]).read_text())
             wanted = patch["target"]
@@ -315,6 +340,16 @@ def test_service_monitor_is_an_opt_in_component(overlay: str) -> None:
     assert monitor["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert monitor["endpoints"][0]["port"] in [port["name"] for port in service["spec"]["ports"]]
     assert monitor["endpoints"][0]["path"] == "/metrics"
+    # Triton scraped on its own, and no longer merged into every gateway replica's /metrics
+    triton = by_kind(documents, "ServiceMonitor", "triton")["spec"]
+    triton_service = by_kind(documents, "Service", "triton")
+    assert triton["selector"]["matchLabels"].items() <= triton_service["metadata"]["labels"].items()
+    assert triton["endpoints"][0]["port"] == "metrics"
+    assert by_kind(documents, "ConfigMap", "gateway-settings")["data"]["GATEWAY_TRITON__METRICS_URL"] == ""
+    plain = by_kind(rendered(overlay), "ConfigMap", "gateway-settings")["data"]
+    assert plain["GATEWAY_TRITON__METRICS_URL"] == "http://triton:8002/metrics"
+    allowed = by_kind(documents, "NetworkPolicy", "triton-metrics-from-prometheus")["spec"]["ingress"][0]
+    assert allowed["ports"] == [{"protocol": "TCP", "port": 8002}]
 
 
 # --- TensorRT build commands vs the ONNX models -------------------------------------------
@@ -379,7 +414,7 @@ def test_compose_requires_a_grafana_password_and_binds_dashboards_to_loopback() 
             str(port).startswith("${" + name.upper() + "_BIND:-127.0.0.1}")
             for port in services[name]["ports"]
         )
-    for name in ("gateway", "prometheus", "grafana"):
+    for name in ("gateway", "proxy", "prometheus", "grafana"):
         assert services[name]["mem_limit"]
         assert services[name]["pids_limit"]
 
