@@ -17,7 +17,7 @@ def test_bench_runs_and_writes_a_table_json_and_plot(tmp_path: Path, triton_pyth
             sys.executable, "-m", "gateway", "bench",
             "--seconds", "1", "--rounds", "1", "--concurrency", "1", "4",
             "--repositories", "trivial", "--scenarios", "text", "jpeg", "error",
-            "--out", str(out), "--triton-env", str(triton_python_env), "--tracing",
+            "--out", str(out), "--triton-env", str(triton_python_env), "--tracing", "--pin",
         ],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
@@ -40,6 +40,30 @@ def test_bench_runs_and_writes_a_table_json_and_plot(tmp_path: Path, triton_pyth
     assert report["spans_received"] > 0  # the traced gateway (and Triton) really exported
     assert "variant adds" in result.stdout
     assert "GATEWAY_TRACING__ENABLED=true" in result.stdout
+    assert report["machine"]["pinned"] == "Triton on CPU 0; gateway and load generators on CPU 1"
+
+
+def test_triton_config_bench_compares_instance_counts_and_queue_delays(
+    tmp_path: Path, triton_python_env: Path
+) -> None:
+    out = tmp_path / "config"
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_triton_config.py"
+    result = subprocess.run(
+        [
+            sys.executable, str(script), "--model", "image_preprocess", "--variants", "count=1,delay=0",
+            "count=2,delay=500", "--seconds", "1", "--rounds", "1", "--concurrency", "2",
+            "--out", str(out), "--triton-env", str(triton_python_env),
+        ],
+        capture_output=True, text=True, timeout=400, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = {row["variant"]: row for row in json.loads(out.with_suffix(".json").read_text())["rows"]}
+    assert set(rows) == {"count=1,delay=0us", "count=2,delay=500us"}
+    for row in rows.values():
+        assert row["rps"] > 0
+        assert row["errors"] == 0
+        assert 0 < row["p50_ms"] <= row["p99_ms"]
+    assert "| count=2,delay=500us | 2 |" in result.stdout
 
 
 def test_processes_bench_runs_one_and_two_gateways(tmp_path: Path, triton_python_env: Path) -> None:
