@@ -179,6 +179,14 @@ async def _direct(
     return len(latencies), errors, latencies
 
 
+def percentiles_ms(latencies: list[float]) -> tuple[float, float]:
+    """p50 and p99 in ms of latencies in seconds (NaN when there are none)."""
+    if not latencies:
+        return float("nan"), float("nan")
+    ordered = sorted(latencies)
+    return 1000 * ordered[len(ordered) // 2], 1000 * ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+
+
 _LATENCY = re.compile(r"^\s+(50|99)%\s+([\d.]+)(us|ms|s)\s*$", re.MULTILINE)
 
 
@@ -208,6 +216,9 @@ def _wrk(
     return requests, errors, found.get("50", float("nan")), found.get("99", float("nan"))
 
 
+PINNED = "Triton on CPU 0; gateway and load generators on CPU 1"
+
+
 def pin(pid: int, cpu: int, with_children: bool = True) -> None:
     """Every thread of ``pid`` (and of its children) on ``cpu``: affinity is per thread,
     so ``taskset -a``."""
@@ -232,7 +243,7 @@ class Stack:
         return self.gateway
 
     def pin(self) -> None:
-        """Triton on CPU 0; the gateways, this process and so the load generators on CPU 1."""
+        """PINNED (the load generators are this process and its wrk children)."""
         assert self.triton.pid is not None
         pin(self.triton.pid, 0)
         for gateway in (self.gateway, self.variant):
@@ -285,10 +296,7 @@ def measure(
         result.requests, result.errors, latencies = asyncio.run(
             _direct(stack.triton.grpc_url, scenario, concurrency, seconds)
         )
-        if latencies:
-            latencies.sort()
-            result.p50_ms = 1000 * latencies[len(latencies) // 2]
-            result.p99_ms = 1000 * latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
+        result.p50_ms, result.p99_ms = percentiles_ms(latencies)
     else:
         result.requests, result.errors, result.p50_ms, result.p99_ms = _wrk(
             gateway.url, scenario, concurrency, seconds, folder
@@ -452,9 +460,7 @@ def main(argv: list[str] | None = None) -> int:
         help="GATEWAY_* settings of a second gateway (A/B)",
     )
     parser.add_argument("--tracing", action="store_true", help="the variant: tracing on at 100 %% sampling")
-    parser.add_argument(
-        "--pin", action="store_true", help="Triton on CPU 0; the gateway and the load generators on CPU 1"
-    )
+    parser.add_argument("--pin", action="store_true", help=PINNED)
     options = parser.parse_args(argv)
     variant_env = dict(item.split("=", 1) for item in options.variant)
     if shutil.which("wrk") is None:
@@ -510,9 +516,7 @@ def main(argv: list[str] | None = None) -> int:
                 "machine": {
                     "cpus": os.cpu_count(),
                     "load_generator": "wrk (gateway), tritonclient.grpc.aio (direct)",
-                    "pinned": "Triton on CPU 0; gateway and load generators on CPU 1"
-                    if options.pin
-                    else None,
+                    "pinned": PINNED if options.pin else None,
                 },
                 "settings": {
                     "seconds": options.seconds,

@@ -110,16 +110,10 @@ def main(argv: list[str] | None = None) -> int:
                         count, errors, latencies = asyncio.run(
                             side._direct(server.grpc_url, scenario, concurrency, options.seconds)
                         )
-                        latencies.sort()
+                        p50, p99 = side.percentiles_ms(latencies)
                         results.append(
-                            Result(
-                                variant.name, concurrency, count / options.seconds,
-                                1000 * latencies[len(latencies) // 2] if latencies else float("nan"),
-                                1000 * latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
-                                if latencies else float("nan"),
-                                errors,
-                            )
-                        )  # fmt: skip
+                            Result(variant.name, concurrency, count / options.seconds, p50, p99, errors)
+                        )
         finally:
             for _, server in servers:
                 server.stop()
