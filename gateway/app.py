@@ -16,13 +16,14 @@ from gateway import __version__
 from gateway.admission import Admission
 from gateway.auth import AuthMiddleware, load_keys
 from gateway.backend import InferenceBackend
+from gateway.catalog import Catalog
 from gateway.dependencies import GatewayState
 from gateway.docs import install_docs
 from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics, TritonMetricsScraper
+from gateway.plane import InferencePlane
 from gateway.routes import admin, classify, health, metrics_route, oip
 from gateway.schemas import Problem, classify_json_model
-from gateway.served import ServedModels
 from gateway.settings import Settings
 from gateway.telemetry import TelemetryMiddleware
 from gateway.tracing import Tracing
@@ -33,10 +34,13 @@ BackendFactory = Callable[[Settings, GatewayMetrics, Tracing], InferenceBackend]
 DESCRIPTION = """
 A validating front door for NVIDIA Triton Inference Server.
 
-`POST /classify` checks every input cheaply (magic bytes, sizes, header dimensions)
-before it reaches Triton, then runs it through a Triton ensemble
-(preprocess -> model -> postprocess) over gRPC. Errors are RFC 9457
-`application/problem+json`; every response carries `X-Request-ID`.
+Every classifier Triton serves (a model whose configuration has a `gateway_task`) is
+in the catalog (`GET /models`) and answers at `POST /models/{model}/classify`;
+`POST /classify` uses the default model of each input kind. Every input is checked
+cheaply (magic bytes, sizes, header dimensions) against what the model takes before
+it reaches Triton, then runs through its Triton ensemble (preprocess -> model ->
+postprocess) over gRPC. Errors are RFC 9457 `application/problem+json`; every
+response carries `X-Request-ID`.
 """
 
 
@@ -44,7 +48,7 @@ def _triton_backend(settings: Settings, metrics: GatewayMetrics, tracing: Tracin
     from gateway.triton import TritonBackend
 
     # gRPC refuses messages over this size before they leave: the largest single call is
-    # one image or one text request at its caps.
+    # one image or one text request at the gateway-wide caps.
     max_send = max(settings.image.max_bytes, settings.max_text_body_bytes) + 64 * 1024
     return TritonBackend(settings.triton, metrics, tracing, max_send_bytes=max_send)
 
@@ -82,18 +86,26 @@ def create_app(
         tracing.start()
         backend = make_backend(settings, metrics, tracing)
         scraper = TritonMetricsScraper(settings.triton.metrics_url, settings.triton.metrics_timeout_seconds)
+        workers = CheckWorkers(settings.check_threads)
+        catalog = Catalog(settings, backend)
+        # The first read before serving (bounded by the health timeout; a Triton that is
+        # not up yet is followed by the periodic refresh).
+        await catalog.refresh()
+        catalog.start()
         try:
             yield GatewayState(
                 settings=settings,
                 backend=backend,
                 metrics=metrics,
                 triton_metrics=scraper,
-                workers=CheckWorkers(settings.check_threads),
+                workers=workers,
                 admission=admission,
                 tracing=tracing,
-                served=ServedModels(settings),
+                catalog=catalog,
+                plane=InferencePlane(backend, admission, tracing, metrics, workers),
             )
         finally:
+            await catalog.stop()
             await scraper.close()
             await backend.close()
             await asyncio.to_thread(tracing.shutdown)  # flushes spans, bounded by the export timeout

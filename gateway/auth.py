@@ -32,6 +32,7 @@ from gateway.errors import (
     GatewayError,
     RateLimitedError,
     UnauthorizedError,
+    log_problem,
     problem_response,
 )
 from gateway.metrics import GatewayMetrics
@@ -163,7 +164,9 @@ class AuthMiddleware:
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, error: GatewayError) -> None:
         self.metrics.rejections.labels(reason=error.slug).inc()
-        await problem_response(error, Request(scope))(scope, receive, send)
+        request = Request(scope)
+        log_problem(request, error)
+        await problem_response(error, request)(scope, receive, send)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not self._protected(scope["path"]):

@@ -1,17 +1,24 @@
-"""What the routes need from an inference server, as a protocol.
+"""What the gateway needs from an inference server: a narrow transport, as a protocol.
 
-:class:`gateway.triton.TritonBackend` is the real one; API tests pass fakes that
-produce faults a real server cannot produce on demand.
+Inference, metadata, status and model control: nothing about images or texts (those
+are :mod:`gateway.kinds`) and nothing about admission or fan-out (that is
+:mod:`gateway.plane`). :class:`gateway.triton.TritonBackend` is the real one; API tests
+pass a fake of this protocol (type-checked against it) for faults a real server cannot
+produce on demand.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from gateway.tensors import Tensor
+
 if TYPE_CHECKING:
-    from gateway.oip import ModelSignature, Tensor
+    from gateway.errors import InvalidInputError
+    from gateway.oip import ModelSignature
 
 
 @dataclass(frozen=True)
@@ -30,6 +37,28 @@ class Classification:
     predictions: list[ScoredLabel]
     model_version: str
     truncated: bool | None = None
+
+
+@dataclass(frozen=True)
+class InferResult:
+    """One inference answer: the version that answered and its outputs by name."""
+
+    model_version: str
+    outputs: Mapping[str, Tensor]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """What the catalog reads of a model's configuration: its platform, batch cap,
+    ``parameters`` (string values), inputs and, for an ensemble, its steps."""
+
+    name: str
+    platform: str = ""
+    max_batch_size: int = 0
+    parameters: Mapping[str, str] = field(default_factory=dict)
+    inputs: tuple[str, ...] = ()
+    optional_inputs: tuple[str, ...] = ()
+    steps: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -73,36 +102,30 @@ class ServerStatus:
 class InferenceBackend(Protocol):
     """The inference server behind the gateway."""
 
-    async def classify_images(
-        self, model: str, version: str, images: Sequence[bytes], top_k: int, request_id: str
-    ) -> list[Classification]:
-        """One classification per image, in input order; raises GatewayError subclasses."""
-        ...
-
-    async def classify_texts(
+    async def infer(
         self,
         model: str,
         version: str,
-        texts: Sequence[str],
-        top_k: int,
-        candidate_labels: Sequence[str] | None,
+        inputs: Sequence[Tensor],
         request_id: str,
-    ) -> list[Classification]:
-        """One classification per text, in input order; raises GatewayError subclasses."""
+        outputs: Sequence[str] = (),
+        invalid: InvalidInputError | None = None,
+    ) -> InferResult:
+        """One inference (all outputs when none are named). Raises GatewayError
+        subclasses; ``invalid`` is what the server's "invalid argument" means here."""
+        ...
+
+    def circuit(self, model: str) -> AbstractContextManager[None]:
+        """Around one client request's calls: refused at once (503) while the server is
+        known to be down; the request's outcome feeds the breaker."""
         ...
 
     async def model_signature(self, model: str, version: str) -> ModelSignature:
         """The model's metadata (inputs, outputs); NotFoundError for an unknown model."""
         ...
 
-    async def infer_tensors(
-        self, model: str, version: str, inputs: Sequence[Tensor], outputs: Sequence[str], request_id: str
-    ) -> tuple[str, list[Tensor]]:
-        """One inference on checked tensors: (the version that answered, the outputs)."""
-        ...
-
-    async def label_set(self, model: str) -> list[str] | None:
-        """The labels a label-listing model reports; None when it cannot be asked."""
+    async def model_config(self, model: str) -> ModelConfig:
+        """The loaded model's configuration; NotFoundError when it is not loaded."""
         ...
 
     async def repository_index(self) -> list[RepositoryModel]:
@@ -112,7 +135,7 @@ class InferenceBackend(Protocol):
     async def load_model(self, model: str) -> None:
         """Load the model, or reload it if loaded: Triton reloads what changed on disk and
         keeps the loaded one serving until the new one is ready. Raises
-        ModelControlError when Triton cannot load it."""
+        ModelLoadError when Triton cannot load it."""
         ...
 
     async def unload_model(self, model: str, *, dependents: bool) -> None:

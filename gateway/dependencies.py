@@ -12,8 +12,9 @@ from fastapi import Depends, Request
 
 from gateway.admission import Admission
 from gateway.backend import InferenceBackend
+from gateway.catalog import Catalog
 from gateway.metrics import GatewayMetrics, TritonMetricsScraper
-from gateway.served import ServedModels
+from gateway.plane import InferencePlane
 from gateway.settings import Settings
 from gateway.tracing import Tracing
 from gateway.workers import CheckWorkers
@@ -29,7 +30,8 @@ class GatewayState(TypedDict):
     workers: CheckWorkers
     admission: Admission
     tracing: Tracing
-    served: ServedModels
+    catalog: Catalog
+    plane: InferencePlane
     # per request: set by the request-id middleware and the route
     request_id: NotRequired[str]
     model: NotRequired[str]
@@ -60,4 +62,5 @@ WorkersDep = Annotated[CheckWorkers, Depends(_from_state("workers"))]
 AdmissionDep = Annotated[Admission, Depends(_from_state("admission"))]
 TracingDep = Annotated[Tracing, Depends(_from_state("tracing"))]
 TritonMetricsDep = Annotated[TritonMetricsScraper, Depends(_from_state("triton_metrics"))]
-ServedDep = Annotated[ServedModels, Depends(_from_state("served"))]
+CatalogDep = Annotated[Catalog, Depends(_from_state("catalog"))]
+PlaneDep = Annotated[InferencePlane, Depends(_from_state("plane"))]

@@ -18,10 +18,12 @@ Every error a client can see is a :class:`GatewayError`; each class has a stable
     │   ├── UnsupportedMediaTypeError  415 unsupported-media-type   Content-Type not accepted
     │   │   └── UnsupportedImageFormatError 415 unsupported-image-format  sniffed format
     │   └── InvalidInputError          422 invalid-input       well-formed but invalid
-    │       └── InvalidImageError      422 invalid-image       rejected by the model's preprocess
+    │       ├── InvalidImageError      422 invalid-image       rejected by the model's preprocess
+    │       └── WrongInputKindError    422 wrong-input-kind    texts sent to an image model, or the reverse
     ├── ServiceUnavailableError (503: the gateway sheds load; + Retry-After)
     │   ├── OverloadedError            503 overloaded          too many requests in flight
-    │   └── ShuttingDownError          503 shutting-down       draining before exit
+    │   ├── ShuttingDownError          503 shutting-down       draining before exit
+    │   └── NotReadyError              503 not-ready           /readyz: Triton or a default model is not ready
     ├── UpstreamError (5xx: Triton is at fault; logged with details, never shown)
     │   ├── TritonFailureError         502 triton-failure
     │   ├── TritonUnavailableError     503 triton-unavailable  (+ Retry-After)
@@ -71,12 +73,14 @@ class GatewayError(Exception):
         input_index: int | None = None,
         errors: list[dict[str, Any]] | None = None,
         headers: dict[str, str] | None = None,
+        extensions: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(detail)
         self.detail = detail
         self.input_index = input_index
         self.errors = errors
         self.headers = headers or {}
+        self.extensions = extensions or {}  # RFC 9457 extension members (say, /readyz's checks)
 
     def at(self, index: int) -> GatewayError:
         """Name the input (0-based, in request order) this error is about."""
@@ -102,7 +106,7 @@ class GatewayError(Exception):
             body["input_index"] = self.input_index
         if self.errors:
             body["errors"] = self.errors
-        return body
+        return {**self.extensions, **body}
 
 
 class ClientError(GatewayError):
@@ -221,6 +225,13 @@ class InvalidImageError(InvalidInputError):
     title = "Invalid image"
 
 
+class WrongInputKindError(InvalidInputError):
+    """The model classifies another kind of input (texts sent to an image model, say)."""
+
+    slug = "wrong-input-kind"
+    title = "Wrong input kind"
+
+
 class ServiceUnavailableError(GatewayError):
     """The gateway itself refuses work for now (not Triton's fault); retry later."""
 
@@ -241,6 +252,14 @@ class ShuttingDownError(ServiceUnavailableError):
 
     slug = "shutting-down"
     title = "Shutting down"
+
+
+class NotReadyError(ServiceUnavailableError):
+    """``/readyz``: this replica should not take traffic now (Triton, a default model, or
+    the replica itself is not ready); the problem's ``checks`` say which."""
+
+    slug = "not-ready"
+    title = "Not ready"
 
 
 class UpstreamError(GatewayError):
@@ -302,17 +321,19 @@ def problem_response(
 ) -> JSONResponse:
     body = error.problem(request_id_of(request), instance_of(request), current_trace_id())
     record_problem(body["type"], error.status)
+    media_type = PROBLEM_MEDIA_TYPE
     if request.url.path == "/v2" or request.url.path.startswith("/v2/"):
-        body["error"] = error.detail  # the Open Inference Protocol's error shape (tritonclient reads it)
+        # The Open Inference Protocol's error: application/json with `error` (what
+        # tritonclient reads); the problem members stay alongside.
+        body["error"] = error.detail
+        media_type = "application/json"
     merged = {**error.headers, **(headers or {})}
-    return JSONResponse(body, status_code=error.status, headers=merged, media_type=PROBLEM_MEDIA_TYPE)
+    return JSONResponse(body, status_code=error.status, headers=merged, media_type=media_type)
 
 
-async def _on_gateway_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, GatewayError)
-    counted = isinstance(exc, ClientError | ServiceUnavailableError)
-    if counted and (metrics := getattr(request.app.state, "gateway_metrics", None)):
-        metrics.rejections.labels(reason=exc.slug).inc()
+def log_problem(request: Request, exc: GatewayError) -> None:
+    """One log line per refused request: 4xx and load shedding as warnings, Triton's and
+    the gateway's own failures as errors with the cause's traceback."""
     if exc.status >= 500 and not isinstance(exc, ServiceUnavailableError):
         logger.error(
             "%s -> %d %s: %s",
@@ -324,6 +345,14 @@ async def _on_gateway_error(request: Request, exc: Exception) -> JSONResponse:
         )
     else:
         logger.warning("%s -> %d %s: %s", _where(request), exc.status, exc.slug, exc.detail)
+
+
+async def _on_gateway_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, GatewayError)
+    counted = isinstance(exc, ClientError | ServiceUnavailableError)
+    if counted and (metrics := getattr(request.app.state, "gateway_metrics", None)):
+        metrics.rejections.labels(reason=exc.slug).inc()
+    log_problem(request, exc)
     return problem_response(exc, request)
 
 

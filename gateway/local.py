@@ -20,7 +20,7 @@ from pathlib import Path
 from pydantic import SecretStr
 
 from gateway.app import create_app
-from gateway.server import GatewayServer, listen_sockets, server_config
+from gateway.server import GatewayServer, gateway_server, listen_sockets
 from gateway.settings import Settings
 from gateway.tracing import triton_trace_args
 from gateway.tritonserver import TritonServer
@@ -92,9 +92,7 @@ def run_local(settings: Settings, options: LocalOptions) -> int:
             "repository_key": SecretStr(repository_key),
         }
         settings = settings.model_copy(update={"triton": settings.triton.model_copy(update=local_triton)})
-        app = create_app(settings)
-        config = server_config(app, settings, options.host, options.port)
-        server = GatewayServer(config, app.state.admission, settings.server.shutdown_grace_seconds)
+        server = gateway_server(create_app(settings), settings, options.host, options.port)
         asyncio.run(_serve(server, options, settings))
     except _StopRequestedError:
         pass

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,25 +23,10 @@ from typing import Any
 import numpy as np
 
 from gateway.errors import InvalidInputError, MalformedRequestError, PayloadTooLargeError
+from gateway.tensors import DTYPES, Tensor, TensorDataError, from_raw, strings
 from gateway.validation import parse_json_object
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
-# OIP datatypes -> numpy (little-endian on the wire); BYTES are Python bytes in object arrays.
-DTYPES: dict[str, Any] = {
-    "BOOL": np.bool_,
-    "UINT8": np.uint8,
-    "UINT16": np.uint16,
-    "UINT32": np.uint32,
-    "UINT64": np.uint64,
-    "INT8": np.int8,
-    "INT16": np.int16,
-    "INT32": np.int32,
-    "INT64": np.int64,
-    "FP16": np.float16,
-    "FP32": np.float32,
-    "FP64": np.float64,
-    "BYTES": np.object_,
-}
 MAX_TENSORS = 64  # inputs or outputs named in one request
 MAX_DIMS = 8
 
@@ -81,25 +65,6 @@ class ModelSignature:
 
 
 @dataclass
-class Tensor:
-    """A named tensor with its data (BYTES: an object array of ``bytes``)."""
-
-    name: str
-    datatype: str
-    array: np.ndarray[Any, Any]
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(int(d) for d in self.array.shape)
-
-    @property
-    def nbytes(self) -> int:
-        if self.datatype == "BYTES":
-            return sum(len(item) for item in self.array.reshape(-1))
-        return int(self.array.nbytes)
-
-
-@dataclass
 class InferRequest:
     """A parsed, checked inference request."""
 
@@ -118,8 +83,8 @@ class Caps:
     max_batch: int  # first dimension of a batched input
 
 
-# (input name, elements) -> the elements to send (say, normalised); raises ClientError.
-BytesCheck = Callable[[str, list[bytes]], list[bytes]]
+# A decoded BYTES input -> the tensor to send (say, texts normalised); raises ClientError.
+BytesCheck = Callable[[Tensor], Tensor]
 
 
 def _integer(value: Any, what: str) -> int:
@@ -176,31 +141,12 @@ def _from_json(spec_name: str, datatype: str, elements: list[Any]) -> np.ndarray
     return np.array(elements, dtype=dtype)
 
 
-def _bytes_elements(raw: bytes, count: int, where: str) -> np.ndarray[Any, Any]:
-    elements: list[bytes] = []
-    offset = 0
-    for _ in range(count):
-        if offset + 4 > len(raw):
-            raise InvalidInputError(f"{where}: the binary BYTES data ends inside an element")
-        (size,) = struct.unpack_from("<I", raw, offset)
-        offset += 4
-        if offset + size > len(raw):
-            raise InvalidInputError(f"{where}: a binary BYTES element runs past its data")
-        elements.append(raw[offset : offset + size])
-        offset += size
-    if offset != len(raw):
-        raise InvalidInputError(f"{where}: the binary data holds more than its shape says")
-    return np.array(elements, dtype=np.object_)
-
-
-def _from_binary(spec_name: str, datatype: str, raw: bytes, count: int) -> np.ndarray[Any, Any]:
+def _from_binary(spec_name: str, datatype: str, raw: bytes, shape: list[int]) -> np.ndarray[Any, Any]:
     where = f"input {spec_name!r}"
-    if datatype == "BYTES":
-        return _bytes_elements(raw, count, where)
-    dtype = np.dtype(DTYPES[datatype]).newbyteorder("<")
-    if len(raw) != count * dtype.itemsize:
-        raise InvalidInputError(f"{where}: {len(raw)} binary bytes do not make {count} {datatype} elements")
-    array = np.frombuffer(raw, dtype=dtype).astype(dtype.newbyteorder("="))
+    try:
+        array = from_raw(spec_name, datatype, raw, shape).array
+    except TensorDataError as exc:
+        raise InvalidInputError(f"{where}: {exc}") from None
     if datatype.startswith("FP") and not np.isfinite(array).all():
         raise InvalidInputError(f"{where}: {datatype} data must be finite")
     return array
@@ -265,7 +211,7 @@ def parse_infer_request(
                 raise PayloadTooLargeError(
                     f"input {name!r} is {size} bytes; the limit is {caps.max_tensor_bytes}"
                 )
-            array = _from_binary(name, spec.datatype, binary[offset : offset + size], count)
+            array = _from_binary(name, spec.datatype, binary[offset : offset + size], shape)
             offset += size
         else:
             if "data" not in item:
@@ -288,10 +234,8 @@ def parse_infer_request(
     missing = sorted(n for n, spec in specs.items() if not spec.optional and all(t.name != n for t in inputs))
     if missing:
         raise InvalidInputError(f"missing inputs: {missing}")
-    for tensor in inputs:  # the structure holds: now the content of BYTES inputs
-        if tensor.datatype == "BYTES":
-            checked = check_bytes(tensor.name, list(tensor.array.reshape(-1)))
-            tensor.array = np.array(checked, dtype=np.object_).reshape(tensor.shape)
+    # the structure holds: now the content of BYTES inputs
+    inputs = [check_bytes(tensor) if tensor.datatype == "BYTES" else tensor for tensor in inputs]
     outputs, binary_outputs = _requested_outputs(header, signature)
     request_id = header.get("id")
     if request_id is not None and (not isinstance(request_id, str) or len(request_id) > 128):
@@ -328,19 +272,8 @@ def _requested_outputs(header: dict[str, Any], signature: ModelSignature) -> tup
 def _json_data(tensor: Tensor) -> list[Any]:
     flat = tensor.array.reshape(-1)
     if tensor.datatype == "BYTES":
-        return [item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item) for item in flat]
+        return strings(list(flat))
     return list(flat.tolist())
-
-
-def _binary_data(tensor: Tensor) -> bytes:
-    if tensor.datatype == "BYTES":
-        parts = []
-        for item in tensor.array.reshape(-1):
-            data = item if isinstance(item, bytes) else str(item).encode("utf-8")
-            parts.append(struct.pack("<I", len(data)) + data)
-        return b"".join(parts)
-    dtype = np.dtype(DTYPES[tensor.datatype]).newbyteorder("<")
-    return bytes(np.ascontiguousarray(tensor.array, dtype=dtype).tobytes())
 
 
 def encode_infer_response(
@@ -358,7 +291,7 @@ def encode_infer_response(
             "shape": list(tensor.shape),
         }
         if tensor.name in binary:
-            data = _binary_data(tensor)
+            data = tensor.raw()
             entry["parameters"] = {"binary_data_size": len(data)}
             tail.append(data)
         else:

@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, create_model
 
 from gateway.backend import Classification
-from gateway.settings import MODEL_MAX_TOP_K
+from gateway.settings import TOP_K_CEILING
 
 # A 1x1 PNG: small enough for /docs' "Try it out" and a real image all the same.
 EXAMPLE_PNG_BASE64 = (
@@ -44,7 +44,7 @@ class ClassifyJSONRequest(BaseModel):
         description="Texts only: classify against these labels (zero-shot) instead of the configured set.",
     )
     top_k: StrictInt | None = Field(
-        None, ge=1, le=MODEL_MAX_TOP_K, description="Predictions per input (also a query parameter)."
+        None, ge=1, le=TOP_K_CEILING, description="Predictions per input (also a query parameter)."
     )
 
 
@@ -186,21 +186,30 @@ class ComposingModel(BaseModel):
 
 
 class ModelInfo(BaseModel):
-    """A classifier the gateway serves."""
+    """A classifier of the catalog (a Triton model with a `gateway_task` parameter)."""
 
     name: str
-    task: str = Field(description="'image-classification' or 'zero-shot-text-classification'.")
+    task: str = Field(
+        description="The model's gateway_task: 'image-classification' or 'text-classification'."
+    )
+    default: bool = Field(description="POST /classify sends inputs of this kind to this model.")
     ready: bool
     versions: list[str] = Field(description="Versions Triton has ready.")
     platform: str
     accepts: list[str] = Field(description="Input media types.")
     composing_models: list[ComposingModel]
-    labels: list[str] | None = Field(None, description="Texts: the configured label set.")
-    pinned_version: str = Field(
-        "", description="The version /classify calls (empty: Triton's latest); moved by the admin surface."
+    caps: dict[str, Any] = Field(
+        description="What the model takes, read from its configuration and narrowed by the settings: "
+        "max_top_k, max_inputs, formats and pixel caps (images), candidate_labels and max_tokens (texts)."
     )
-    state: Literal["ready", "unavailable", "unloaded"] = Field(
-        "ready", description="'unloaded': taken out through model control on purpose; 'unavailable': failing."
+    labels: list[str] | None = Field(None, description="The configured label set, where the model lists it.")
+    pinned_version: str = Field(
+        "", description="The version it is called at (empty: Triton's latest); moved by the admin surface."
+    )
+    state: Literal["ready", "loading", "unloading", "unavailable", "unloaded"] = Field(
+        "ready",
+        description="'unloaded': taken out through model control on purpose; 'loading' / 'unloading': "
+        "in between; 'unavailable': failing. Only 'ready' takes requests (otherwise 503).",
     )
 
 
@@ -212,7 +221,7 @@ class TritonInfo(BaseModel):
 
 
 class ModelsResponse(BaseModel):
-    """Everything /classify can reach."""
+    """The catalog: every classifier the gateway exposes."""
 
     triton: TritonInfo
     models: list[ModelInfo]
@@ -222,11 +231,15 @@ class Readiness(BaseModel):
     """/readyz: each check and whether it passed."""
 
     status: Literal["ready", "degraded"] = Field(
-        description="'degraded': a served model was unloaded on purpose; the others are served."
+        description="'degraded': a default model was unloaded on purpose; the others are served."
     )
     checks: dict[str, bool]
     unloaded: list[str] = Field(
-        default_factory=list, description="Served models unloaded through model control (not failing)."
+        default_factory=list, description="Default models unloaded through model control (not failing)."
+    )
+    models: dict[str, str] = Field(
+        default_factory=dict,
+        description="Every classifier of the catalog and its state (only the defaults decide readiness).",
     )
 
 
@@ -255,7 +268,7 @@ class ModelControlResult(BaseModel):
 
 
 class ServedVersion(BaseModel):
-    """A classifier /classify serves and the version it is pinned to."""
+    """A classifier of the catalog and the version it is pinned to."""
 
     name: str
     task: str

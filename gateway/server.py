@@ -184,13 +184,17 @@ class GatewayServer(uvicorn.Server):
         self.should_exit = True
 
 
-def run_server(app: FastAPI, settings: Settings, host: str, port: int) -> None:
-    """Serve until SIGTERM/SIGINT, then drain and exit."""
+def gateway_server(app: FastAPI, settings: Settings, host: str, port: int) -> GatewayServer:
+    """The gateway's server, with its drain as the settings say (serve and local both)."""
     admission: Admission = app.state.admission
-    server = GatewayServer(
+    return GatewayServer(
         server_config(app, settings, host, port),
         admission,
         settings.server.shutdown_grace_seconds,
         settings.server.drain_delay_seconds,
     )
-    server.run(sockets=listen_sockets(settings, host, port))
+
+
+def run_server(app: FastAPI, settings: Settings, host: str, port: int) -> None:
+    """Serve until SIGTERM/SIGINT, then drain and exit."""
+    gateway_server(app, settings, host, port).run(sockets=listen_sockets(settings, host, port))

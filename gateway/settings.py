@@ -7,7 +7,6 @@ model repository supports.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -15,17 +14,11 @@ from pydantic import BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MiB = 1024 * 1024
-# image_postprocess's config.pbtxt caps top-k at 20 (parameter max_top_k).
-MODEL_MAX_TOP_K = 20
-
-
-@dataclass(frozen=True)
-class ServedModel:
-    """A Triton ensemble the gateway serves, and for what."""
-
-    task: str
-    name: str
-    version: str
+# The most predictions a client may ever ask for; each model's own max_top_k (its
+# config.pbtxt) lowers it.
+TOP_K_CEILING = 1000
+IMAGE_TASK = "image-classification"
+TEXT_TASK = "text-classification"
 
 
 class TritonSettings(BaseModel):
@@ -81,6 +74,13 @@ class TritonSettings(BaseModel):
     load_timeout_seconds: float = Field(
         300.0, gt=0, le=3600, description="Deadline for loading or unloading a model (admin surface)."
     )
+    max_receive_bytes: int = Field(
+        64 * MiB,
+        ge=1024 * 1024,
+        le=2047 * MiB,
+        description="Largest answer accepted from Triton (gRPC receive cap): /v2 serves any catalogued "
+        "model, whose outputs (logits, embeddings) may be far larger than a top-k answer.",
+    )
 
 
 class ImageLimits(BaseModel):
@@ -106,7 +106,10 @@ class TextLimits(BaseModel):
 
     max_chars: int = Field(10_000, ge=1, le=1_000_000, description="Most characters in one text (after NFC).")
     max_texts: int = Field(
-        64, ge=1, le=64, description="Most texts in one request (the model's batch cap is 64)."
+        64,
+        ge=1,
+        le=4096,
+        description="Most texts in one request; each model's max_batch_size lowers it.",
     )
     max_candidate_labels: int = Field(32, ge=1, le=256, description="Most candidate_labels in one request.")
     max_label_chars: int = Field(100, ge=1, le=1000, description="Most characters in one candidate label.")
@@ -233,23 +236,45 @@ class Settings(BaseSettings):
 
     host: str = Field("0.0.0.0", description="Address `triton-gateway serve` listens on.")
     port: int = Field(8080, ge=1, le=65535, description="Port `triton-gateway serve` listens on.")
-    image_model: str = Field("image_classifier", description="Triton ensemble for images; empty: no images.")
+    image_model: str = Field(
+        "image_classifier",
+        description="The image classifier POST /classify uses; empty: /classify takes no images "
+        "(other image classifiers stay reachable at /models/{model}/classify).",
+    )
     image_model_version: str = Field(
-        "", pattern=r"^\d*$", description="Version of the image ensemble; empty means Triton's latest."
+        "", pattern=r"^\d*$", description="Version pin of image_model at start; empty: Triton's latest."
     )
-    text_model: str = Field("text_classifier", description="Triton ensemble for texts; empty: no texts.")
+    text_model: str = Field(
+        "text_classifier",
+        description="The text classifier POST /classify uses; empty: /classify takes no texts.",
+    )
     text_model_version: str = Field(
-        "", pattern=r"^\d*$", description="Version of the text ensemble; empty means Triton's latest."
+        "", pattern=r"^\d*$", description="Version pin of text_model at start; empty: Triton's latest."
     )
-    text_labels_model: str = Field(
-        "text_labels",
-        description="Triton model listing the configured text labels (for /models); empty: none.",
+    expose: list[str] = Field(
+        default_factory=lambda: ["*"],
+        description="Name patterns (fnmatch, JSON list) of the classifiers the gateway exposes: "
+        "every model whose config.pbtxt has a gateway_task parameter and matches one.",
+    )
+    hide: list[str] = Field(
+        default_factory=list,
+        description="Name patterns (JSON list) never exposed, even when `expose` matches.",
+    )
+    catalog_refresh_seconds: float = Field(
+        2.0,
+        ge=0.2,
+        le=3600,
+        description="How often the model catalog is read again from Triton (also right after "
+        "every /admin load, reload and unload).",
     )
     default_top_k: int = Field(
-        5, ge=1, le=MODEL_MAX_TOP_K, description="Predictions per input when not asked."
+        5, ge=1, le=TOP_K_CEILING, description="Predictions per input when not asked (at most the model's)."
     )
     max_top_k: int = Field(
-        MODEL_MAX_TOP_K, ge=1, le=MODEL_MAX_TOP_K, description="Largest top_k a client may ask for."
+        20,
+        ge=1,
+        le=TOP_K_CEILING,
+        description="Largest top_k a client may ask for; each model's own max_top_k lowers it.",
     )
     max_body_bytes: int = Field(
         32 * MiB,
@@ -264,8 +289,8 @@ class Settings(BaseSettings):
     tracing: TracingSettings = Field(default_factory=TracingSettings)
     v2_models: list[str] = Field(
         default_factory=list,
-        description="Models the /v2 Open Inference Protocol routes expose (JSON list); empty: the "
-        "served ensembles. Any other model is 404 there.",
+        description="Models the /v2 Open Inference Protocol routes expose besides the catalog's "
+        "classifiers (JSON list of names, e.g. an embedder). Any other model is 404 there.",
     )
     image: ImageLimits = Field(default_factory=ImageLimits)
     text: TextLimits = Field(default_factory=TextLimits)
@@ -290,8 +315,6 @@ class Settings(BaseSettings):
             raise ValueError("image.max_bytes must not exceed max_body_bytes")
         if self.admin.port is not None and self.admin.port == self.port:
             raise ValueError("admin.port must differ from port")
-        if not (self.image_model or self.text_model):
-            raise ValueError("serve at least one of image_model and text_model")
         if self.server.shutdown_grace_seconds <= self.triton.timeout_seconds:
             raise ValueError(
                 "server.shutdown_grace_seconds must exceed triton.timeout_seconds, "
@@ -304,20 +327,15 @@ class Settings(BaseSettings):
         """The port of /admin's own listener, when the admin surface is on and has one."""
         return self.admin.port if self.admin.keys_file is not None else None
 
-    def oip_models(self) -> list[str]:
-        """The allow-list of the /v2 routes."""
-        return self.v2_models or [m.name for m in self.served_models()]
+    def default_models(self) -> dict[str, str]:
+        """Task -> the model POST /classify uses for it (none: that kind is not taken there)."""
+        chosen = {IMAGE_TASK: self.image_model, TEXT_TASK: self.text_model}
+        return {task: name for task, name in chosen.items() if name}
 
-    def served_models(self) -> list[ServedModel]:
-        """The classifiers this gateway is configured to serve, in a stable order."""
-        served = []
-        if self.image_model:
-            served.append(ServedModel("image-classification", self.image_model, self.image_model_version))
-        if self.text_model:
-            served.append(
-                ServedModel("zero-shot-text-classification", self.text_model, self.text_model_version)
-            )
-        return served
+    def default_pins(self) -> dict[str, str]:
+        """The version pins at start (model -> version)."""
+        pins = {self.image_model: self.image_model_version, self.text_model: self.text_model_version}
+        return {name: version for name, version in pins.items() if name and version}
 
     @property
     def max_json_body_bytes(self) -> int:

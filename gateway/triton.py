@@ -1,12 +1,13 @@
 """The gateway's only contact with Triton: an async gRPC backend.
 
-Inference goes straight through Triton's generated gRPC stub (``ModelInferRequest``
-protobufs built here, outputs read from ``raw_output_contents``): one path for images,
-texts and the Open Inference Protocol, without tritonclient's per-call objects. Health,
-metadata and model control use ``tritonclient.grpc.aio``. Triton's failures are
-translated here, by gRPC status code and never by message text, into
-:mod:`gateway.errors` (the pattern of httpx's ``map_httpcore_exceptions``). Triton's own
-messages are logged, never returned to clients.
+Implements the narrow transport of :mod:`gateway.backend`. Inference goes straight
+through Triton's generated gRPC stub (``ModelInferRequest`` protobufs built here, raw
+contents through :mod:`gateway.tensors`): one path for every kind and for the Open
+Inference Protocol. Health, metadata, configuration and model control use
+``tritonclient.grpc.aio``. Triton's failures are translated here, keyed on
+``grpc.StatusCode`` itself (one table, every member mapped), into :mod:`gateway.errors`
+(the pattern of httpx's ``map_httpcore_exceptions``). Triton's own messages are logged,
+never returned to clients.
 """
 
 from __future__ import annotations
@@ -18,12 +19,11 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import grpc
-import numpy as np
 import tritonclient.grpc.aio as grpcclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
-from tritonclient.utils import InferenceServerException, triton_to_np_dtype
+from tritonclient.utils import InferenceServerException
 
-from gateway.backend import Classification, ModelStatus, RepositoryModel, ScoredLabel, ServerStatus
+from gateway.backend import InferResult, ModelConfig, ModelStatus, RepositoryModel, ServerStatus
 from gateway.breaker import CircuitBreaker, CircuitState
 from gateway.errors import (
     GatewayError,
@@ -36,55 +36,80 @@ from gateway.errors import (
     TritonUnavailableError,
 )
 from gateway.metrics import GatewayMetrics
-from gateway.oip import ModelSignature, Tensor, TensorSpec
+from gateway.oip import ModelSignature, TensorSpec
 from gateway.settings import TritonSettings
+from gateway.tensors import Tensor, TensorDataError, from_raw
 from gateway.tracing import Tracing, grpc_status
-from gateway.tritonserver import REPOSITORY_KEY_HEADER
 
 logger = logging.getLogger("gateway.triton")
 
-# tritonclient reports the gRPC status as str(grpc.StatusCode.X).
-_INVALID = {"StatusCode.INVALID_ARGUMENT", "StatusCode.OUT_OF_RANGE"}
-_UNAVAILABLE = {
-    "StatusCode.UNAVAILABLE",
-    "StatusCode.NOT_FOUND",  # the model is not loaded (unknown to Triton)
-    "StatusCode.RESOURCE_EXHAUSTED",  # queue full
-    "StatusCode.CANCELLED",
-}
-_TIMEOUT = {"StatusCode.DEADLINE_EXCEEDED"}
 # How long a model's metadata is trusted for OIP checks (a failed call forgets it at once).
 SIGNATURE_TTL_SECONDS = 30.0
+# The gRPC metadata / HTTP header that carries the key of Triton's restricted APIs.
+REPOSITORY_KEY_HEADER = "triton-gateway-admin-key"
 # The Python backend answers INTERNAL while it replaces a stub process it found unhealthy
-# (after a stall, say): transient, so the client hears 503 + Retry-After, not 502.
+# (after a stall, say): transient, so the client hears 503 + Retry-After, not 502. The one
+# place a message is read: Triton gives this condition no status code of its own.
 _STUB_RESTARTING = ("Stub process", "health mutex")
-# When several inputs fail differently, the client hears the most actionable error.
-_SEVERITY: dict[type[GatewayError], int] = {
-    TritonUnavailableError: 3,
-    TritonTimeoutError: 2,
-    TritonFailureError: 1,
+# Every gRPC status code, and what it means for the client (InvalidInputError: the call's
+# own "invalid" error). tests/unit/test_triton_errors.py walks grpc.StatusCode so that a
+# code cannot go unmapped.
+STATUS_ERRORS: dict[grpc.StatusCode, type[GatewayError]] = {
+    grpc.StatusCode.OK: TritonFailureError,  # an error carrying OK is Triton's fault
+    grpc.StatusCode.CANCELLED: TritonUnavailableError,
+    grpc.StatusCode.UNKNOWN: TritonFailureError,
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidInputError,
+    grpc.StatusCode.DEADLINE_EXCEEDED: TritonTimeoutError,
+    grpc.StatusCode.NOT_FOUND: TritonUnavailableError,  # the model is not loaded (now)
+    grpc.StatusCode.ALREADY_EXISTS: TritonFailureError,
+    grpc.StatusCode.PERMISSION_DENIED: TritonFailureError,  # the gateway's key is wrong
+    grpc.StatusCode.RESOURCE_EXHAUSTED: TritonUnavailableError,  # queue full
+    grpc.StatusCode.FAILED_PRECONDITION: TritonFailureError,
+    grpc.StatusCode.ABORTED: TritonUnavailableError,
+    grpc.StatusCode.OUT_OF_RANGE: InvalidInputError,
+    grpc.StatusCode.UNIMPLEMENTED: TritonFailureError,
+    grpc.StatusCode.INTERNAL: TritonFailureError,
+    grpc.StatusCode.UNAVAILABLE: TritonUnavailableError,
+    grpc.StatusCode.DATA_LOSS: TritonFailureError,
+    grpc.StatusCode.UNAUTHENTICATED: TritonFailureError,
 }
+
+
+def status_code(exc: InferenceServerException) -> grpc.StatusCode:
+    """The gRPC status of a tritonclient error (which reports it as ``str(StatusCode.X)``)."""
+    name = (exc.status() or "").removeprefix("StatusCode.")
+    return grpc.StatusCode.__members__.get(name, grpc.StatusCode.UNKNOWN)
+
+
+def map_status(
+    code: grpc.StatusCode, message: str, *, retry_after: int, invalid: InvalidInputError | None = None
+) -> GatewayError:
+    """Translate one failed Triton call into the gateway's error tree.
+
+    ``invalid`` is what INVALID_ARGUMENT means for this call (by default: an image the
+    model's preprocessing could not decode).
+    """
+    kind = STATUS_ERRORS[code]
+    if kind is TritonFailureError and any(mark in message for mark in _STUB_RESTARTING):
+        kind = TritonUnavailableError
+    if kind is InvalidInputError:
+        return invalid or InvalidImageError(
+            "the model's preprocessing rejected the input (corrupt or truncated data)"
+        )
+    if kind is TritonUnavailableError:
+        return TritonUnavailableError(
+            "Triton or the model is not available", headers={"Retry-After": str(retry_after)}
+        )
+    if kind is TritonTimeoutError:
+        return TritonTimeoutError("Triton did not answer in time")
+    return TritonFailureError("Triton failed to process the request")
 
 
 def map_triton_error(
     exc: InferenceServerException, *, retry_after: int, invalid: InvalidInputError | None = None
 ) -> GatewayError:
-    """Translate one tritonclient exception into the gateway's error tree.
-
-    ``invalid`` is what INVALID_ARGUMENT means for this call (by default: an image the
-    model's preprocessing could not decode).
-    """
-    status = exc.status() or ""
-    if status in _INVALID:
-        return invalid or InvalidImageError(
-            "the model's preprocessing rejected the input (corrupt or truncated data)"
-        )
-    if status in _UNAVAILABLE or any(mark in (exc.message() or "") for mark in _STUB_RESTARTING):
-        return TritonUnavailableError(
-            "Triton or the model is not available", headers={"Retry-After": str(retry_after)}
-        )
-    if status in _TIMEOUT:
-        return TritonTimeoutError("Triton did not answer in time")
-    return TritonFailureError("Triton failed to process the request")
+    """:func:`map_status` for a tritonclient exception."""
+    return map_status(status_code(exc), exc.message() or "", retry_after=retry_after, invalid=invalid)
 
 
 def channel_options(settings: TritonSettings, max_send_bytes: int) -> list[tuple[str, int]]:
@@ -93,7 +118,8 @@ def channel_options(settings: TritonSettings, max_send_bytes: int) -> list[tuple
     backoff_ms = int(settings.reconnect_backoff_max_seconds * 1000)
     return [
         ("grpc.max_send_message_length", max_send_bytes),
-        ("grpc.max_receive_message_length", 4 * 1024 * 1024),  # top-k answers are small
+        # /v2 serves any catalogued model: its outputs may be large (embeddings, logits)
+        ("grpc.max_receive_message_length", settings.max_receive_bytes),
         ("grpc.initial_reconnect_backoff_ms", min(100, backoff_ms)),
         ("grpc.min_reconnect_backoff_ms", min(100, backoff_ms)),
         ("grpc.max_reconnect_backoff_ms", backoff_ms),
@@ -103,81 +129,6 @@ def channel_options(settings: TritonSettings, max_send_bytes: int) -> list[tuple
         # the breaker's probe keeps the channel busy anyway.
         ("grpc.keepalive_permit_without_calls", 0),
         ("grpc.http2.max_pings_without_data", 0),
-    ]
-
-
-def _strings(items: Sequence[Any]) -> list[str]:
-    return [item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item) for item in items]
-
-
-def _bytes_contents(elements: Sequence[bytes]) -> bytes:
-    """A BYTES tensor's raw contents: each element as a 4-byte little-endian length and its bytes."""
-    return b"".join(len(element).to_bytes(4, "little") + element for element in elements)
-
-
-def _bytes_elements(raw: bytes) -> list[bytes]:
-    """The elements of a BYTES tensor's raw contents."""
-    elements, at, end = [], 0, len(raw)
-    while at < end:
-        size = int.from_bytes(raw[at : at + 4], "little")
-        elements.append(raw[at + 4 : at + 4 + size])
-        at += 4 + size
-    return elements
-
-
-def _contents(tensor: Tensor) -> bytes:
-    if tensor.datatype == "BYTES":
-        return _bytes_contents([bytes(item) for item in tensor.array.reshape(-1)])
-    dtype = np.dtype(triton_to_np_dtype(tensor.datatype)).newbyteorder("<")
-    return np.ascontiguousarray(tensor.array, dtype=dtype).tobytes()
-
-
-class _Outputs:
-    """One inference response: its outputs by name, decoded on demand."""
-
-    def __init__(self, response: Any) -> None:
-        self.model_version = str(response.model_version)
-        self._by_name = {
-            output.name: (output, raw)
-            for output, raw in zip(response.outputs, response.raw_output_contents, strict=True)
-        }
-
-    def names(self) -> list[str]:
-        return list(self._by_name)
-
-    def rows(self, name: str) -> list[Any]:
-        """A [batch, n] output as one list per row (BYTES rows as bytes)."""
-        array = self.array(name)
-        return array.tolist() if array.dtype != np.object_ else [list(row) for row in array]
-
-    def array(self, name: str) -> np.ndarray[Any, Any]:
-        output, raw = self._by_name[name]
-        shape = tuple(int(d) for d in output.shape)
-        if output.datatype == "BYTES":
-            return np.array(_bytes_elements(raw), dtype=np.object_).reshape(shape)
-        dtype = np.dtype(triton_to_np_dtype(output.datatype)).newbyteorder("<")
-        return np.frombuffer(raw, dtype=dtype).reshape(shape)
-
-    def tensor(self, name: str) -> Tensor:
-        return Tensor(name, self._by_name[name][0].datatype, self.array(name))
-
-
-def _classifications(result: _Outputs, truncated: Sequence[bool] | None = None) -> list[Classification]:
-    """One Classification per row of an ensemble's LABELS, SCORES and CLASS_IDS."""
-    scores = result.rows("SCORES")
-    cuts: Sequence[bool | None] = truncated if truncated is not None else [None] * len(scores)
-    return [
-        Classification(
-            predictions=[
-                ScoredLabel(label=label, score=float(score), class_id=int(class_id))
-                for label, score, class_id in zip(_strings(labels), row, ids, strict=True)
-            ],
-            model_version=result.model_version,
-            truncated=None if cut is None else bool(cut),
-        )
-        for labels, row, ids, cut in zip(
-            result.rows("LABELS"), scores, result.rows("CLASS_IDS"), cuts, strict=True
-        )
     ]
 
 
@@ -238,7 +189,7 @@ class TritonBackend:
             )
 
     @contextlib.contextmanager
-    def _circuit(self, model: str) -> Iterator[None]:
+    def circuit(self, model: str) -> Iterator[None]:
         """Around one request's Triton calls: refused at once while the circuit is open;
         its outcome (whatever it is, cancellation included) is reported to the breaker, so
         a half-open trial always concludes."""
@@ -255,33 +206,46 @@ class TritonBackend:
             self._breaker.on_success()
 
     def _error(
-        self, exc: InferenceServerException, model: str, what: str, invalid: InvalidInputError | None = None
+        self,
+        code: grpc.StatusCode,
+        message: str,
+        model: str,
+        what: str,
+        invalid: InvalidInputError | None = None,
     ) -> GatewayError:
-        logger.warning("triton %s on %s: %s", exc.status(), what, exc.message())
-        code = (exc.status() or "UNKNOWN").removeprefix("StatusCode.")
-        self._metrics.triton_failures.labels(model=model, code=code).inc()
-        error = map_triton_error(exc, retry_after=self._settings.retry_after_seconds, invalid=invalid)
+        logger.warning("triton %s on %s: %s", code.name, what, message)
+        self._metrics.triton_failures.labels(model=model, code=code.name).inc()
+        return map_status(code, message, retry_after=self._settings.retry_after_seconds, invalid=invalid)
+
+    def _client_error(
+        self, exc: InferenceServerException, what: str, level: int = logging.WARNING
+    ) -> GatewayError:
+        """A tritonclient (metadata, configuration, control) call's failure, mapped and
+        chained; not an inference failure, so not counted as one."""
+        code = status_code(exc)
+        logger.log(level, "triton %s on %s: %s", code.name, what, exc.message())
+        error = map_status(code, exc.message() or "", retry_after=self._settings.retry_after_seconds)
         error.__cause__ = exc
         return error
 
-    async def _infer(
+    async def infer(
         self,
         model: str,
         version: str,
         inputs: Sequence[Tensor],
         request_id: str,
         outputs: Sequence[str] = (),
-    ) -> _Outputs:
+        invalid: InvalidInputError | None = None,
+    ) -> InferResult:
         """One inference call: timed, traced (its ``traceparent`` goes along as gRPC
-        metadata, so Triton's spans join the request's trace), under the call deadline.
-        gRPC errors come out as tritonclient's InferenceServerException (status, message)."""
+        metadata, so Triton's spans join the request's trace), under the call deadline."""
         request = service_pb2.ModelInferRequest(model_name=model, model_version=version, id=request_id)
         nbytes = 0
         for tensor in inputs:
             entry = request.inputs.add()
             entry.name, entry.datatype = tensor.name, tensor.datatype
             entry.shape.extend(tensor.shape)
-            raw = _contents(tensor)
+            raw = tensor.raw()
             nbytes += len(raw)
             request.raw_input_contents.append(raw)
         for name in outputs:
@@ -298,82 +262,21 @@ class TritonBackend:
                 )
             except grpc.aio.AioRpcError as rpc_error:
                 grpc_status(str(rpc_error.code()))
-                raise InferenceServerException(
-                    msg=rpc_error.details() or "", status=str(rpc_error.code())
-                ) from None
-            grpc_status("OK")
-            return _Outputs(response)
-
-    async def _classify_one(
-        self, model: str, version: str, data: bytes, top_k: int, request_id: str
-    ) -> Classification:
-        inputs = [
-            Tensor("IMAGE", "BYTES", np.array([[data]], dtype=np.object_)),
-            Tensor("TOP_K", "INT32", np.array([[top_k]], dtype=np.int32)),
-        ]
-        return _classifications(await self._infer(model, version, inputs, request_id))[0]
-
-    async def classify_images(
-        self, model: str, version: str, images: Sequence[bytes], top_k: int, request_id: str
-    ) -> list[Classification]:
-        # One Triton request per input: Triton's dynamic batcher merges them into one
-        # batch, and a bad input fails only its own request, so the error names it.
-        with self._circuit(model):
-            outcomes = await asyncio.gather(
-                *(self._classify_one(model, version, data, top_k, request_id) for data in images),
-                return_exceptions=True,
-            )
-            return self._collect(model, request_id, outcomes)
-
-    def _collect(self, model: str, request_id: str, outcomes: list[Any]) -> list[Classification]:
-        """Per-image outcomes -> the results in order, or the most actionable error."""
-        results: list[Classification] = []
-        failures: list[tuple[int, GatewayError]] = []
-        for index, outcome in enumerate(outcomes):
-            if isinstance(outcome, InferenceServerException):
-                failures.append(
-                    (index, self._error(outcome, model, f"input {index} of request {request_id}"))
+                self._signatures.pop((model, version), None)  # the model may have changed
+                error = self._error(
+                    rpc_error.code(), rpc_error.details() or "", model, f"request {request_id}", invalid
                 )
-            elif isinstance(outcome, BaseException):
-                raise outcome
-            else:
-                results.append(outcome)
-        if not failures:
-            return results
-        upstream = [(i, e) for i, e in failures if not isinstance(e, InvalidImageError)]
-        if upstream:
-            index, error = max(upstream, key=lambda pair: _SEVERITY.get(type(pair[1]), 0))
-            raise error
-        index, error = failures[0]
-        error.errors = [{"input_index": i, "detail": e.detail} for i, e in failures]
-        raise error.at(index)
-
-    async def classify_texts(
-        self,
-        model: str,
-        version: str,
-        texts: Sequence[str],
-        top_k: int,
-        candidate_labels: Sequence[str] | None,
-        request_id: str,
-    ) -> list[Classification]:
-        # Texts go as one batch: the tokenizer pads to the longest of them, and they
-        # were validated here, so there is no bad input to isolate.
-        count = len(texts)
-        inputs = [
-            Tensor("TEXT", "BYTES", np.array([[t.encode("utf-8")] for t in texts], dtype=np.object_)),
-            Tensor("TOP_K", "INT32", np.full((count, 1), top_k, dtype=np.int32)),
-        ]
-        if candidate_labels is not None:
-            row = [label.encode("utf-8") for label in candidate_labels]
-            inputs.append(Tensor("CANDIDATE_LABELS", "BYTES", np.array([row] * count, dtype=np.object_)))
-        with self._circuit(model):
-            try:
-                result = await self._infer(model, version, inputs, request_id)
-            except InferenceServerException as exc:
-                invalid = InvalidInputError("the text model rejected the input")
-                raise self._error(exc, model, f"request {request_id}", invalid) from exc
-        return _classifications(result, truncated=result.array("TRUNCATED").reshape(-1).tolist())
+                raise error from None
+            grpc_status("OK")
+        try:
+            tensors = {
+                output.name: from_raw(output.name, output.datatype, raw, output.shape)
+                for output, raw in zip(response.outputs, response.raw_output_contents, strict=True)
+            }
+        except (TensorDataError, ValueError) as exc:
+            logger.error("triton answered %s with outputs that do not decode: %s", model, exc)
+            raise TritonFailureError("Triton failed to process the request") from exc
+        return InferResult(str(response.model_version), tensors)
 
     async def model_signature(self, model: str, version: str) -> ModelSignature:
         """The model's inputs and outputs from Triton's metadata, kept for a short while
@@ -394,9 +297,9 @@ class TritonBackend:
                 )
             ).config
         except InferenceServerException as exc:
-            if exc.status() == "StatusCode.NOT_FOUND":  # metadata of a model or version Triton lacks
+            if status_code(exc) is grpc.StatusCode.NOT_FOUND:  # a model or version Triton lacks
                 raise NotFoundError("there is no such model version") from exc
-            raise self._error(exc, model, f"metadata of {model}") from exc
+            raise self._client_error(exc, f"metadata of {model}") from exc
 
         optional = {item.name for item in config.input if item.optional}
 
@@ -416,30 +319,23 @@ class TritonBackend:
         self._signatures[key] = (now + SIGNATURE_TTL_SECONDS, signature)
         return signature
 
-    async def infer_tensors(
-        self, model: str, version: str, inputs: Sequence[Tensor], outputs: Sequence[str], request_id: str
-    ) -> tuple[str, list[Tensor]]:
-        """One inference on checked tensors; returns the version that answered and the
-        outputs (all of the model's when none are named)."""
-        with self._circuit(model):
-            try:
-                result = await self._infer(model, version, inputs, request_id, outputs)
-            except InferenceServerException as exc:
-                self._signatures.pop((model, version), None)  # the model may have changed
-                invalid = InvalidInputError("the model rejected the input")
-                raise self._error(exc, model, f"request {request_id}", invalid) from exc
-        return result.model_version, [result.tensor(name) for name in result.names()]
-
-    async def label_set(self, model: str) -> list[str] | None:
-        query = grpcclient.InferInput("QUERY", [1], "INT32")
-        query.set_data_from_numpy(np.zeros(1, dtype=np.int32))
+    async def model_config(self, model: str) -> ModelConfig:
+        timeout = self._settings.health_timeout_seconds
         try:
-            result = await self._client.infer(
-                model, [query], client_timeout=self._settings.health_timeout_seconds
-            )
-        except InferenceServerException:
-            return None
-        return _strings(result.as_numpy("LABELS"))
+            config = (await self._client.get_model_config(model, client_timeout=timeout)).config
+        except InferenceServerException as exc:
+            if status_code(exc) in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
+                raise NotFoundError(f"Triton has no loaded model {model!r}") from exc
+            raise self._client_error(exc, f"configuration of {model}", logging.DEBUG) from exc
+        return ModelConfig(
+            name=config.name,
+            platform=config.platform or config.backend,
+            max_batch_size=int(config.max_batch_size),
+            parameters={key: value.string_value for key, value in config.parameters.items()},
+            inputs=tuple(item.name for item in config.input),
+            optional_inputs=tuple(item.name for item in config.input if item.optional),
+            steps=tuple(step.model_name for step in config.ensemble_scheduling.step),
+        )
 
     async def repository_index(self) -> list[RepositoryModel]:
         self._admit("")  # known down: refused at once
@@ -448,7 +344,8 @@ class TritonBackend:
                 headers=self._repository_headers, client_timeout=self._settings.health_timeout_seconds
             )
         except InferenceServerException as exc:
-            raise self._error(exc, "", "repository index") from exc
+            # read every few seconds by the catalog: a refusal is its business to report
+            raise self._client_error(exc, "repository index", logging.DEBUG) from exc
         return [RepositoryModel(m.name, m.version, m.state, m.reason) for m in index.models]
 
     async def load_model(self, model: str) -> None:
@@ -457,8 +354,10 @@ class TritonBackend:
                 model, headers=self._repository_headers, client_timeout=self._settings.load_timeout_seconds
             )
         except InferenceServerException as exc:
-            if exc.status() in _UNAVAILABLE | _TIMEOUT and "load" not in (exc.message() or ""):
-                raise self._error(exc, model, f"load of {model}") from exc
+            transient = STATUS_ERRORS[status_code(exc)] in (TritonUnavailableError, TritonTimeoutError)
+            # Triton reports a failed load as UNAVAILABLE / INTERNAL with "load" in its reason.
+            if transient and "load" not in (exc.message() or ""):
+                raise self._client_error(exc, f"load of {model}") from exc
             logger.warning("triton could not load %s: %s", model, exc.message())
             raise ModelLoadError(f"Triton could not load {model}: {exc.message()}"[:1000]) from exc
         finally:
@@ -473,7 +372,7 @@ class TritonBackend:
                 client_timeout=self._settings.load_timeout_seconds,
             )
         except InferenceServerException as exc:
-            raise self._error(exc, model, f"unload of {model}") from exc
+            raise self._client_error(exc, f"unload of {model}") from exc
         finally:
             self._signatures.clear()
 

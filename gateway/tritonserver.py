@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 
 from gateway.errors import ConfigurationError
+from gateway.triton import REPOSITORY_KEY_HEADER
 
 _LOCATE = """
 import importlib.util, json, sys, sysconfig
@@ -55,8 +56,6 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
-# The gRPC metadata / HTTP header that carries the key of Triton's restricted APIs.
-REPOSITORY_KEY_HEADER = "triton-gateway-admin-key"
 # What a client of Triton must never reach without that key: model control (loading a
 # model runs its code: older releases had a remote-code flaw there), shared-memory
 # registration, and the trace and log settings.

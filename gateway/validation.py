@@ -133,16 +133,17 @@ def count_header_segments(data: bytes, detected: str, limit: int = MAX_HEADER_SE
     return 0
 
 
-def inspect_image(data: bytes, limits: ImageLimits) -> ImageInfo:
-    """Check one encoded image against the limits, from its bytes and header only."""
+def inspect_image(data: bytes, limits: ImageLimits, formats: tuple[str, ...] = ACCEPTED_FORMATS) -> ImageInfo:
+    """Check one encoded image against the limits and the model's ``formats`` (a subset of
+    ACCEPTED_FORMATS), from its bytes and header only."""
     if not data:
         raise InvalidInputError("the image is empty (0 bytes)")
     if len(data) > limits.max_bytes:
         raise PayloadTooLargeError(f"the image is {len(data)} bytes; the limit is {limits.max_bytes}")
     detected = sniff_format(data)
-    if detected not in ACCEPTED_FORMATS:
+    if detected not in formats:
         what = "not a recognised image format" if detected is None else f"{detected}, which is not accepted"
-        raise UnsupportedImageFormatError(f"the data is {what}; send {', '.join(ACCEPTED_FORMATS)}")
+        raise UnsupportedImageFormatError(f"the data is {what}; send {', '.join(formats)}")
     if count_header_segments(data, detected) > MAX_HEADER_SEGMENTS:
         raise InvalidInputError(
             f"the {detected} header has over {MAX_HEADER_SEGMENTS} segments before the image data"
@@ -183,12 +184,14 @@ def check_count(count: int, limit: int, what: str) -> None:
         raise PayloadTooLargeError(f"{count} {what} in one request; the limit is {limit}")
 
 
-def inspect_images(images: list[bytes], limits: ImageLimits) -> list[ImageInfo]:
+def inspect_images(
+    images: list[bytes], limits: ImageLimits, formats: tuple[str, ...] = ACCEPTED_FORMATS
+) -> list[ImageInfo]:
     """inspect_image for each; an error names the input it is about."""
     found = []
     for index, data in enumerate(images):
         try:
-            found.append(inspect_image(data, limits))
+            found.append(inspect_image(data, limits, formats))
         except ClientError as exc:
             exc.at(index)
             raise

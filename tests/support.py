@@ -30,9 +30,18 @@ import yaml
 from fastapi import FastAPI
 from PIL import Image
 
-from gateway.backend import Classification, ModelStatus, RepositoryModel, ScoredLabel, ServerStatus
-from gateway.errors import GatewayError
+from gateway.backend import (
+    InferenceBackend,
+    InferResult,
+    ModelConfig,
+    ModelStatus,
+    RepositoryModel,
+    ServerStatus,
+)
+from gateway.errors import GatewayError, InvalidInputError, NotFoundError, TritonUnavailableError
+from gateway.oip import ModelSignature, TensorSpec
 from gateway.server import server_config
+from gateway.tensors import Tensor
 from gateway.tritonserver import TritonServer, free_port
 
 
@@ -148,13 +157,69 @@ class ServedApp:
             self._thread.join(timeout=15)
 
 
+def fake_repository() -> dict[str, ModelConfig]:
+    """The models the fake backend "serves": the two default classifiers as ensembles
+    with two steps each (caps in the steps, as in model_repository/), and text_labels."""
+
+    def classifier(name: str, task: str, inputs: tuple[str, ...], **parameters: str) -> list[ModelConfig]:
+        optional = tuple(i for i in inputs if i == "CANDIDATE_LABELS")
+        steps = (f"{name}.pre", f"{name}.net")
+        return [
+            ModelConfig(
+                name,
+                "ensemble",
+                64 if "TEXT" in inputs else 32,
+                {"gateway_task": task, **parameters},
+                inputs,
+                optional,
+                steps,
+            ),
+            ModelConfig(
+                steps[0],
+                "python",
+                32,
+                {
+                    "formats": "JPEG,PNG,WEBP",
+                    "max_pixels": "40000000",
+                    "max_side": "16384",
+                    "max_tokens": "256",
+                },
+            ),
+            ModelConfig(steps[1], "python", 32, {"max_top_k": "20"}),
+        ]
+
+    models = [
+        *classifier("image_classifier", "image-classification", ("IMAGE", "TOP_K")),
+        *classifier(
+            "text_classifier",
+            "text-classification",
+            ("TEXT", "TOP_K", "CANDIDATE_LABELS"),
+            labels_model="text_labels",
+        ),
+        ModelConfig("text_labels", "python", 0, {}, ("QUERY",)),
+    ]
+    return {model.name: model for model in models}
+
+
+_SIGNATURES = {
+    "IMAGE": ("BYTES", (-1, 1), False),
+    "TEXT": ("BYTES", (-1, 1), False),
+    "TOP_K": ("INT32", (-1, 1), False),
+    "CANDIDATE_LABELS": ("BYTES", (-1, -1), True),
+}
+
+
 @dataclass
 class FakeBackend:
-    """Answers from the bytes themselves (label = sha1 prefix), or raises what it is told."""
+    """A fake of the transport (gateway.backend.InferenceBackend, checked by mypy through
+    ``as_backend``): answers images from their bytes (label = sha1 prefix), echoes texts,
+    or raises what it is told."""
 
     fail_with: GatewayError | None = None
     live: bool = True
     ready: bool = True
+    models: dict[str, ModelConfig] = field(default_factory=fake_repository)
+    # (model, inputs in the call, request id, top_k), one per Triton call
     calls: list[tuple[str, int, str, int]] = field(default_factory=list)
     texts: list[tuple[list[str], list[str] | None]] = field(default_factory=list)
     closed: bool = False
@@ -164,69 +229,88 @@ class FakeBackend:
     versions_called: list[str] = field(default_factory=list)
     control: list[tuple[str, str]] = field(default_factory=list)
 
-    async def classify_images(
-        self, model: str, version: str, inputs: Sequence[bytes], top_k: int, request_id: str
-    ) -> list[Classification]:
-        self.calls.append((model, len(inputs), request_id, top_k))
-        self.versions_called.append(version)
-        if self.fail_with is not None:
-            raise self.fail_with
-        return [
-            Classification(
-                predictions=[
-                    ScoredLabel(
-                        label=hashlib.sha1(data).hexdigest()[:8], score=1.0 / (rank + 1), class_id=rank
-                    )
-                    for rank in range(top_k)
-                ],
-                model_version="3",
-            )
-            for data in inputs
-        ]
-
-    async def classify_texts(
+    async def infer(
         self,
         model: str,
         version: str,
-        texts: Sequence[str],
-        top_k: int,
-        candidate_labels: Sequence[str] | None,
+        inputs: Sequence[Tensor],
         request_id: str,
-    ) -> list[Classification]:
-        """Echoes each text back as its label, so tests can see what reached the backend."""
-        self.calls.append((model, len(texts), request_id, top_k))
-        self.texts.append((list(texts), None if candidate_labels is None else list(candidate_labels)))
+        outputs: Sequence[str] = (),
+        invalid: InvalidInputError | None = None,
+    ) -> InferResult:
+        given = {tensor.name: tensor for tensor in inputs}
+        if "QUERY" in given:
+            labels = ["sports", "politics"] if self.live else None
+            if labels is None:
+                raise TritonUnavailableError("down")
+            return InferResult("1", {"LABELS": _bytes_tensor("LABELS", [labels])})
+        top_k = int(given["TOP_K"].array.reshape(-1)[0]) if "TOP_K" in given else 1
+        rows = given["IMAGE" if "IMAGE" in given else "TEXT"].array.reshape(-1)
+        self.calls.append((model, len(rows), request_id, top_k))
+        self.versions_called.append(version)
+        if "TEXT" in given:
+            texts = [bytes(t).decode() for t in rows]
+            labels_given = given.get("CANDIDATE_LABELS")
+            candidates = None if labels_given is None else [bytes(x).decode() for x in labels_given.array[0]]
+            self.texts.append((texts, candidates))
         if self.fail_with is not None:
             raise self.fail_with
-        return [
-            Classification(
-                predictions=[ScoredLabel(label=text, score=1.0, class_id=0)],
-                model_version="2",
-                truncated=len(text) > 100,
+        if "TEXT" in given:
+            return InferResult(
+                "2",
+                {
+                    "LABELS": _bytes_tensor("LABELS", [[t] for t in texts]),
+                    "SCORES": Tensor("SCORES", "FP32", np.ones((len(texts), 1), dtype=np.float32)),
+                    "CLASS_IDS": Tensor("CLASS_IDS", "INT32", np.zeros((len(texts), 1), dtype=np.int32)),
+                    "TRUNCATED": Tensor("TRUNCATED", "BOOL", np.array([[len(t) > 100] for t in texts])),
+                },
             )
-            for text in texts
-        ]
+        hashed = [[hashlib.sha1(bytes(data)).hexdigest()[:8]] * top_k for data in rows]
+        scores = [[1.0 / (rank + 1) for rank in range(top_k)] for _ in rows]
+        return InferResult(
+            "3",
+            {
+                "LABELS": _bytes_tensor("LABELS", hashed),
+                "SCORES": Tensor("SCORES", "FP32", np.array(scores, dtype=np.float32)),
+                "CLASS_IDS": Tensor(
+                    "CLASS_IDS", "INT32", np.array([list(range(top_k))] * len(rows), dtype=np.int32)
+                ),
+            },
+        )
 
-    async def label_set(self, model: str) -> list[str] | None:
-        return ["sports", "politics"] if self.live else None
+    def circuit(self, model: str) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    async def model_signature(self, model: str, version: str) -> ModelSignature:
+        config = self.models.get(model)
+        if config is None or model in self.unloaded:
+            raise NotFoundError("there is no such model version")
+        specs = tuple(TensorSpec(name, *_SIGNATURES[name]) for name in config.inputs)
+        outputs = tuple(TensorSpec(name, "BYTES", (-1, -1)) for name in ("LABELS",))
+        return ModelSignature(model, ("1",), config.platform, specs, outputs)
+
+    async def model_config(self, model: str) -> ModelConfig:
+        if model not in self.models or model in self.unloaded:
+            raise NotFoundError(f"no loaded model {model}")
+        return self.models[model]
 
     async def server_status(self) -> ServerStatus:
         return ServerStatus(live=self.live, version="2.51.0" if self.live else "")
 
     async def model_status(self, model: str, version: str) -> ModelStatus:
-        if model in self.unloaded or version not in self.ready_versions:
+        if model in self.unloaded or version not in self.ready_versions or model not in self.models:
             return ModelStatus(name=model, ready=False)
-        steps = [
-            ModelStatus(name=n, ready=self.ready, versions=["1"]) for n in (f"{model}.pre", f"{model}.net")
-        ]
+        steps = [ModelStatus(name=n, ready=self.ready, versions=["1"]) for n in self.models[model].steps]
         return ModelStatus(name=model, ready=self.ready, versions=["1"], platform="ensemble", composing=steps)
 
     async def repository_index(self) -> list[RepositoryModel]:
+        if not self.live:
+            raise TritonUnavailableError("down")
         return [
             RepositoryModel(name, "1", "UNAVAILABLE", "unloaded")
             if name in self.unloaded
             else RepositoryModel(name, "1", "READY")
-            for name in ("image_classifier", "text_classifier", "text_labels")
+            for name in self.models
         ]
 
     async def load_model(self, model: str) -> None:
@@ -239,6 +323,15 @@ class FakeBackend:
 
     async def close(self) -> None:
         self.closed = True
+
+
+def _bytes_tensor(name: str, rows: list[list[str]]) -> Tensor:
+    return Tensor(name, "BYTES", np.array([[x.encode() for x in row] for row in rows], dtype=np.object_))
+
+
+def as_backend(fake: FakeBackend) -> InferenceBackend:
+    """The fake where the app takes a backend: mypy checks here that it is one."""
+    return fake
 
 
 def png_with_private_chunks(count: int) -> bytes:

@@ -19,7 +19,8 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 
 from gateway.auth import identify, missing_key_error
 from gateway.backend import InferenceBackend, RepositoryModel
-from gateway.dependencies import BackendDep, ServedDep
+from gateway.catalog import Catalog
+from gateway.dependencies import BackendDep, CatalogDep
 from gateway.errors import ConflictError, NotFoundError
 from gateway.routes.problems import problem_responses
 from gateway.schemas import (
@@ -29,7 +30,6 @@ from gateway.schemas import (
     RepositoryIndex,
     ServedVersion,
 )
-from gateway.served import ServedModels
 
 logger = logging.getLogger("gateway.admin")
 
@@ -67,15 +67,21 @@ async def _known(backend: InferenceBackend, name: str) -> list[RepositoryModel]:
     return entries
 
 
-async def _load(backend: InferenceBackend, name: str, action: str, admin: str) -> ModelControlResult:
+async def _load(
+    backend: InferenceBackend, catalog: Catalog, name: str, action: str, admin: str
+) -> ModelControlResult:
     started = time.monotonic()
-    await backend.load_model(name)
+    try:
+        await backend.load_model(name)
+    finally:
+        await catalog.refresh()  # a failed reload may still have changed what is loaded
     return await _after(backend, name, action, started, admin)
 
 
 async def _after(
     backend: InferenceBackend, name: str, action: str, started: float, admin: str
 ) -> ModelControlResult:
+    """The answer of a model-control call (the catalog was refreshed after it)."""
     took = time.monotonic() - started
     logger.info("admin %s: %s %s (%.2f s)", admin, action, name, took)
     return ModelControlResult(
@@ -96,9 +102,11 @@ async def repository(admin: AdminDep, backend: BackendDep) -> RepositoryIndex:
     summary="Load a model, or reload it if loaded (the loaded one serves until the new one is ready)",
     responses=problem_responses(404, 409),
 )
-async def load(name: ModelName, admin: AdminDep, backend: BackendDep) -> ModelControlResult:
+async def load(
+    name: ModelName, admin: AdminDep, backend: BackendDep, catalog: CatalogDep
+) -> ModelControlResult:
     await _known(backend, name)
-    return await _load(backend, name, "load", admin)
+    return await _load(backend, catalog, name, "load", admin)
 
 
 @router.post(
@@ -106,10 +114,12 @@ async def load(name: ModelName, admin: AdminDep, backend: BackendDep) -> ModelCo
     summary="Reload a loaded model from the repository (409 if it is not loaded)",
     responses=problem_responses(404, 409),
 )
-async def reload(name: ModelName, admin: AdminDep, backend: BackendDep) -> ModelControlResult:
+async def reload(
+    name: ModelName, admin: AdminDep, backend: BackendDep, catalog: CatalogDep
+) -> ModelControlResult:
     if not any(m.state == "READY" for m in await _known(backend, name)):
         raise ConflictError(f"{name} is not loaded: load it instead")
-    return await _load(backend, name, "reload", admin)
+    return await _load(backend, catalog, name, "reload", admin)
 
 
 @router.post(
@@ -121,13 +131,17 @@ async def unload(
     name: ModelName,
     admin: AdminDep,
     backend: BackendDep,
+    catalog: CatalogDep,
     dependents: Annotated[
         bool, Query(description="Also unload the models it loaded with it (an ensemble's steps).")
     ] = False,
 ) -> ModelControlResult:
     await _known(backend, name)
     started = time.monotonic()
-    await backend.unload_model(name, dependents=dependents)
+    try:
+        await backend.unload_model(name, dependents=dependents)
+    finally:
+        await catalog.refresh()
     return await _after(backend, name, "unload", started, admin)
 
 
@@ -136,36 +150,39 @@ async def unload(
     summary="Load every loaded model again: Triton reloads those whose files changed",
     responses=problem_responses(409),
 )
-async def reload_changed(admin: AdminDep, backend: BackendDep) -> ModelControlResult:
+async def reload_changed(admin: AdminDep, backend: BackendDep, catalog: CatalogDep) -> ModelControlResult:
     started = time.monotonic()
     loaded = dict.fromkeys(m.name for m in await backend.repository_index() if m.state == "READY")
-    for name in loaded:
-        await backend.load_model(name)
+    try:
+        for name in loaded:
+            await backend.load_model(name)
+    finally:
+        await catalog.refresh()
     return await _after(backend, "*", "reload-changed", started, admin)
 
 
-def _served(served: ServedModels) -> list[ServedVersion]:
-    return [ServedVersion(name=m.name, task=m.task, version=m.version) for m in served.all()]
-
-
-@router.get("/served", summary="The classifiers /classify serves and their pinned versions")
-async def served_versions(admin: AdminDep, served: ServedDep) -> list[ServedVersion]:
-    return _served(served)
+@router.get("/served", summary="Every classifier of the catalog and its pinned version")
+async def served_versions(admin: AdminDep, catalog: CatalogDep) -> list[ServedVersion]:
+    return [
+        ServedVersion(name=entry.name, task=entry.task, version=catalog.version(entry.name))
+        for entry in catalog.entries()
+    ]
 
 
 @router.put(
     "/served/{name}",
-    summary="Pin a served classifier to a version Triton has ready (empty: Triton's latest)",
+    summary="Pin a classifier of the catalog to a version Triton has ready (empty: Triton's latest)",
     responses=problem_responses(404, 409),
 )
 async def pin(
-    name: ModelName, body: PinRequest, admin: AdminDep, backend: BackendDep, served: ServedDep
+    name: ModelName, body: PinRequest, admin: AdminDep, backend: BackendDep, catalog: CatalogDep
 ) -> ServedVersion:
-    if served.get(name) is None:
-        raise NotFoundError(f"{name} is not a model this gateway serves")
+    entry = catalog.find(name)
+    if entry is None:
+        raise NotFoundError(f"{name} is not a classifier of the catalog")
     status = await backend.model_status(name, body.version)
     if not status.ready:
         raise ConflictError(f"{name} version {body.version or '(latest)'} is not ready in Triton")
-    model = served.pin(name, body.version)
+    catalog.pin(name, body.version)
     logger.info("admin %s: pinned %s to version %s", admin, name, body.version or "(latest)")
-    return ServedVersion(name=model.name, task=model.task, version=model.version)
+    return ServedVersion(name=name, task=entry.task, version=body.version)

@@ -1,20 +1,21 @@
-"""POST /classify."""
+"""POST /classify (the default model of each kind) and POST /models/{model}/classify."""
 
 from __future__ import annotations
 
 from time import perf_counter
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response
 
 from gateway.bodies import read_classify_input
 from gateway.dependencies import gateway_state
-from gateway.errors import InvalidInputError
+from gateway.errors import NotFoundError, WrongInputKindError
+from gateway.kinds import kind_of
 from gateway.routes.problems import problem_responses
 from gateway.schemas import EXAMPLE_PNG_BASE64, ClassifyResponse, classify_response_json
-from gateway.settings import MODEL_MAX_TOP_K
-from gateway.validation import inspect_images, resolve_top_k
+from gateway.settings import TOP_K_CEILING
+from gateway.validation import resolve_top_k
 
 router = APIRouter(tags=["classify"])
 
@@ -66,58 +67,94 @@ REQUEST_BODY: dict[str, Any] = {
 }
 
 
+_RESPONSES = problem_responses(400, 404, 408, 413, 415, 422, 502, 503, 504)
+TopK = Annotated[
+    int | None,
+    Query(
+        ge=1,
+        le=TOP_K_CEILING,
+        description="Predictions per input (default 5; at most the model's max_top_k).",
+    ),
+]
+ModelName = Annotated[str, Path(description="A classifier of the catalog (GET /models).")]
+ModelVersion = Annotated[str, Path(description="A version number of that model.")]
+
+
 @router.post(
     "/classify",
-    summary="Classify images or texts",
+    summary="Classify images or texts with the default model of their kind",
     description=(
         "Images: each is checked cheaply (magic bytes, size, header dimensions) and sent to the "
-        "image ensemble. Texts: validated (Unicode, NFC, control characters removed, caps) and "
-        "classified zero-shot against the configured labels or `candidate_labels`. One result "
-        "per input, in input order. The declared Content-Type selects the transport only: "
-        "an image's format is sniffed from its bytes."
+        "default image classifier. Texts: validated (Unicode, NFC, control characters removed, caps) "
+        "and sent to the default text classifier, which classifies them against its configured "
+        "labels or `candidate_labels`. One result per input, in input order. The declared "
+        "Content-Type selects the transport only: an image's format is sniffed from its bytes."
     ),
     response_model=ClassifyResponse,
     response_model_exclude_none=True,
-    responses=problem_responses(400, 408, 413, 415, 422, 502, 503, 504),
+    responses=_RESPONSES,
     openapi_extra={"requestBody": REQUEST_BODY},
 )
-async def classify(
-    request: Request,
-    top_k: Annotated[
-        int | None, Query(ge=1, le=MODEL_MAX_TOP_K, description="Predictions per input (default 5).")
-    ] = None,
+async def classify(request: Request, top_k: TopK = None) -> Response:
+    return await _classify(request, top_k, None, None)
+
+
+@router.post(
+    "/models/{model}/classify",
+    summary="Classify with one model of the catalog",
+    description="As POST /classify, with the model named: any exposed classifier (GET /models). "
+    "Its kind decides what it takes: images for an image classifier, texts for a text one.",
+    response_model=ClassifyResponse,
+    response_model_exclude_none=True,
+    responses=_RESPONSES,
+    openapi_extra={"requestBody": REQUEST_BODY},
+)
+async def classify_with(request: Request, model: ModelName, top_k: TopK = None) -> Response:
+    return await _classify(request, top_k, model, None)
+
+
+@router.post(
+    "/models/{model}/versions/{version}/classify",
+    summary="Classify with one version of one model of the catalog",
+    description="As POST /models/{model}/classify, with the version named (it overrides a pin).",
+    response_model=ClassifyResponse,
+    response_model_exclude_none=True,
+    responses=_RESPONSES,
+    openapi_extra={"requestBody": REQUEST_BODY},
+)
+async def classify_with_version(
+    request: Request, model: ModelName, version: ModelVersion, top_k: TopK = None
 ) -> Response:
+    if not (version.isdigit() and len(version) <= 10):
+        raise NotFoundError("there is no such model version")
+    return await _classify(request, top_k, model, version)
+
+
+async def _classify(request: Request, top_k: int | None, model: str | None, version: str | None) -> Response:
     # The hot path: the lifespan's state is read straight from the request (no dependency
     # resolution), and the answer is serialised once, here (FastAPI does not re-validate a
     # Response; `response_model` still documents it).
     started = perf_counter()
     state = gateway_state(request)
-    settings, tracing, workers = state["settings"], state["tracing"], state["workers"]
+    settings, catalog = state["settings"], state["catalog"]
+    # An unknown model is refused before its body is read.
+    entry = catalog.get(model) if model is not None else None
     # The body is read before admission: a slot bounds work (checks, Triton), and a slow
     # upload, bounded by the body timeout, never holds one. Refusing only once the body is
     # in also spares a client still writing it a connection reset instead of the 503.
-    with tracing.span("read body"):
-        payload = await read_classify_input(request, settings, workers)  # texts are normalised here
-    k = resolve_top_k(top_k, payload.top_k, settings.default_top_k, settings.max_top_k)
-    kind, model = ("text", settings.text_model) if payload.texts else ("image", settings.image_model)
-    if not model:
-        raise InvalidInputError(f"this gateway serves no {kind} model")
-    state["model"] = model  # the metrics' model label
-    request_id, backend, metrics = state["request_id"], state["backend"], state["metrics"]
-    version = state["served"].version(model)
-    # the span covers the wait for an in-flight slot (the gateway's queue)
-    async with state["admission"].slot(waiting=tracing.span("admission")):
-        if payload.images:
-            with tracing.span("validate images", {"gateway.inputs": len(payload.images)}):
-                await workers.run(
-                    sum(map(len, payload.images)), inspect_images, payload.images, settings.image
-                )
-        metrics.validation_duration.labels(model=model).observe(perf_counter() - started)
-        metrics.inputs.labels(model=model).observe(len(payload.texts or payload.images))
-        if payload.texts:
-            answers = await backend.classify_texts(
-                model, version, payload.texts, k, payload.candidate_labels, request_id
-            )
-        else:
-            answers = await backend.classify_images(model, version, payload.images, k, request_id)
-    return Response(classify_response_json(model, request_id, answers), media_type="application/json")
+    with state["tracing"].span("read body"):
+        payload = await read_classify_input(request, settings, state["workers"])  # texts normalised here
+    kind = kind_of(payload)
+    if entry is None:
+        entry = catalog.default(kind)
+    elif entry.kind is not kind:
+        raise WrongInputKindError(
+            f"{entry.name} is an {entry.task} model: it takes {entry.kind.noun}s, not {kind.noun}s"
+        )
+    state["model"] = entry.name  # the metrics' model label: catalogued names only
+    k = resolve_top_k(top_k, payload.top_k, entry.caps.default_top_k, entry.caps.max_top_k)
+    request_id = state["request_id"]
+    answers = await state["plane"].classify(
+        entry, catalog.version(entry.name) if version is None else version, payload, k, request_id, started
+    )
+    return Response(classify_response_json(entry.name, request_id, answers), media_type="application/json")

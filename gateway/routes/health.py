@@ -4,27 +4,23 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
 
 from gateway.backend import InferenceBackend, ModelStatus
-from gateway.bodies import RAW_IMAGE_TYPES
-from gateway.dependencies import AdmissionDep, BackendDep, RequestIdDep, ServedDep, SettingsDep
-from gateway.errors import PROBLEM_MEDIA_TYPE, TYPE_PREFIX, GatewayError
+from gateway.catalog import Catalog, CatalogEntry
+from gateway.dependencies import AdmissionDep, BackendDep, CatalogDep, SettingsDep
+from gateway.errors import GatewayError, NotReadyError, problem_response
 from gateway.routes.problems import problem_responses
 from gateway.schemas import ComposingModel, Liveness, ModelInfo, ModelsResponse, Readiness, TritonInfo
-from gateway.settings import ServedModel, Settings
 
 router = APIRouter(tags=["health"])
 
-_ACCEPTS = {
-    "image-classification": ["multipart/form-data", "application/json", *RAW_IMAGE_TYPES],
-    "zero-shot-text-classification": ["application/json"],
-}
 
-
-async def model_statuses(backend: InferenceBackend, served: list[ServedModel]) -> list[ModelStatus]:
-    return list(await asyncio.gather(*(backend.model_status(m.name, m.version) for m in served)))
+async def default_statuses(backend: InferenceBackend, catalog: Catalog) -> list[ModelStatus]:
+    """The default models as Triton sees them now (at their pinned versions)."""
+    names = list(dict.fromkeys(catalog.defaults().values()))
+    return list(await asyncio.gather(*(backend.model_status(n, catalog.version(n)) for n in names)))
 
 
 @router.get("/livez", summary="The process is up (never calls Triton)")
@@ -48,90 +44,79 @@ async def unloaded_models(backend: InferenceBackend, statuses: list[ModelStatus]
 
 @router.get(
     "/readyz",
-    summary="Triton is live and every served model (but those unloaded on purpose) is ready",
-    description="A served model unloaded through model control is listed in `unloaded` and the "
-    "status is `degraded`: the others are still served, so the replica stays in rotation. "
-    "503 when Triton is down, a served model fails, every served model is unloaded, or the "
-    "gateway is draining.",
+    summary="Triton is live and every default model (but those unloaded on purpose) is ready",
+    description="Readiness follows the default models (those POST /classify uses); every other "
+    "classifier of the catalog is reported in `models` without deciding it. A default model "
+    "unloaded through model control is listed in `unloaded` and the status is `degraded`: the "
+    "others are still served, so the replica stays in rotation. 503 when Triton is down, a "
+    "default model fails, every default model is unloaded, or the gateway is draining.",
     response_model=Readiness,
     responses=problem_responses(503),
 )
 async def readyz(
+    request: Request,
     settings: SettingsDep,
-    served: ServedDep,
+    catalog: CatalogDep,
     backend: BackendDep,
     admission: AdmissionDep,
-    request_id: RequestIdDep,
-) -> JSONResponse:
+) -> Response:
     unloaded: set[str] = set()
     if admission.leaving:
         checks = {"accepting": False}
     else:
-        server, statuses = await asyncio.gather(
-            backend.server_status(), model_statuses(backend, served.all())
-        )
+        server, statuses = await asyncio.gather(backend.server_status(), default_statuses(backend, catalog))
         # only a live Triton unloads a model on purpose (and a dead one is not asked twice)
         unloaded = await unloaded_models(backend, statuses) if server.live else set()
         checks = {"accepting": True, "triton_live": server.live}
         for status in statuses:
             checks[f"model:{status.name}"] = status.ready
             checks.update({f"model:{step.name}": step.ready for step in status.composing})
-        if len(unloaded) == len(statuses):
+        if statuses and len(unloaded) == len(statuses):
             unloaded = set()  # nothing left to serve: not ready
     failing = [name for name, ok in checks.items() if not ok and name.removeprefix("model:") not in unloaded]
     if not failing:
-        body = Readiness(status="degraded" if unloaded else "ready", checks=checks, unloaded=sorted(unloaded))
+        body = Readiness(
+            status="degraded" if unloaded else "ready",
+            checks=checks,
+            unloaded=sorted(unloaded),
+            models={entry.name: entry.state for entry in catalog.entries()},
+        )
         return JSONResponse(body.model_dump())
-    problem = {
-        "type": TYPE_PREFIX + "not-ready",
-        "title": "Not ready",
-        "status": 503,
-        "detail": f"not ready: {', '.join(failing)}",
-        "instance": "/readyz",
-        "request_id": request_id,
-        "checks": checks,
-    }
-    return JSONResponse(
-        problem,
-        status_code=503,
-        media_type=PROBLEM_MEDIA_TYPE,
+    error = NotReadyError(
+        f"not ready: {', '.join(failing)}",
         headers={"Retry-After": str(settings.triton.retry_after_seconds)},
+        extensions={"checks": checks},
     )
+    return problem_response(error, request)
 
 
-async def _labels(settings: Settings, backend: InferenceBackend, served: ServedModel) -> list[str] | None:
-    if served.task != "zero-shot-text-classification" or not settings.text_labels_model:
-        return None
-    return await backend.label_set(settings.text_labels_model)
-
-
-@router.get("/models", summary="The classifiers the gateway serves, as Triton reports them")
-async def models(settings: SettingsDep, served_models: ServedDep, backend: BackendDep) -> ModelsResponse:
-    served = served_models.all()
-    server, statuses, labels = await asyncio.gather(
-        backend.server_status(),
-        model_statuses(backend, served),
-        asyncio.gather(*(_labels(settings, backend, m) for m in served)),
-    )
-    unloaded = await unloaded_models(backend, statuses) if server.live else set()
-    return ModelsResponse(
-        triton=TritonInfo(live=server.live, version=server.version),
-        models=[
-            ModelInfo(
-                name=status.name,
-                task=model.task,
-                ready=status.ready,
-                versions=status.versions,
-                platform=status.platform,
-                accepts=_ACCEPTS[model.task],
-                composing_models=[
-                    ComposingModel(name=step.name, ready=step.ready, versions=step.versions)
-                    for step in status.composing
-                ],
-                labels=label_set,
-                pinned_version=model.version,
-                state="ready" if status.ready else "unloaded" if status.name in unloaded else "unavailable",
-            )
-            for model, status, label_set in zip(served, statuses, labels, strict=True)
+async def _info(catalog: Catalog, entry: CatalogEntry, defaults: set[str], live: bool) -> ModelInfo:
+    # the catalog as last read, but nothing is ready while Triton does not answer
+    ready = entry.ready and live
+    return ModelInfo(
+        name=entry.name,
+        task=entry.task,
+        default=entry.name in defaults,
+        ready=ready,
+        versions=list(entry.versions),
+        platform=entry.platform,
+        accepts=list(entry.kind.accepts),
+        composing_models=[
+            ComposingModel(name=step.name, ready=step.ready, versions=list(step.versions))
+            for step in entry.steps
         ],
+        caps=entry.caps.as_json(),
+        labels=await catalog.labels(entry) if ready else None,
+        pinned_version=catalog.version(entry.name),
+        state=entry.state if live else "unavailable",
     )
+
+
+@router.get("/models", summary="The catalog: every classifier the gateway exposes, as Triton reports it")
+async def models(catalog: CatalogDep, backend: BackendDep) -> ModelsResponse:
+    defaults = set(catalog.defaults().values())
+    server = await backend.server_status()
+    infos = await asyncio.gather(
+        *(_info(catalog, entry, defaults, server.live) for entry in catalog.entries())
+    )
+    return ModelsResponse(triton=TritonInfo(live=server.live, version=server.version), models=list(infos))

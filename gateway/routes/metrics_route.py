@@ -7,9 +7,9 @@ import asyncio
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from gateway.dependencies import BackendDep, MetricsDep, ServedDep, TritonMetricsDep
+from gateway.dependencies import BackendDep, CatalogDep, MetricsDep, TritonMetricsDep
 from gateway.metrics import EXPOSITION_CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE
-from gateway.routes.health import model_statuses
+from gateway.routes.health import default_statuses
 
 router = APIRouter(tags=["health"])
 
@@ -28,15 +28,20 @@ router = APIRouter(tags=["health"])
 )
 async def metrics(
     request: Request,
-    served: ServedDep,
+    catalog: CatalogDep,
     backend: BackendDep,
     gateway_metrics: MetricsDep,
     scraper: TritonMetricsDep,
 ) -> Response:
-    triton, statuses = await asyncio.gather(scraper.fetch(), model_statuses(backend, served.all()))
+    triton, statuses = await asyncio.gather(scraper.fetch(), default_statuses(backend, catalog))
     if gateway_metrics.triton_metrics_up is not None:
         gateway_metrics.triton_metrics_up.set(1 if triton else 0)
-    for status in statuses:
-        gateway_metrics.model_ready.labels(model=status.name).set(1 if status.ready else 0)
+    # The defaults as Triton answers now; the rest of the catalog as last read (a model
+    # gone from it loses its series, so the label stays bounded by the catalog).
+    ready = {entry.name: entry.ready for entry in catalog.entries()}
+    ready.update({status.name: status.ready for status in statuses})
+    gateway_metrics.model_ready.clear()
+    for name, is_ready in ready.items():
+        gateway_metrics.model_ready.labels(model=name).set(1 if is_ready else 0)
     body, media_type = gateway_metrics.exposition(triton, request.headers.get("accept", ""))
     return Response(body, media_type=media_type)

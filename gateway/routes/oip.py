@@ -1,50 +1,42 @@
-"""The Open Inference Protocol's HTTP routes (``/v2``), for the models on the allow-list.
+"""The Open Inference Protocol's HTTP routes (``/v2``), for the catalog's classifiers
+and the models named in ``GATEWAY_V2_MODELS``.
 
 Same path as ``/classify`` for everything that matters in production: the body is read
 with the same caps and timeout, checked before Triton (shapes, datatypes, element counts,
-byte caps, and the gateway's own image and text checks on the served ensembles' BYTES
-inputs), sent over the same gRPC channel under the same admission control, deadline,
-circuit breaker, metrics and tracing. Models off the allow-list are 404, as if they did
-not exist. Problem bodies on these routes also carry ``error`` (the protocol's error
-shape, which ``tritonclient.http`` reads).
+byte caps, and, on a classifier's BYTES inputs, the same checks of its kind as on
+``/classify``), and sent through the same inference plane (admission, deadline, circuit
+breaker, metrics, tracing). A model loaded through ``/admin`` is reachable here as soon
+as the catalog has it, with no restart. Any other model is 404, as if it did not exist.
+Errors on these routes are ``application/json`` (the protocol's media type) and carry
+``error`` (the protocol's error shape, which ``tritonclient.http`` reads) besides the
+problem members.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Request
+from fastapi import APIRouter, Path, Request
 from fastapi.responses import Response
 
 from gateway import __version__
-from gateway.admission import Admission
 from gateway.backend import InferenceBackend
 from gateway.bodies import limited_body
-from gateway.dependencies import (
-    AdmissionDep,
-    BackendDep,
-    RequestIdDep,
-    SettingsDep,
-    TracingDep,
-    WorkersDep,
-)
+from gateway.catalog import Catalog, CatalogEntry
+from gateway.dependencies import BackendDep, CatalogDep, SettingsDep, gateway_state
 from gateway.errors import InvalidInputError, NotFoundError, TritonUnavailableError
 from gateway.oip import (
     HEADER_LENGTH,
     BytesCheck,
     Caps,
-    Tensor,
     encode_infer_response,
     parse_infer_request,
     split_body,
 )
 from gateway.routes.problems import problem_responses
 from gateway.settings import Settings
-from gateway.tracing import Tracing
-from gateway.validation import check_count, inspect_images, normalize_text
-from gateway.workers import CheckWorkers
+from gateway.tensors import Tensor
 
 router = APIRouter(prefix="/v2", tags=["open inference protocol"])
 
@@ -54,11 +46,14 @@ ModelName = Annotated[str, Path(description="A model on the gateway's allow-list
 ModelVersion = Annotated[str, Path(description="A version number.")]
 
 
-def allowed(settings: Settings, name: str, version: str = "") -> str:
-    """The model if it is on the allow-list; otherwise 404, exactly as an unknown model."""
-    if name not in settings.oip_models() or not (version == "" or (version.isdigit() and len(version) <= 10)):
+def allowed(catalog: Catalog, settings: Settings, name: str, version: str = "") -> CatalogEntry | None:
+    """The model's catalog entry (None for a model of GATEWAY_V2_MODELS); 404, exactly as
+    an unknown model, for anything else or a version that is not a number."""
+    entry = catalog.find(name)
+    known = entry is not None or name in settings.v2_models
+    if not known or not (version == "" or (version.isdigit() and len(version) <= 10)):
         raise NotFoundError("there is no such model")
-    return name
+    return entry
 
 
 @router.get("", summary="Server metadata (OIP)")
@@ -82,16 +77,20 @@ async def health_live(backend: BackendDep) -> dict[str, bool]:
 @router.get(
     "/health/ready", summary="Every allow-listed model is ready (OIP)", responses=problem_responses(503)
 )
-async def health_ready(settings: SettingsDep, backend: BackendDep) -> dict[str, bool]:
-    statuses = await asyncio.gather(*(backend.model_status(m, "") for m in settings.oip_models()))
+async def health_ready(settings: SettingsDep, catalog: CatalogDep, backend: BackendDep) -> dict[str, bool]:
+    names = dict.fromkeys([*catalog.defaults().values(), *settings.v2_models])
+    statuses = await asyncio.gather(*(backend.model_status(m, catalog.version(m)) for m in names))
     if not all(s.ready for s in statuses):
         raise TritonUnavailableError("a model is not ready", headers={"Retry-After": "1"})
     return {"ready": True}
 
 
 @router.get("/models/{model_name}", summary="Model metadata (OIP)", responses=problem_responses(404, 503))
-async def model_metadata(model_name: ModelName, settings: SettingsDep, backend: BackendDep) -> dict[str, Any]:
-    return (await backend.model_signature(allowed(settings, model_name), "")).as_json()
+async def model_metadata(
+    model_name: ModelName, settings: SettingsDep, catalog: CatalogDep, backend: BackendDep
+) -> dict[str, Any]:
+    allowed(catalog, settings, model_name)
+    return (await backend.model_signature(model_name, "")).as_json()
 
 
 @router.get(
@@ -100,18 +99,23 @@ async def model_metadata(model_name: ModelName, settings: SettingsDep, backend: 
     responses=problem_responses(404, 503),
 )
 async def model_version_metadata(
-    model_name: ModelName, model_version: ModelVersion, settings: SettingsDep, backend: BackendDep
+    model_name: ModelName,
+    model_version: ModelVersion,
+    settings: SettingsDep,
+    catalog: CatalogDep,
+    backend: BackendDep,
 ) -> dict[str, Any]:
-    return (
-        await backend.model_signature(allowed(settings, model_name, model_version), model_version)
-    ).as_json()
+    allowed(catalog, settings, model_name, model_version)
+    return (await backend.model_signature(model_name, model_version)).as_json()
 
 
-async def _ready(settings: Settings, backend: InferenceBackend, name: str, version: str) -> dict[str, bool]:
-    model = allowed(settings, name, version)
+async def _ready(
+    settings: Settings, catalog: Catalog, backend: InferenceBackend, name: str, version: str
+) -> dict[str, bool]:
+    allowed(catalog, settings, name, version)
     if version:
-        await backend.model_signature(model, version)  # an unknown version is 404, not "not ready"
-    status = await backend.model_status(model, version)
+        await backend.model_signature(name, version)  # an unknown version is 404, not "not ready"
+    status = await backend.model_status(name, version)
     if not status.ready:
         raise TritonUnavailableError("the model is not ready", headers={"Retry-After": "1"})
     return {"ready": True}
@@ -120,8 +124,10 @@ async def _ready(settings: Settings, backend: InferenceBackend, name: str, versi
 @router.get(
     "/models/{model_name}/ready", summary="Model readiness (OIP)", responses=problem_responses(404, 503)
 )
-async def model_ready(model_name: ModelName, settings: SettingsDep, backend: BackendDep) -> dict[str, bool]:
-    return await _ready(settings, backend, model_name, "")
+async def model_ready(
+    model_name: ModelName, settings: SettingsDep, catalog: CatalogDep, backend: BackendDep
+) -> dict[str, bool]:
+    return await _ready(settings, catalog, backend, model_name, "")
 
 
 @router.get(
@@ -130,44 +136,35 @@ async def model_ready(model_name: ModelName, settings: SettingsDep, backend: Bac
     responses=problem_responses(404, 503),
 )
 async def model_version_ready(
-    model_name: ModelName, model_version: ModelVersion, settings: SettingsDep, backend: BackendDep
+    model_name: ModelName,
+    model_version: ModelVersion,
+    settings: SettingsDep,
+    catalog: CatalogDep,
+    backend: BackendDep,
 ) -> dict[str, bool]:
-    return await _ready(settings, backend, model_name, model_version)
+    return await _ready(settings, catalog, backend, model_name, model_version)
 
 
-def _bytes_checks(settings: Settings, model: str) -> BytesCheck:
-    """The gateway's own checks on a served ensemble's BYTES inputs: images as on
-    /classify, texts and candidate labels by the text rule. Returns the elements to send
-    (texts normalised)."""
+def _bytes_checks(entry: CatalogEntry | None) -> BytesCheck:
+    """A classifier's BYTES inputs pass the checks of its kind, as on /classify (texts
+    normalised, images inspected, candidate labels capped and unrepeated); a model of
+    GATEWAY_V2_MODELS has no checks of the gateway's beyond the protocol's."""
 
-    def check(name: str, elements: list[bytes]) -> list[bytes]:
-        if model == settings.image_model and name == "IMAGE":
-            check_count(len(elements), settings.image.max_images, "images")
-            inspect_images(elements, settings.image)
-            return elements
-        if model == settings.text_model and name in ("TEXT", "CANDIDATE_LABELS"):
-            limit, what = (
-                (settings.text.max_chars, "a text")
-                if name == "TEXT"
-                else (settings.text.max_label_chars, "a candidate label")
-            )
-            out = []
-            for element in elements:
-                try:
-                    text = element.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    raise InvalidInputError(f"{what} is not valid UTF-8") from exc
-                out.append(normalize_text(text, limit, what).encode("utf-8"))
-            return out
-        return elements
+    def check(tensor: Tensor) -> Tensor:
+        if entry is not None and tensor.name in entry.kind.oip_inputs:
+            return entry.kind.check_tensor(tensor, entry.caps)
+        return tensor
 
     return check
 
 
-def _check_top_k(settings: Settings, inputs: list[Tensor]) -> None:
+def _check_top_k(entry: CatalogEntry | None, inputs: list[Tensor]) -> None:
+    if entry is None:
+        return
+    highest = entry.caps.max_top_k
     for tensor in inputs:
-        if tensor.name == "TOP_K" and ((tensor.array < 1).any() or (tensor.array > settings.max_top_k).any()):
-            raise InvalidInputError(f"TOP_K must be between 1 and {settings.max_top_k}")
+        if tensor.name == "TOP_K" and ((tensor.array < 1).any() or (tensor.array > highest).any()):
+            raise InvalidInputError(f"TOP_K must be between 1 and {highest}")
 
 
 def _caps(settings: Settings) -> Caps:
@@ -182,56 +179,25 @@ def _caps(settings: Settings) -> Caps:
     )
 
 
-@dataclass(frozen=True)
-class InferContext:
-    """What an inference route needs from the app, as one dependency."""
-
-    settings: Settings
-    backend: InferenceBackend
-    workers: CheckWorkers
-    admission: Admission
-    tracing: Tracing
-    request_id: str
-
-
-async def _infer_context(
-    settings: SettingsDep,
-    backend: BackendDep,
-    workers: WorkersDep,
-    admission: AdmissionDep,
-    tracing: TracingDep,
-    request_id: RequestIdDep,
-) -> InferContext:
-    return InferContext(settings, backend, workers, admission, tracing, request_id)
-
-
-InferContextDep = Annotated[InferContext, Depends(_infer_context)]
-
-
-async def _infer(request: Request, name: str, version: str, context: InferContext) -> Response:
-    settings, backend, tracing = context.settings, context.backend, context.tracing
-    model = allowed(settings, name, version)
-    request.state.model = model  # the metrics' model label
+async def _infer(request: Request, name: str, version: str) -> Response:
+    state = gateway_state(request)
+    settings, tracing = state["settings"], state["tracing"]
+    entry = allowed(state["catalog"], settings, name, version)
+    request.state.model = name  # the metrics' model label: catalogued or allow-listed names only
     with tracing.span("read body"):
         body = await limited_body(request, settings.max_json_body_bytes, settings.server.body_timeout_seconds)
-    signature = await backend.model_signature(model, version)
+    signature = await state["backend"].model_signature(name, version)
     with tracing.span("validate tensors"):
         header, binary = split_body(body, request.headers.get(HEADER_LENGTH))
-        parsed = await context.workers.run(
-            len(body),
-            parse_infer_request,
-            header,
-            binary,
-            signature,
-            _caps(settings),
-            _bytes_checks(settings, model),
+        parsed = await state["workers"].run(
+            len(body), parse_infer_request, header, binary, signature, _caps(settings), _bytes_checks(entry)
         )
-        _check_top_k(settings, parsed.inputs)
-    async with context.admission.slot(waiting=tracing.span("admission")):
-        answered, outputs = await backend.infer_tensors(
-            model, version, parsed.inputs, parsed.outputs, context.request_id
-        )
-    content, header_length = encode_infer_response(model, answered, parsed.id, outputs, parsed.binary_outputs)
+        _check_top_k(entry, parsed.inputs)
+    answer = await state["plane"].infer(name, version, parsed.inputs, parsed.outputs, state["request_id"])
+    outputs = list(answer.outputs.values())
+    content, header_length = encode_infer_response(
+        name, answer.model_version, parsed.id, outputs, parsed.binary_outputs
+    )
     if header_length is None:
         return Response(content, media_type="application/json")
     return Response(
@@ -258,8 +224,8 @@ INFER_DOC = {
     responses=problem_responses(400, 404, 408, 413, 422, 502, 503, 504),
     openapi_extra=INFER_DOC,
 )
-async def infer(request: Request, model_name: ModelName, context: InferContextDep) -> Response:
-    return await _infer(request, model_name, "", context)
+async def infer(request: Request, model_name: ModelName) -> Response:
+    return await _infer(request, model_name, "")
 
 
 @router.post(
@@ -268,7 +234,5 @@ async def infer(request: Request, model_name: ModelName, context: InferContextDe
     responses=problem_responses(400, 404, 408, 413, 422, 502, 503, 504),
     openapi_extra=INFER_DOC,
 )
-async def infer_version(
-    request: Request, model_name: ModelName, model_version: ModelVersion, context: InferContextDep
-) -> Response:
-    return await _infer(request, model_name, model_version, context)
+async def infer_version(request: Request, model_name: ModelName, model_version: ModelVersion) -> Response:
+    return await _infer(request, model_name, model_version)

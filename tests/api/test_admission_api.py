@@ -13,8 +13,10 @@ from fastapi.testclient import TestClient
 from support import FakeBackend, ServedApp, small_png
 
 from gateway.app import create_app
-from gateway.backend import Classification
+from gateway.backend import InferResult
+from gateway.errors import InvalidInputError
 from gateway.settings import ServerSettings, Settings
+from gateway.tensors import Tensor
 
 
 class HeldBackend(FakeBackend):
@@ -24,11 +26,18 @@ class HeldBackend(FakeBackend):
         super().__init__()
         self.release = asyncio.Event()
 
-    async def classify_images(  # type: ignore[override]
-        self, model: str, version: str, inputs: Sequence[bytes], top_k: int, request_id: str
-    ) -> list[Classification]:
-        await self.release.wait()
-        return await super().classify_images(model, version, inputs, top_k, request_id)
+    async def infer(
+        self,
+        model: str,
+        version: str,
+        inputs: Sequence[Tensor],
+        request_id: str,
+        outputs: Sequence[str] = (),
+        invalid: InvalidInputError | None = None,
+    ) -> InferResult:
+        if any(tensor.name == "IMAGE" for tensor in inputs):
+            await self.release.wait()
+        return await super().infer(model, version, inputs, request_id, outputs, invalid)
 
 
 def _post(client: httpx.Client) -> httpx.Response:

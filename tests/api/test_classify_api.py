@@ -48,7 +48,7 @@ def test_multipart_batch_keeps_order(client: TestClient, backend: FakeBackend) -
     assert all(len(r["predictions"]) == 2 for r in body["results"])
     assert body["model"] == "image_classifier"
     assert body["model_version"] == "3"
-    assert backend.calls[-1][1] == 3
+    assert [call[1] for call in backend.calls] == [1, 1, 1]  # one Triton call per image
 
 
 def test_raw_body_with_declared_type_not_trusted(client: TestClient) -> None:
@@ -159,7 +159,7 @@ def test_bad_input_gets_problem_json(
 
 
 def test_bad_top_k_query(client: TestClient) -> None:
-    for value in ("0", "21", "abc"):
+    for value in ("0", "abc"):
         body = assert_problem(
             client.post(
                 f"/classify?top_k={value}", content=small_png(), headers={"content-type": "image/png"}
@@ -168,6 +168,13 @@ def test_bad_top_k_query(client: TestClient) -> None:
             "invalid-input",
         )
         assert body["errors"][0]["loc"] == ["query", "top_k"]
+    # above the model's own max_top_k (20, from its configuration)
+    body = assert_problem(
+        client.post("/classify?top_k=21", content=small_png(), headers={"content-type": "image/png"}),
+        422,
+        "invalid-input",
+    )
+    assert body["detail"] == "top_k must be between 1 and 20"
 
 
 def test_validation_errors_never_echo_input(client: TestClient) -> None:

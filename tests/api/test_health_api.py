@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fastapi.testclient import TestClient
-from support import FakeBackend
+from support import FakeBackend, small_png
 
 
 def test_livez_never_depends_on_triton(client: TestClient, backend: FakeBackend) -> None:
@@ -40,15 +40,22 @@ def test_models_lists_the_classifier(client: TestClient) -> None:
     body = response.json()
     assert body["triton"] == {"live": True, "version": "2.51.0"}
     assert "8001" not in response.text  # Triton's address is not revealed
-    image, text = body["models"]
+    image, text = body["models"]  # the two with a gateway_task; steps and text_labels are not
     assert image["name"] == "image_classifier"
     assert image["task"] == "image-classification"
+    assert image["default"] is True
     assert [m["name"] for m in image["composing_models"]] == ["image_classifier.pre", "image_classifier.net"]
     assert image["labels"] is None
+    # caps read from the model's configuration (its steps), not from settings
+    assert image["caps"]["max_top_k"] == 20
+    assert image["caps"]["max_pixels"] == 40_000_000
+    assert image["caps"]["formats"] == ["JPEG", "PNG", "WEBP"]
     assert text["name"] == "text_classifier"
-    assert text["task"] == "zero-shot-text-classification"
+    assert text["task"] == "text-classification"
     assert text["accepts"] == ["application/json"]
     assert text["labels"] == ["sports", "politics"]
+    assert text["caps"]["candidate_labels"] is True
+    assert text["caps"]["max_inputs"] == 64
 
 
 def test_models_can_serve_one_kind_only(backend: FakeBackend) -> None:
@@ -56,10 +63,17 @@ def test_models_can_serve_one_kind_only(backend: FakeBackend) -> None:
     from gateway.settings import Settings
 
     with TestClient(create_app(Settings(image_model=""), backend_factory=lambda *_: backend)) as client:
-        assert [m["name"] for m in client.get("/models").json()["models"]] == ["text_classifier"]
+        listed = {m["name"]: m["default"] for m in client.get("/models").json()["models"]}
+        assert listed == {"image_classifier": False, "text_classifier": True}
         assert "model:image_classifier" not in client.get("/readyz").json()["checks"]
         response = client.post("/classify", content=b"\xff\xd8\xff", headers={"content-type": "image/jpeg"})
         assert response.status_code == 422
+        assert response.json()["detail"] == "this gateway serves no image model"
+        # the image classifier is still reachable by name
+        named = client.post(
+            "/models/image_classifier/classify", content=small_png(), headers={"content-type": "image/png"}
+        )
+        assert named.status_code == 200, named.text
 
 
 def test_openapi_declares_inputs_examples_and_errors(client: TestClient) -> None:

@@ -51,6 +51,7 @@ CONFIG = {
         "mean": {"string_value": "127,127,127"},
         "std": {"string_value": "128,128,128"},
         "max_pixels": {"string_value": str(200_000_000)},
+        "max_side": {"string_value": str(65_535)},
     },
 }
 

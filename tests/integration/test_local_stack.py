@@ -44,6 +44,8 @@ def test_local_command_serves_and_shuts_down_cleanly(
         **os.environ,
         "GATEWAY_ADMIN__KEYS_FILE": str(keys),
         "GATEWAY_ADMIN__PORT": str(admin_port),
+        # a load balancer's time to take the replica out (local ignored it once)
+        "GATEWAY_SERVER__DRAIN_DELAY_SECONDS": "3",
     }
     command = [
         sys.executable, "-m", "gateway", "local",
@@ -92,6 +94,15 @@ def test_local_command_serves_and_shuts_down_cleanly(
         assert httpx.get(f"http://127.0.0.1:{port}/admin/repository", timeout=10).status_code == 404
 
         process.send_signal(signal.SIGTERM)
+        # During the drain delay /readyz says 503 while requests are still served.
+        deadline = time.monotonic() + 2
+        while httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code != 503:
+            assert time.monotonic() < deadline, "/readyz did not turn 503 at SIGTERM"
+            time.sleep(0.05)
+        served = httpx.post(
+            f"http://127.0.0.1:{port}/classify", files={"file": ("cat.jpg", chelsea_jpeg())}, timeout=60
+        )
+        assert served.status_code == 200, served.text
         assert process.wait(timeout=60) == 0
         assert _tritonservers_in(workdir) == [], "tritonserver must exit with the gateway"
         assert "stopping tritonserver" in (tmp_path / "local.log").read_text()

@@ -37,8 +37,8 @@ SIGNATURE = ModelSignature(
 CAPS = Caps(max_tensor_bytes=1 << 20, max_request_bytes=1 << 21, max_batch=8)
 
 
-def keep(name: str, elements: list[bytes]) -> list[bytes]:
-    return elements
+def keep(tensor: Tensor) -> Tensor:
+    return tensor
 
 
 def test_binary_and_json_inputs_decode_to_the_same_tensors() -> None:

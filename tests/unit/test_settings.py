@@ -33,7 +33,7 @@ def test_nested_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         ("GATEWAY_IMAGE__MAX_BYTES", "0"),
         ("GATEWAY_IMAGE__MAX_PIXELS", "-1"),
         ("GATEWAY_TRITON__TIMEOUT_SECONDS", "0"),
-        ("GATEWAY_MAX_TOP_K", "50"),
+        ("GATEWAY_MAX_TOP_K", "5000"),
         ("GATEWAY_DEFAULT_TOP_K", "0"),
         ("GATEWAY_TRITON__URL", "no port here"),
         ("GATEWAY_IMAGE_MODEL_VERSION", "latest"),

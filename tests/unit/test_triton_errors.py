@@ -3,16 +3,18 @@ mapping reads is the Python backend's own "stub is being replaced" (transient: 5
 
 from __future__ import annotations
 
+import grpc
 import pytest
 from tritonclient.utils import InferenceServerException
 
 from gateway.errors import (
+    GatewayError,
     InvalidImageError,
     TritonFailureError,
     TritonTimeoutError,
     TritonUnavailableError,
 )
-from gateway.triton import map_triton_error
+from gateway.triton import STATUS_ERRORS, map_status, map_triton_error, status_code
 
 
 @pytest.mark.parametrize(
@@ -56,3 +58,24 @@ def test_python_backend_stub_restart_is_unavailable(message: str) -> None:
     error = map_triton_error(InferenceServerException(message, status="StatusCode.INTERNAL"), retry_after=3)
     assert type(error) is TritonUnavailableError
     assert error.headers["Retry-After"] == "3"
+
+
+@pytest.mark.parametrize("code", list(grpc.StatusCode), ids=lambda code: code.name)
+def test_every_grpc_status_code_is_mapped(code: grpc.StatusCode) -> None:
+    """A status code grpc adds cannot slip through unmapped (httpx's
+    test_httpcore_all_exceptions_mapped is the model)."""
+    assert code in STATUS_ERRORS
+    error = map_status(code, "Triton's own words", retry_after=2)
+    assert isinstance(error, GatewayError)
+    assert 400 <= error.status < 600
+    assert "Triton's own words" not in error.detail
+
+
+def test_the_mapping_reads_the_enum_not_the_text() -> None:
+    for code in grpc.StatusCode:
+        exc = InferenceServerException("x", status=str(code))
+        assert status_code(exc) is code
+    assert (
+        status_code(InferenceServerException("x", status="StatusCode.NEW_IN_GRPC_99"))
+        is grpc.StatusCode.UNKNOWN
+    )

@@ -44,6 +44,7 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException("resize_short_side must be >= the crop size")
         self.formats = tuple(params["formats"].split(","))
         self.max_pixels = int(params["max_pixels"])
+        self.max_side = int(params["max_side"])
         # Broadcast over [N, H, W, C] uint8 crops.
         self.mean = np.asarray(_floats(params["mean"]), dtype=np.float32)
         self.inv_std = 1.0 / np.asarray(_floats(params["std"]), dtype=np.float32)
@@ -51,8 +52,10 @@ class TritonPythonModel:
 
     def _crop(self, data: bytes) -> np.ndarray:
         with Image.open(io.BytesIO(data), formats=self.formats) as opened:
-            if opened.width * opened.height > self.max_pixels:
-                raise InvalidImageError(f"{opened.width}x{opened.height} exceeds {self.max_pixels} pixels")
+            if opened.width * opened.height > self.max_pixels or max(opened.size) > self.max_side:
+                raise InvalidImageError(
+                    f"{opened.width}x{opened.height} exceeds {self.max_pixels} pixels or {self.max_side} a side"
+                )
             if opened.format == "JPEG":
                 # Shrinks by 1/2, 1/4 or 1/8 while decoding, staying >= the resize size.
                 opened.draft("RGB", (self.resize, self.resize))

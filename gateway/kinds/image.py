@@ -1,0 +1,102 @@
+"""Images: header-only checks, one Triton call per image, top-k answers.
+
+A model of this kind (``gateway_task: image-classification``) takes ``IMAGE`` (encoded
+bytes, BYTES [1]) and ``TOP_K`` (INT32 [1]) and answers ``LABELS``, ``SCORES`` and
+``CLASS_IDS``. Read from its configuration (the ensemble or the step that enforces it):
+``formats``, ``max_pixels``, ``max_side`` (image_preprocess) and ``max_top_k``
+(image_postprocess).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from gateway.backend import Classification, InferResult, ModelConfig
+from gateway.bodies import RAW_IMAGE_TYPES, ClassifyInput
+from gateway.errors import InvalidImageError, InvalidInputError
+from gateway.kinds.base import Caps, CapsReader, Kind, classifications, top_k_tensor
+from gateway.settings import Settings
+from gateway.tensors import Tensor
+from gateway.validation import ACCEPTED_FORMATS, check_count, inspect_images
+
+
+class ImageKind(Kind):
+    task = "image-classification"
+    noun = "image"
+    accepts = ("multipart/form-data", "application/json", *RAW_IMAGE_TYPES)
+    oip_inputs = frozenset({"IMAGE"})
+
+    def caps(self, config: ModelConfig, parameters: Mapping[str, str], settings: Settings) -> Caps:
+        read = CapsReader(config.name, parameters)
+        given = settings.image.model_fields_set
+        limits = settings.image.model_copy(
+            update={
+                "max_pixels": read.narrowed(
+                    "max_pixels",
+                    read.integer("max_pixels"),
+                    settings.image.max_pixels,
+                    "GATEWAY_IMAGE__MAX_PIXELS",
+                    "max_pixels" in given,
+                ),
+                "max_side": read.narrowed(
+                    "max_side",
+                    read.integer("max_side"),
+                    settings.image.max_side,
+                    "GATEWAY_IMAGE__MAX_SIDE",
+                    "max_side" in given,
+                ),
+            }
+        )
+        declared = parameters.get("formats")
+        formats = (
+            tuple(f for f in ACCEPTED_FORMATS if f in {x.strip().upper() for x in declared.split(",")})
+            if declared
+            else ACCEPTED_FORMATS
+        )
+        max_top_k = read.narrowed(
+            "max_top_k",
+            read.integer("max_top_k"),
+            settings.max_top_k,
+            "GATEWAY_MAX_TOP_K",
+            "max_top_k" in settings.model_fields_set,
+        )
+        return Caps(
+            max_top_k=max_top_k,
+            default_top_k=min(settings.default_top_k, max_top_k),
+            max_inputs=limits.max_images,
+            limits=limits,
+            extra={"formats": list(formats)},
+            notes=tuple(read.notes),
+        )
+
+    def count(self, payload: ClassifyInput) -> int:
+        return len(payload.images)
+
+    def payload_bytes(self, payload: ClassifyInput) -> int:
+        return sum(map(len, payload.images))
+
+    def check(self, payload: ClassifyInput, caps: Caps) -> None:
+        check_count(len(payload.images), caps.max_inputs, "images")
+        inspect_images(payload.images, caps.limits, tuple(caps.extra["formats"]))
+
+    def calls(self, payload: ClassifyInput, top_k: int) -> list[list[Tensor]]:
+        # One Triton request per image: Triton's dynamic batcher merges them into one
+        # batch, and a bad image fails only its own request, so the error names it.
+        return [
+            [Tensor("IMAGE", "BYTES", np.array([[data]], dtype=np.object_)), top_k_tensor(1, top_k)]
+            for data in payload.images
+        ]
+
+    def invalid(self) -> InvalidInputError:
+        return InvalidImageError("the model's preprocessing rejected the input (corrupt or truncated data)")
+
+    def results(self, answers: Sequence[InferResult]) -> list[Classification]:
+        return [classifications(answer)[0] for answer in answers]
+
+    def check_tensor(self, tensor: Tensor, caps: Caps) -> Tensor:
+        elements = list(tensor.array.reshape(-1))
+        check_count(len(elements), caps.max_inputs, "images")
+        inspect_images(elements, caps.limits, tuple(caps.extra["formats"]))
+        return tensor

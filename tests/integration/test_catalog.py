@@ -1,0 +1,241 @@
+"""The model catalog against the real stack (`triton-gateway local`, admin keys on):
+
+- two image classifiers and two text classifiers served at once (the second ones share the
+  first ones' networks, with labels of their own), each answering with its own labels;
+- a new ensemble dropped into the repository and loaded through /admin answers on
+  /models/NAME/classify at once, no restart; after an unload it is a problem at once,
+  and the requests in flight while it goes are answered 200 or 503, none lost.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from support import chelsea_jpeg
+from triton_fixtures import REPOSITORY
+
+from gateway.auth import hash_key
+from gateway.tritonserver import free_port
+
+CATS = {"tiger cat", "tabby", "Egyptian cat"}
+SENTIMENTS = {
+    "positive": "This text expresses a positive, happy feeling.",
+    "negative": "This text expresses a negative, angry feeling.",
+}
+ADMIN = {"Authorization": "Bearer ops-secret"}
+JPEG = {"content-type": "image/jpeg"}
+
+
+def _renamed(source: Path, target: Path, renames: dict[str, str]) -> None:
+    """A copy of a model directory under another name, its config's names replaced."""
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.stamp", "*.onnx"))
+    config = (source / "config.pbtxt").read_text()
+    for old, new in renames.items():
+        config = re.sub(rf'"{re.escape(old)}"', f'"{new}"', config)
+    (target / "config.pbtxt").write_text(config)
+
+
+def add_second_classifiers(repository: Path) -> None:
+    """image_classifier_upper: the same network, its labels upper-cased (its own
+    postprocess); text_sentiment: the same encoder, a label set of its own (its own
+    postprocess and labels model)."""
+    _renamed(
+        REPOSITORY / "image_postprocess",
+        repository / "image_postprocess_upper",
+        {"image_postprocess": "image_postprocess_upper"},
+    )
+    labels = (REPOSITORY / "image_postprocess" / "labels.txt").read_text().upper()
+    (repository / "image_postprocess_upper" / "labels.txt").write_text(labels)
+    _renamed(
+        REPOSITORY / "image_classifier",
+        repository / "image_classifier_upper",
+        {"image_classifier": "image_classifier_upper", "image_postprocess": "image_postprocess_upper"},
+    )
+
+    _renamed(
+        REPOSITORY / "text_postprocess",
+        repository / "text_postprocess_sentiment",
+        {"text_postprocess": "text_postprocess_sentiment"},
+    )
+    label_set = repository / "text_postprocess_sentiment" / "1" / "label_set.npz"
+    label_set.unlink()
+    np.savez(label_set, names=np.array(list(SENTIMENTS)), prompts=np.array(list(SENTIMENTS.values())))
+    (repository / "text_labels_sentiment" / "1").mkdir(parents=True)
+    shutil.copy(REPOSITORY / "text_labels" / "1" / "model.py", repository / "text_labels_sentiment" / "1")
+    shutil.copy(label_set, repository / "text_labels_sentiment" / "1" / "label_set.npz")
+    config = (
+        (REPOSITORY / "text_labels" / "config.pbtxt")
+        .read_text()
+        .replace('"text_labels"', '"text_labels_sentiment"')
+    )
+    (repository / "text_labels_sentiment" / "config.pbtxt").write_text(config)
+    _renamed(
+        REPOSITORY / "text_classifier",
+        repository / "text_sentiment",
+        {
+            "text_classifier": "text_sentiment",
+            "text_postprocess": "text_postprocess_sentiment",
+            "text_labels": "text_labels_sentiment",
+        },
+    )
+
+
+@dataclass
+class LocalStack:
+    url: str
+    admin_url: str
+    repository: Path
+    log: Path
+
+    def admin(self, method: str, path: str) -> httpx.Response:
+        return httpx.request(method, f"{self.admin_url}{path}", headers=ADMIN, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, triton_python_env: Path) -> Iterator[LocalStack]:
+    root = tmp_path_factory.mktemp("catalog")
+    repository = root / "repository"
+    shutil.copytree(
+        REPOSITORY, repository, symlinks=True, ignore=shutil.ignore_patterns("__pycache__", "*.tmp")
+    )
+    add_second_classifiers(repository)
+    keys = root / "admin-keys"
+    keys.write_text(f"ops {hash_key('ops-secret')}\n")
+    port, admin_port = free_port(), free_port()
+    environment = {
+        **os.environ,
+        "GATEWAY_ADMIN__KEYS_FILE": str(keys),
+        "GATEWAY_ADMIN__PORT": str(admin_port),
+    }
+    command = [
+        sys.executable, "-m", "gateway", "local",
+        "--port", str(port),
+        "--triton-env", str(triton_python_env),
+        "--model-repository", str(repository),
+        "--workdir", str(root / "triton"),
+    ]  # fmt: skip
+    log = root / "local.log"
+    with log.open("wb") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=environment)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            assert process.poll() is None, log.read_text()[-3000:]
+            try:
+                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"the local stack did not get ready: {log.read_text()[-3000:]}")
+        yield LocalStack(url, f"http://127.0.0.1:{admin_port}", repository, log)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _top(response: httpx.Response) -> list[str]:
+    assert response.status_code == 200, response.text
+    return [result["predictions"][0]["label"] for result in response.json()["results"]]
+
+
+def test_two_image_and_two_text_classifiers_each_answer_with_their_own_labels(stack: LocalStack) -> None:
+    models = {m["name"]: m for m in httpx.get(f"{stack.url}/models", timeout=30).json()["models"]}
+    assert set(models) == {"image_classifier", "image_classifier_upper", "text_classifier", "text_sentiment"}
+    assert models["text_sentiment"]["labels"] == list(SENTIMENTS)
+    assert models["image_classifier_upper"]["task"] == "image-classification"
+    assert not models["image_classifier_upper"]["default"]
+    jpeg = chelsea_jpeg()
+    (first,) = _top(
+        httpx.post(f"{stack.url}/models/image_classifier/classify", content=jpeg, headers=JPEG, timeout=60)
+    )
+    (upper,) = _top(
+        httpx.post(
+            f"{stack.url}/models/image_classifier_upper/classify", content=jpeg, headers=JPEG, timeout=60
+        )
+    )
+    assert first in CATS
+    assert upper == first.upper()
+    (default,) = _top(httpx.post(f"{stack.url}/classify", content=jpeg, headers=JPEG, timeout=60))
+    assert default == first
+    texts = {"texts": ["The striker scored twice in the final.", "I love this, it made my day wonderful!"]}
+    topics = _top(httpx.post(f"{stack.url}/models/text_classifier/classify", json=texts, timeout=60))
+    feelings = _top(httpx.post(f"{stack.url}/models/text_sentiment/classify", json=texts, timeout=60))
+    assert topics[0] == "sports"
+    assert set(feelings) <= set(SENTIMENTS)
+    assert feelings[1] == "positive"
+    # the /v2 routes serve the same catalog
+    v2 = httpx.get(f"{stack.url}/v2/models/text_sentiment", timeout=30)
+    assert v2.status_code == 200, v2.text
+
+
+def test_a_model_dropped_in_and_loaded_is_served_at_once_and_gone_at_once(stack: LocalStack) -> None:
+    name = "image_classifier_copy"
+    _renamed(REPOSITORY / "image_classifier", stack.repository / name, {"image_classifier": name})
+    route = f"{stack.url}/models/{name}/classify"
+    assert httpx.post(route, content=chelsea_jpeg(), headers=JPEG, timeout=30).status_code == 404
+    loaded = stack.admin("POST", f"/admin/models/{name}/load")
+    assert loaded.status_code == 200, loaded.text
+    answered_at = time.monotonic()
+    while (
+        response := httpx.post(route, content=chelsea_jpeg(), headers=JPEG, timeout=30)
+    ).status_code != 200:
+        assert time.monotonic() - answered_at < 2.0, response.text
+        time.sleep(0.05)
+    assert _top(response)[0] in CATS
+
+    # Unload while clients keep sending: every answer is 200 or a 503/404 problem.
+    outcomes: list[Any] = []
+    stop = threading.Event()
+
+    def client() -> None:
+        with httpx.Client(timeout=30) as http:
+            while not stop.is_set():
+                try:
+                    answer = http.post(route, content=chelsea_jpeg(), headers=JPEG)
+                except httpx.HTTPError as exc:  # a lost request
+                    outcomes.append(exc)
+                    continue
+                outcomes.append((answer.status_code, answer.headers.get("content-type")))
+
+    threads = [threading.Thread(target=client) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.0)
+    unloaded = stack.admin("POST", f"/admin/models/{name}/unload")
+    assert unloaded.status_code == 200, unloaded.text
+    after = httpx.post(route, content=chelsea_jpeg(), headers=JPEG, timeout=30)
+    time.sleep(0.5)
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert after.status_code in (404, 503), after.text
+    assert after.headers["content-type"] == "application/problem+json"
+    lost = [o for o in outcomes if isinstance(o, Exception)]
+    assert not lost, lost[:3]
+    statuses = {status for status, _ in outcomes}
+    assert 200 in statuses
+    assert statuses <= {200, 404, 503}, statuses
+    assert all(kind == "application/problem+json" for status, kind in outcomes if status != 200)
+    # the default models were never touched
+    assert httpx.get(f"{stack.url}/readyz", timeout=30).json()["status"] == "ready"
