@@ -34,9 +34,15 @@ from gateway.oip import (
     parse_infer_request,
     split_body,
 )
-from gateway.routes.problems import problem_responses
+from gateway.routes.problems import problem_responses as _problem_responses
 from gateway.settings import Settings
 from gateway.tensors import Tensor
+
+
+def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """Errors here are application/json, the Open Inference Protocol's media type."""
+    return _problem_responses(*statuses, media_type="application/json")
+
 
 router = APIRouter(prefix="/v2", tags=["open inference protocol"])
 

@@ -62,15 +62,17 @@ _EXAMPLES: dict[int, tuple[str, GatewayError]] = {
 }
 
 
-def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+def problem_responses(
+    *statuses: int, media_type: str = PROBLEM_MEDIA_TYPE
+) -> dict[int | str, dict[str, Any]]:
+    """The responses of ``statuses``; ``media_type`` is what the routes answer errors in
+    (the /v2 routes: application/json, the protocol's)."""
     responses: dict[int | str, dict[str, Any]] = {}
     for status in statuses:
         description, error = _EXAMPLES[status]
         example = error.problem("0f5c2d1e9b7a4c3d8e6f1a2b3c4d5e6f", "/classify")
         responses[status] = {
             "description": description,
-            "content": {
-                PROBLEM_MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}, "example": example}
-            },
+            "content": {media_type: {"schema": {"$ref": "#/components/schemas/Problem"}, "example": example}},
         }
     return responses

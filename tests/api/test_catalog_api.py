@@ -205,8 +205,11 @@ def test_openapi_examples_agree_with_the_error_classes(client: TestClient) -> No
     for path in client.get("/openapi.json").json()["paths"].values():
         for operation in path.values():
             for status, response in operation.get("responses", {}).items():
-                example = response.get("content", {}).get("application/problem+json", {}).get("example")
-                if example is None:
+                content = response.get("content", {})
+                example = (
+                    content.get("application/problem+json") or content.get("application/json") or {}
+                ).get("example")
+                if example is None or "type" not in example:
                     continue
                 examples += 1
                 cls = classes[example["type"].rsplit(":", 1)[1]]

@@ -9,7 +9,10 @@ of Triton shows; ``real``: model_repository on its CPU twins) it starts a real
 tritonserver and a gateway process, then, interleaved over rounds, loads:
 
 - Triton direct: an async gRPC client (tritonclient.grpc.aio), the way the gateway calls it;
-- the gateway: wrk (C, a few % of a core), posting the same inputs over HTTP.
+- the gateway: wrk (C, a few % of a core), posting the same inputs over HTTP;
+- the reference gateway (tests/benchmarks/reference_gateway.py: FastAPI and
+  tritonclient.grpc.aio, no checks, no metrics, no logs), loaded by wrk the same way: the
+  yardstick of what the gateway's own work costs ("vs reference" columns).
 
 A/B in the same run: ``--variant KEY=VALUE ...`` runs a second gateway process beside the
 first with those GATEWAY_* settings, measured in the same interleaved rounds (the
@@ -56,7 +59,7 @@ from support import GatewayProcess
 
 from gateway.settings import TracingSettings
 from gateway.tracing import triton_trace_args
-from gateway.tritonserver import TritonServer
+from gateway.tritonserver import TritonServer, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 REPOSITORIES = {
@@ -129,7 +132,7 @@ def scenarios() -> list[Scenario]:
 class Measure:
     repository: str
     scenario: str
-    target: str  # direct | gateway | variant (the gateway with --variant settings)
+    target: str  # direct | gateway | variant (the gateway with --variant settings) | reference
     concurrency: int
     requests: int = 0
     errors: int = 0
@@ -234,28 +237,45 @@ def pin(pid: int, cpu: int, with_children: bool = True) -> None:
 class Stack:
     triton: TritonServer
     gateway: GatewayProcess
+    reference: GatewayProcess  # tests/benchmarks/reference_gateway.py
     variant: GatewayProcess | None = None  # the same gateway with other settings (--variant)
 
     def process(self, target: str) -> GatewayProcess:
         if target == "variant":
             assert self.variant is not None
             return self.variant
+        if target == "reference":
+            return self.reference
         return self.gateway
 
     def pin(self) -> None:
         """PINNED (the load generators are this process and its wrk children)."""
         assert self.triton.pid is not None
         pin(self.triton.pid, 0)
-        for gateway in (self.gateway, self.variant):
+        for gateway in (self.gateway, self.variant, self.reference):
             if gateway is not None:
                 pin(gateway.process.pid, 1)
         pin(os.getpid(), 1, with_children=False)
 
     def stop(self) -> None:
-        for gateway in (self.gateway, self.variant):
+        for gateway in (self.gateway, self.variant, self.reference):
             if gateway is not None:
                 gateway.stop(graceful=True)
         self.triton.stop()
+
+
+def start_reference(triton: TritonServer, workdir: Path) -> GatewayProcess:
+    """The reference gateway in a process of its own, in front of ``triton``."""
+    port = free_port()
+    log = workdir / f"reference-{port}.log"
+    script = Path(__file__).with_name("reference_gateway.py")
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            [sys.executable, str(script), "--port", str(port), "--triton", triton.grpc_url],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    return GatewayProcess(process, port, log).wait("/livez", timeout=60)
 
 
 def start_stack(
@@ -274,11 +294,10 @@ def start_stack(
     )
     triton.start()
     triton.wait_ready(timeout=180)
-    labels = "" if repository == REPOSITORIES["trivial"] else "text_labels"
-    gateway = GatewayProcess.start(triton, workdir, GATEWAY_TEXT_LABELS_MODEL=labels)
-    stack = Stack(triton, gateway.wait("/readyz", timeout=60))
+    gateway = GatewayProcess.start(triton, workdir)
+    stack = Stack(triton, gateway.wait("/readyz", timeout=60), start_reference(triton, workdir))
     if variant is not None:
-        other = GatewayProcess.start(triton, workdir, GATEWAY_TEXT_LABELS_MODEL=labels, **variant)
+        other = GatewayProcess.start(triton, workdir, **variant)
         stack.variant = other.wait("/readyz", timeout=60)
     return stack
 
@@ -330,6 +349,13 @@ class Row:
     variant_rps: float | None = None
     variant_cpu_ms: float | None = None  # the variant gateway's
     variant_triton_cpu_ms: float | None = None  # Triton's, for the variant's requests
+    reference_rps: float | None = None
+    reference_cpu_ms: float | None = None  # the reference gateway's, per request
+
+    @property
+    def cpu_vs_reference(self) -> float | None:
+        """The gateway's CPU per request over the reference gateway's (1.0: as cheap)."""
+        return self.gateway_cpu_ms / self.reference_cpu_ms if self.reference_cpu_ms else None
 
     @property
     def variant_adds_cpu_ms(self) -> float | None:
@@ -354,6 +380,7 @@ def summarise(measures: list[Measure]) -> list[Row]:
             return float(statistics.median(getattr(m, attribute) for m in items))
 
         variant = [m for m in mine if m.target == "variant"]
+        reference = [m for m in mine if m.target == "reference"]
         direct_rps = med(direct, "rps") if direct else None
         gateway_rps = med(gateway, "rps")
         rows.append(
@@ -367,6 +394,8 @@ def summarise(measures: list[Measure]) -> list[Row]:
                 med(variant, "rps") if variant else None,
                 med(variant, "gateway_cpu_ms") if variant else None,
                 med(variant, "triton_cpu_ms") if variant else None,
+                med(reference, "rps") if reference else None,
+                med(reference, "gateway_cpu_ms") if reference else None,
             )
         )  # fmt: skip
     return rows
@@ -389,6 +418,20 @@ def table(rows: list[Row], variant_label: str = "") -> str:
             f"{r.gateway_p99_ms:.1f} | {r.gateway_cpu_ms:.2f} | {fmt(r.triton_cpu_ms_direct, '.2f')} / "
             f"{r.triton_cpu_ms_gateway:.2f} |"
         )
+    against = [r for r in rows if r.reference_cpu_ms is not None]
+    if against:
+        lines += [
+            "",
+            "Against the reference gateway (FastAPI + tritonclient.grpc.aio, no checks, metrics or logs):",
+            "",
+            "| models | scenario | c | req/s (reference / gateway) | CPU ms/req (reference / gateway) | gateway / reference CPU |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in against:
+            lines.append(
+                f"| {r.repository} | {r.scenario} | {r.concurrency} | {fmt(r.reference_rps, '.0f')} / {r.gateway_rps:.0f} "
+                f"| {fmt(r.reference_cpu_ms, '.2f')} / {r.gateway_cpu_ms:.2f} | {fmt(r.cpu_vs_reference, '.2f')}x |"
+            )
     compared = [r for r in rows if r.variant_cpu_ms is not None]
     if compared:
         lines += [
@@ -492,12 +535,14 @@ def main(argv: list[str] | None = None) -> int:
                 for scenario in chosen:  # warm every path once
                     if scenario.direct:
                         measure(stack, name, scenario, "direct", 1, 0.5, workdir)
+                        measure(stack, name, scenario, "reference", 1, 1, workdir)
                     for target in gateways:
                         measure(stack, name, scenario, target, 1, 1, workdir)
                 for _ in range(options.rounds):
                     for scenario in chosen:
                         for concurrency in options.concurrency:
-                            targets = (["direct"] if scenario.direct else []) + gateways
+                            # the reference has no checks: it is not measured on the error path
+                            targets = (["direct", "reference"] if scenario.direct else []) + gateways
                             for target in targets:
                                 measures.append(
                                     measure(
@@ -524,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
                     "tracing": options.tracing,
                 },
                 "spans_received": len(receiver.spans),
-                "rows": [asdict(r) for r in rows],
+                "rows": [{**asdict(r), "cpu_vs_reference": r.cpu_vs_reference} for r in rows],
                 "measures": [{**asdict(m), "rps": m.rps} for m in measures],
             },
             indent=1,

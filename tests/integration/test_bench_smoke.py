@@ -33,12 +33,18 @@ def test_bench_runs_and_writes_a_table_json_and_plot(tmp_path: Path, triton_pyth
         assert row["variant_rps"] > 0  # the gateway with tracing on, measured in the same rounds
         assert row["variant_cpu_ms"] > 0
         assert (row["direct_rps"] is None) == (scenario == "error")
+        # the reference gateway, measured in the same rounds (not on the error path)
+        assert (row["reference_cpu_ms"] is None) == (scenario == "error")
+        if scenario != "error":
+            assert row["reference_rps"] > 0
+            assert row["cpu_vs_reference"] > 0
         if scenario != "error":
             assert row["direct_rps"] > 0
             assert row["errors"] == 0
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert report["spans_received"] > 0  # the traced gateway (and Triton) really exported
     assert "variant adds" in result.stdout
+    assert "Against the reference gateway" in result.stdout
     assert "GATEWAY_TRACING__ENABLED=true" in result.stdout
     assert report["machine"]["pinned"] == "Triton on CPU 0; gateway and load generators on CPU 1"
 
