@@ -126,7 +126,6 @@ class Catalog:
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._noted: set[str] = set()
-        self.refreshed = False
 
     # -- reading ---------------------------------------------------------------------
     def entries(self) -> list[CatalogEntry]:
@@ -148,12 +147,16 @@ class Catalog:
         return self._entries.get(name)
 
     def get(self, name: str) -> CatalogEntry:
-        """An exposed classifier, ready to take requests: 404 when there is no such
-        (exposed) classifier, 503 with Retry-After while it is not ready."""
+        """An exposed classifier; 404 when there is no such (exposed) classifier.
+
+        Whether it is ready is Triton's to answer (503 with Retry-After through the status
+        mapping), not the catalog's: a catalog read a second ago must not refuse a model
+        Triton has just loaded again (a restarted Triton recovers as fast as the breaker
+        lets it)."""
         entry = self._entries.get(name)
         if entry is None:
             raise NotFoundError("there is no such model")
-        return self._ready(entry)
+        return entry
 
     def default(self, kind: Kind) -> CatalogEntry:
         """The model ``POST /classify`` sends inputs of this kind to."""
@@ -165,11 +168,6 @@ class Catalog:
             raise self._unavailable(f"{name} is not available")
         if entry.kind is not kind:
             raise WrongInputKindError(f"{name} classifies {entry.kind.noun}s, not {kind.noun}s")
-        return self._ready(entry)
-
-    def _ready(self, entry: CatalogEntry) -> CatalogEntry:
-        if not entry.ready:
-            raise self._unavailable(f"{entry.name} is {entry.state}")
         return entry
 
     def _unavailable(self, detail: str) -> TritonUnavailableError:
@@ -184,9 +182,6 @@ class Catalog:
     def pin(self, name: str, version: str) -> None:
         """Move a model's pin; the caller checked that Triton has that version ready."""
         self._pins[name] = version
-
-    def pins(self) -> dict[str, str]:
-        return {entry.name: self.version(entry.name) for entry in self.entries()}
 
     # -- keeping current -------------------------------------------------------------
     async def refresh(self) -> None:
@@ -209,7 +204,6 @@ class Catalog:
                     "its key?): the catalog holds the default models and those it knew only",
                 )
             self._entries = await self._read(index, configs)
-            self.refreshed = True
 
     async def _index_from_configs(self, configs: dict[str, ModelConfig | None]) -> _Index:
         """An index of the default (and already known) models and their steps, each READY
@@ -236,6 +230,7 @@ class Catalog:
             name: config
             for name, config in configs.items()
             if config is not None
+            and self.exposed(name)
             and (config.parameters.get(TASK_PARAMETER) or name in self._tasks_of_defaults)
         }
         steps = {step for config in classifiers.values() for step in config.steps}

@@ -239,6 +239,8 @@ class FakeBackend:
         invalid: InvalidInputError | None = None,
     ) -> InferResult:
         given = {tensor.name: tensor for tensor in inputs}
+        if model in self.unloaded or model not in self.models:
+            raise TritonUnavailableError("Triton or the model is not available", headers={"Retry-After": "5"})
         if "QUERY" in given:
             labels = ["sports", "politics"] if self.live else None
             if labels is None:

@@ -155,16 +155,46 @@ instance_group [ { kind: KIND_CPU count: 1 } ]
 """
 
 
+# A model whose answer is larger than a top-k answer by far: 8 MiB of FP32 (an embedding
+# or logits model served through /v2 can answer that much).
+BIG_OUTPUT_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor("VALUES", np.ones((1, 2 * 1024 * 1024), np.float32))])
+            for _ in requests
+        ]
+"""
+
+BIG_OUTPUT_CONFIG = """
+name: "big_output"
+backend: "python"
+max_batch_size: 0
+input [ { name: "QUERY" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "VALUES" data_type: TYPE_FP32 dims: [ 1, 2097152 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+
+
 @pytest.fixture
 def faults_triton(tmp_path: Path) -> Iterator[TritonServer]:
     """A Triton of this test's own (it may be stopped), with the real repository plus a
-    model that always fails, for the faults a healthy server does not produce."""
+    model that always fails and one with an 8 MiB answer, for what a healthy server with
+    the shipped models does not produce."""
     repository = tmp_path / "repository"
     shutil.copytree(REPOSITORY, repository, ignore=shutil.ignore_patterns("*.stamp", "__pycache__"))
     faulty = repository / "faulty_classifier"
     (faulty / "1").mkdir(parents=True)
     (faulty / "1" / "model.py").write_text(FAULTY_MODEL)
     (faulty / "config.pbtxt").write_text(FAULTY_CONFIG)
+    big = repository / "big_output"
+    (big / "1").mkdir(parents=True)
+    (big / "1" / "model.py").write_text(BIG_OUTPUT_MODEL)
+    (big / "config.pbtxt").write_text(BIG_OUTPUT_CONFIG)
     server = start_triton(repository, tmp_path / "triton")
     yield server
     server.stop()

@@ -129,13 +129,14 @@ def test_a_model_loaded_later_is_served_without_a_restart(fast: tuple[TestClient
 def test_a_model_that_is_not_ready_is_503_with_retry_after(fast: tuple[TestClient, FakeBackend]) -> None:
     client, backend = fast
     backend.unloaded.add("text_classifier")
-    _until(lambda: client.post("/models/text_classifier/classify", json={"text": "hi"}).status_code == 503)
+
+    def state() -> str:
+        return str({m["name"]: m["state"] for m in client.get("/models").json()["models"]}["text_classifier"])
+
+    _until(lambda: state() == "unloaded")  # the catalog followed Triton
     response = client.post("/models/text_classifier/classify", json={"text": "hello"})
     problem(response, 503, "triton-unavailable")
     assert response.headers["retry-after"] == "5"
-    assert {m["name"]: m["state"] for m in client.get("/models").json()["models"]}[
-        "text_classifier"
-    ] == "unloaded"
 
 
 def test_invented_model_names_do_not_grow_the_metric_series(client: TestClient) -> None:

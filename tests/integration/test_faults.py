@@ -59,3 +59,19 @@ def test_triton_stopped(
     models = client.get("/models").json()
     assert models["triton"]["live"] is False
     assert models["models"][0]["ready"] is False
+
+
+def test_a_large_answer_through_v2_is_not_refused(
+    faults_triton: TritonServer, serve_gateway: Callable[[Settings], httpx.Client]
+) -> None:
+    """/v2 serves any allowed model: an 8 MiB answer passed gRPC's receive cap of 4 MiB
+    (it came back as a 503 before the cap followed GATEWAY_TRITON__MAX_RECEIVE_BYTES)."""
+    client = serve_gateway(
+        Settings(triton=TritonSettings(url=faults_triton.grpc_url), v2_models=["big_output"])
+    )
+    query = {"name": "QUERY", "shape": [1], "datatype": "INT32", "data": [0]}
+    request = {"inputs": [query], "parameters": {"binary_data_output": True}}
+    response = client.post("/v2/models/big_output/infer", json=request)
+    assert response.status_code == 200, response.text[:500]
+    header = int(response.headers["inference-header-content-length"])
+    assert len(response.content) - header == 8 * 1024 * 1024
