@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
+from pydantic import BaseModel
 
 from gateway.backend import Classification, InferResult, ModelConfig, ScoredLabel
 from gateway.bodies import ClassifyInput
@@ -65,18 +66,33 @@ class CapsReader:
         except ValueError:
             raise ConfigurationError(f"{self.model}: parameter {key}={value!r} is not an integer") from None
 
-    def narrowed(
-        self, key: str, model_cap: int | None, setting: int, setting_name: str, explicit: bool
-    ) -> int:
-        """The effective cap: the model's, lowered by the setting where that is lower."""
+    def narrowed(self, key: str, model_cap: int | None, group: BaseModel, field: str, env: str) -> int:
+        """The effective cap: the model's ``key``, lowered by the setting ``group.field``
+        (environment variable ``env``) where that is lower."""
+        setting: int = getattr(group, field)
         if model_cap is None:
             return setting
-        if explicit and setting > model_cap:
+        if field in group.model_fields_set and setting > model_cap:
             self.notes.append(
-                f"{setting_name}={setting} would widen {self.model}'s {key} ({model_cap}): refused, "
+                f"{env}={setting} would widen {self.model}'s {key} ({model_cap}): refused, "
                 f"the model's cap holds (settings may only narrow)"
             )
         return min(setting, model_cap)
+
+    def caps(self, settings: Settings, max_inputs: int, limits: Any, extra: Mapping[str, Any]) -> Caps:
+        """The kind's caps with what every classifier has: its top-k (``max_top_k``, from
+        the step that enforces it) and the notes of refused settings."""
+        max_top_k = self.narrowed(
+            "max_top_k", self.integer("max_top_k"), settings, "max_top_k", "GATEWAY_MAX_TOP_K"
+        )
+        return Caps(
+            max_top_k=max_top_k,
+            default_top_k=min(settings.default_top_k, max_top_k),
+            max_inputs=max_inputs,
+            limits=limits,
+            extra=extra,
+            notes=tuple(self.notes),
+        )
 
 
 def merged_parameters(config: ModelConfig, steps: Sequence[ModelConfig]) -> dict[str, str]:

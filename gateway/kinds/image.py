@@ -30,46 +30,20 @@ class ImageKind(Kind):
 
     def caps(self, config: ModelConfig, parameters: Mapping[str, str], settings: Settings) -> Caps:
         read = CapsReader(config.name, parameters)
-        given = settings.image.model_fields_set
-        limits = settings.image.model_copy(
+        image = settings.image
+        limits = image.model_copy(
             update={
                 "max_pixels": read.narrowed(
-                    "max_pixels",
-                    read.integer("max_pixels"),
-                    settings.image.max_pixels,
-                    "GATEWAY_IMAGE__MAX_PIXELS",
-                    "max_pixels" in given,
+                    "max_pixels", read.integer("max_pixels"), image, "max_pixels", "GATEWAY_IMAGE__MAX_PIXELS"
                 ),
                 "max_side": read.narrowed(
-                    "max_side",
-                    read.integer("max_side"),
-                    settings.image.max_side,
-                    "GATEWAY_IMAGE__MAX_SIDE",
-                    "max_side" in given,
+                    "max_side", read.integer("max_side"), image, "max_side", "GATEWAY_IMAGE__MAX_SIDE"
                 ),
             }
         )
-        declared = parameters.get("formats")
-        formats = (
-            tuple(f for f in ACCEPTED_FORMATS if f in {x.strip().upper() for x in declared.split(",")})
-            if declared
-            else ACCEPTED_FORMATS
-        )
-        max_top_k = read.narrowed(
-            "max_top_k",
-            read.integer("max_top_k"),
-            settings.max_top_k,
-            "GATEWAY_MAX_TOP_K",
-            "max_top_k" in settings.model_fields_set,
-        )
-        return Caps(
-            max_top_k=max_top_k,
-            default_top_k=min(settings.default_top_k, max_top_k),
-            max_inputs=limits.max_images,
-            limits=limits,
-            extra={"formats": list(formats)},
-            notes=tuple(read.notes),
-        )
+        declared = {name.strip().upper() for name in parameters.get("formats", "").split(",") if name.strip()}
+        formats = [f for f in ACCEPTED_FORMATS if f in declared] if declared else list(ACCEPTED_FORMATS)
+        return read.caps(settings, limits.max_images, limits, {"formats": formats})
 
     def count(self, payload: ClassifyInput) -> int:
         return len(payload.images)

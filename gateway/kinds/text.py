@@ -43,28 +43,17 @@ class TextKind(Kind):
         max_texts = read.narrowed(
             "max_batch_size",
             config.max_batch_size or None,
-            settings.text.max_texts,
+            settings.text,
+            "max_texts",
             "GATEWAY_TEXT__MAX_TEXTS",
-            "max_texts" in settings.text.model_fields_set,
         )
-        max_top_k = read.narrowed(
-            "max_top_k",
-            read.integer("max_top_k"),
-            settings.max_top_k,
-            "GATEWAY_MAX_TOP_K",
-            "max_top_k" in settings.model_fields_set,
-        )
-        return Caps(
-            max_top_k=max_top_k,
-            default_top_k=min(settings.default_top_k, max_top_k),
-            max_inputs=max_texts,
-            limits=settings.text.model_copy(update={"max_texts": max_texts}),
-            extra={
-                "candidate_labels": CANDIDATE_LABELS in config.inputs,
-                "max_tokens": read.integer("max_tokens"),
-                "labels_model": parameters.get("labels_model", ""),
-            },
-            notes=tuple(read.notes),
+        extra = {
+            "candidate_labels": CANDIDATE_LABELS in config.inputs,
+            "max_tokens": read.integer("max_tokens"),
+            "labels_model": parameters.get("labels_model", ""),
+        }
+        return read.caps(
+            settings, max_texts, settings.text.model_copy(update={"max_texts": max_texts}), extra
         )
 
     def count(self, payload: ClassifyInput) -> int:
