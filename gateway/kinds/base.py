@@ -44,6 +44,7 @@ class Caps:
             "max_inputs": self.max_inputs,
             **limits,
             **self.extra,
+            "refused_settings": list(self.notes),
         }
 
 

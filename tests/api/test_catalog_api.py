@@ -18,7 +18,7 @@ from gateway.app import create_app
 from gateway.auth import hash_key
 from gateway.backend import ModelConfig
 from gateway.errors import GatewayError
-from gateway.settings import AuthSettings, Settings
+from gateway.settings import AuthSettings, ImageLimits, Settings
 
 PNG = {"content-type": "image/png"}
 
@@ -226,3 +226,38 @@ def test_refusals_by_the_auth_layer_are_logged(tmp_path: Path, caplog: pytest.Lo
     with TestClient(app) as client:
         assert client.post("/classify", content=chelsea_jpeg(), headers=PNG).status_code == 401
     assert any("401 unauthorized" in record.getMessage() for record in caplog.records)
+
+
+def test_a_text_model_without_candidate_labels_refuses_them() -> None:
+    backend = FakeBackend()
+    first = backend.models["text_classifier"]
+    backend.models["text_plain"] = ModelConfig(
+        "text_plain",
+        "ensemble",
+        8,
+        {"gateway_task": "text-classification"},
+        ("TEXT", "TOP_K"),
+        (),
+        first.steps,
+    )
+    app = create_app(Settings(), backend_factory=lambda *_: backend)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        body = {"texts": ["a"], "candidate_labels": ["x", "y"]}
+        detail = problem(client.post("/models/text_plain/classify", json=body), 422, "invalid-input")[
+            "detail"
+        ]
+        assert "no candidate_labels" in detail
+        # its own caps: 8 texts a request (its max_batch_size), not the gateway's 64
+        problem(
+            client.post("/models/text_plain/classify", json={"texts": ["a"] * 9}), 413, "payload-too-large"
+        )
+        assert client.post("/models/text_plain/classify", json={"texts": ["a"] * 8}).status_code == 200
+        assert backend.texts[-1] == (["a"] * 8, None)
+
+
+def test_models_shows_a_refused_setting(backend: FakeBackend) -> None:
+    settings = Settings(image=ImageLimits(max_pixels=90_000_000))
+    with TestClient(create_app(settings, backend_factory=lambda *_: backend)) as client:
+        image = {m["name"]: m for m in client.get("/models").json()["models"]}["image_classifier"]
+    assert image["caps"]["max_pixels"] == 40_000_000
+    assert image["caps"]["refused_settings"][0].startswith("GATEWAY_IMAGE__MAX_PIXELS=90000000 would widen")
