@@ -39,6 +39,22 @@ def second_image_classifier(backend: FakeBackend, name: str = "image_classifier_
     )
 
 
+def test_the_new_routes_are_documented(client: TestClient) -> None:
+    paths = client.get("/openapi.json").json()["paths"]
+    for path in ("/models/{model}/classify", "/models/{model}/versions/{version}/classify"):
+        operation = paths[path]["post"]
+        assert {"multipart/form-data", "application/json", "image/jpeg"} <= set(
+            operation["requestBody"]["content"]
+        )
+        ok = operation["responses"]["200"]["content"]["application/json"]["schema"]
+        assert ok["$ref"].endswith("/ClassifyResponse")
+        assert {"404", "413", "415", "422", "503"} <= set(operation["responses"])
+
+
+def test_readyz_reports_every_catalogued_model(client: TestClient) -> None:
+    assert client.get("/readyz").json()["models"] == {"image_classifier": "ready", "text_classifier": "ready"}
+
+
 def test_any_catalogued_model_answers_by_name(client: TestClient, backend: FakeBackend) -> None:
     image = client.post("/models/image_classifier/classify", content=small_png(), headers=PNG)
     assert image.status_code == 200, image.text
