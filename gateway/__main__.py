@@ -34,6 +34,31 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("options", nargs="*", help="passed on to the benchmark (`bench --help`)")
 
+    add = commands.add_parser(
+        "add-model",
+        help="write a classifier into a model repository: a text classifier of your own labels "
+        "on the shipped sentence encoder (then load it through /admin: the catalog serves it)",
+    )
+    add.add_argument(
+        "name", help="the model's name (its ensemble; NAME_postprocess and NAME_labels beside it)"
+    )
+    add.add_argument(
+        "--task",
+        required=True,
+        choices=["text-classification"],
+        help="what it classifies (image classifiers from an ONNX file: not in this release)",
+    )
+    add.add_argument(
+        "--labels", type=Path, required=True, help="label file: `label` or `label: prompt` a line"
+    )
+    add.add_argument("--repository", type=Path, default=Path("model_repository"))
+    add.add_argument("--replace", action="store_true", help="overwrite a model of that name")
+    remove = commands.add_parser(
+        "remove-model", help="remove a classifier written by add-model (unload it first)"
+    )
+    remove.add_argument("name")
+    remove.add_argument("--repository", type=Path, default=Path("model_repository"))
+
     local = commands.add_parser("local", help="start a local CPU tritonserver and the gateway together")
     local.add_argument("--host", default="127.0.0.1", help="gateway listen address (default 127.0.0.1)")
     local.add_argument("--port", type=int, default=8080, help="gateway port (default 8080)")
@@ -59,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
 
         print(hash_key(sys.stdin.readline().strip()))
         return 0
+    if args.command in ("add-model", "remove-model"):
+        return _repository_command(args)
     try:
         settings = Settings()
     except ValidationError as exc:
@@ -88,6 +115,25 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigurationError as exc:
         print(f"triton-gateway: {exc.detail}", file=sys.stderr)
         return 1
+
+
+def _repository_command(args: argparse.Namespace) -> int:
+    """add-model / remove-model: one line of what was written, or why nothing was (exit 1)."""
+    from gateway.modelrepo import ModelRepositoryError, add_text_classifier, remove_model
+
+    try:
+        if args.command == "add-model":
+            written = add_text_classifier(args.repository, args.name, args.labels, replace=args.replace)
+            print(
+                f"wrote {', '.join(written)} into {args.repository}; load it: POST /admin/models/{args.name}/load"
+            )
+        else:
+            removed = remove_model(args.repository, args.name)
+            print(f"removed {', '.join(removed)} from {args.repository}")
+    except ModelRepositoryError as exc:
+        print(f"triton-gateway {args.command}: {exc.detail}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _bench(options: list[str]) -> int:

@@ -6,11 +6,11 @@ States (exported as ``gateway_triton_circuit_state``)::
       ▲                      ▲                          │
       └──────────────────────┴────trial fails───────────┘
 
-A background probe (Triton's readiness, every ``probe_interval``) feeds it, and so do
+A background probe (Triton's liveness, every ``probe_interval``) feeds it, and so do
 calls: a call failing as *unavailable* or *timed out* wakes the probe at once rather than
 opening the circuit by itself, because Triton also answers UNAVAILABLE for a full queue
 (a healthy server under load must not trip it). While open, requests fail at once with
-503; when the probe sees Triton ready again, one trial request goes through, and its
+503; when the probe sees Triton live again, one trial request goes through, and its
 success closes the circuit. This module holds only the state machine (no I/O); whoever
 exports the state passes ``on_change``, called on transitions only (not per request).
 """

@@ -164,9 +164,12 @@ class TritonBackend:
         await self._channel.close()
 
     async def _probe_once(self) -> bool:
+        # Liveness, not readiness: Triton's strict readiness turns false as soon as any model
+        # is unloaded (an /admin unload, a catalog model taken out), which must not open the
+        # circuit for every other model; a model that is not ready answers UNAVAILABLE itself.
         try:
             return bool(
-                await self._client.is_server_ready(client_timeout=self._settings.probe_timeout_seconds)
+                await self._client.is_server_live(client_timeout=self._settings.probe_timeout_seconds)
             )
         except InferenceServerException:
             return False

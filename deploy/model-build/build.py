@@ -24,6 +24,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+# The label file's rule lives once, in the gateway (standard library only, importable here).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from gateway import labelfile
+
 HERE = Path(__file__).resolve().parent
 # Bump when the export itself changes (graph, names, opset) so stamps invalidate.
 EXPORT_REVISION = "1"
@@ -37,7 +41,6 @@ TEXT_INPUTS = ("input_ids", "attention_mask")
 TEXT_OUTPUT = "sentence_embedding"
 TEXT_MAX_BATCH = 64
 TEXT_MAX_TOKENS = 256
-DEFAULT_PROMPT = "This text is about {label}."
 
 
 def log(message: str) -> None:
@@ -187,22 +190,11 @@ def export_text(repository: Path) -> Path:
 
 
 def read_label_file(path: Path) -> list[tuple[str, str]]:
-    """`label` or `label: prompt` a line; blank lines and # comments ignored."""
-    labels: list[tuple[str, str]] = []
-    for number, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        name, _, prompt = line.partition(":")
-        name, prompt = name.strip(), prompt.strip()
-        if not name:
-            raise SystemExit(f"{path}:{number}: a label needs a name")
-        if any(name == known for known, _ in labels):
-            raise SystemExit(f"{path}:{number}: label {name!r} is listed twice")
-        labels.append((name, prompt or DEFAULT_PROMPT.format(label=name)))
-    if len(labels) < 2:
-        raise SystemExit(f"{path}: at least two labels are needed")
-    return labels
+    """The label file's (name, prompt) pairs (gateway.labelfile: the rule add-model uses too)."""
+    try:
+        return labelfile.read_label_file(path)
+    except labelfile.LabelFileError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def label_set(repository: Path) -> Path:

@@ -75,7 +75,17 @@ async def _load(
         await backend.load_model(name)
     finally:
         await catalog.refresh()  # a failed reload may still have changed what is loaded
+    helper = _labels_model(catalog, name)
+    if helper and not any(m.name == helper and m.state == "READY" for m in await backend.repository_index()):
+        # the model that lists its labels is no ensemble step: Triton does not load it along
+        await backend.load_model(helper)
     return await _after(backend, name, action, started, admin)
+
+
+def _labels_model(catalog: Catalog, name: str) -> str:
+    """The model listing ``name``'s labels (its config's labels_model), if it has one."""
+    entry = catalog.find(name)
+    return str(entry.caps.extra.get("labels_model") or "") if entry is not None else ""
 
 
 async def _after(
@@ -133,13 +143,20 @@ async def unload(
     backend: BackendDep,
     catalog: CatalogDep,
     dependents: Annotated[
-        bool, Query(description="Also unload the models it loaded with it (an ensemble's steps).")
+        bool,
+        Query(
+            description="Also unload the models it loaded with it (an ensemble's steps, and the "
+            "model listing its labels)."
+        ),
     ] = False,
 ) -> ModelControlResult:
     await _known(backend, name)
     started = time.monotonic()
     try:
+        helper = _labels_model(catalog, name)
         await backend.unload_model(name, dependents=dependents)
+        if dependents and helper:
+            await backend.unload_model(helper, dependents=False)
     finally:
         await catalog.refresh()
     return await _after(backend, name, "unload", started, admin)

@@ -109,7 +109,8 @@ def test_reload_of_a_model_that_is_not_loaded_is_a_conflict(client: TestClient, 
     assert response.status_code == 409
     assert backend.control == []
     assert client.post("/admin/models/text_classifier/reload", headers=ADMIN).status_code == 200
-    assert backend.control == [("load", "text_classifier")]
+    # and the model listing its labels, which is not loaded, along with it
+    assert backend.control == [("load", "text_classifier"), ("load", "text_labels")]
 
 
 def test_the_pin_moves_to_a_ready_version_only(client: TestClient, backend: FakeBackend) -> None:

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 import pytest
 from support import chelsea_jpeg
 from triton_fixtures import REPOSITORY
@@ -51,8 +50,8 @@ def _renamed(source: Path, target: Path, renames: dict[str, str]) -> None:
 
 def add_second_classifiers(repository: Path) -> None:
     """image_classifier_upper: the same network, its labels upper-cased (its own
-    postprocess); text_sentiment: the same encoder, a label set of its own (its own
-    postprocess and labels model)."""
+    postprocess); text_sentiment: the same encoder, a label set of its own, written by
+    `triton-gateway add-model`."""
     _renamed(
         REPOSITORY / "image_postprocess",
         repository / "image_postprocess_upper",
@@ -66,32 +65,17 @@ def add_second_classifiers(repository: Path) -> None:
         {"image_classifier": "image_classifier_upper", "image_postprocess": "image_postprocess_upper"},
     )
 
-    _renamed(
-        REPOSITORY / "text_postprocess",
-        repository / "text_postprocess_sentiment",
-        {"text_postprocess": "text_postprocess_sentiment"},
-    )
-    label_set = repository / "text_postprocess_sentiment" / "1" / "label_set.npz"
-    label_set.unlink()
-    np.savez(label_set, names=np.array(list(SENTIMENTS)), prompts=np.array(list(SENTIMENTS.values())))
-    (repository / "text_labels_sentiment" / "1").mkdir(parents=True)
-    shutil.copy(REPOSITORY / "text_labels" / "1" / "model.py", repository / "text_labels_sentiment" / "1")
-    shutil.copy(label_set, repository / "text_labels_sentiment" / "1" / "label_set.npz")
-    config = (
-        (REPOSITORY / "text_labels" / "config.pbtxt")
-        .read_text()
-        .replace('"text_labels"', '"text_labels_sentiment"')
-    )
-    (repository / "text_labels_sentiment" / "config.pbtxt").write_text(config)
-    _renamed(
-        REPOSITORY / "text_classifier",
-        repository / "text_sentiment",
-        {
-            "text_classifier": "text_sentiment",
-            "text_postprocess": "text_postprocess_sentiment",
-            "text_labels": "text_labels_sentiment",
-        },
-    )
+    labels = repository.parent / "sentiment.txt"
+    labels.write_text("".join(f"{name}: {prompt}\n" for name, prompt in SENTIMENTS.items()))
+    add_model("text_sentiment", labels, repository)
+
+
+def add_model(name: str, labels: Path, repository: Path) -> None:
+    """The real command, as a user runs it."""
+    command = [sys.executable, "-m", "gateway", "add-model", name, "--task", "text-classification",
+               "--labels", str(labels), "--repository", str(repository)]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
 
 
 @dataclass
@@ -237,5 +221,36 @@ def test_a_model_dropped_in_and_loaded_is_served_at_once_and_gone_at_once(stack:
     assert 200 in statuses
     assert statuses <= {200, 404, 503}, statuses
     assert all(kind == "application/problem+json" for status, kind in outcomes if status != 200)
-    # the default models were never touched
+    # the default models were never touched, and still answer once the breaker's probe ran
+    # (Triton's strict readiness is false after any unload: that opened the circuit once)
+    time.sleep(1.5)
     assert httpx.get(f"{stack.url}/readyz", timeout=30).json()["status"] == "ready"
+    assert (
+        _top(httpx.post(f"{stack.url}/classify", content=chelsea_jpeg(), headers=JPEG, timeout=30))[0] in CATS
+    )
+
+
+def test_a_text_classifier_added_by_the_command_on_a_running_stack(stack: LocalStack) -> None:
+    labels = stack.repository.parent / "tickets.txt"
+    labels.write_text("billing: a question about an invoice, a payment or a refund\n"
+                      "outage: a service that is down or not working\n")  # fmt: skip
+    add_model("tickets", labels, stack.repository)
+    loaded = stack.admin("POST", "/admin/models/tickets/load")
+    assert loaded.status_code == 200, loaded.text
+    texts = {"texts": ["I was charged twice for my invoice, please refund me.", "The website is down again."]}
+    assert _top(httpx.post(f"{stack.url}/models/tickets/classify", json=texts, timeout=60)) == [
+        "billing",
+        "outage",
+    ]
+    models = {m["name"]: m for m in httpx.get(f"{stack.url}/models", timeout=30).json()["models"]}
+    assert models["tickets"]["labels"] == ["billing", "outage"]
+    assert stack.admin("POST", "/admin/models/tickets/unload?dependents=true").status_code == 200
+    removed = subprocess.run(
+        [sys.executable, "-m", "gateway", "remove-model", "tickets", "--repository", str(stack.repository)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert removed.returncode == 0, removed.stderr
+    assert httpx.post(f"{stack.url}/models/tickets/classify", json=texts, timeout=30).status_code in (
+        404,
+        503,
+    )

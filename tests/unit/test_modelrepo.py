@@ -1,0 +1,129 @@
+"""add-model / remove-model on a model repository: what is written, and every refusal
+leaving the repository exactly as it was. (Served by a real Triton:
+tests/integration/test_catalog_stack.py.)"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from triton_fixtures import REPOSITORY
+
+from gateway.modelrepo import ModelRepositoryError, add_text_classifier, remove_model
+
+SHIPPED = ("text_classifier", "text_postprocess", "text_labels")
+
+
+@pytest.fixture
+def repository(tmp_path: Path) -> Path:
+    """The shipped text models' configs and code (what add-model builds on)."""
+    root = tmp_path / "models"
+    for name in SHIPPED:
+        shutil.copytree(
+            REPOSITORY / name,
+            root / name,
+            symlinks=True,
+            ignore=shutil.ignore_patterns("*.npz", "__pycache__"),
+        )
+    return root
+
+
+def labels(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "labels.txt"
+    path.write_text(text)
+    return path
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_a_text_classifier_is_written_sharing_the_shipped_code(repository: Path, tmp_path: Path) -> None:
+    written = add_text_classifier(
+        repository, "sentiment", labels(tmp_path, "positive: I am happy.\nnegative\n")
+    )
+    assert written == ["sentiment", "sentiment_postprocess", "sentiment_labels"]
+    config = (repository / "sentiment" / "config.pbtxt").read_text()
+    assert 'name: "sentiment"' in config
+    assert '{ string_value: "text-classification" }' in config
+    assert '"sentiment_postprocess"' in config
+    assert '"sentiment_labels"' in config
+    assert '"text_tokenize"' in config
+    assert '"text_model"' in config
+    code = repository / "sentiment_postprocess" / "1" / "model.py"
+    assert code.is_symlink()
+    assert code.resolve() == (repository / "text_postprocess" / "1" / "model.py").resolve()
+    with np.load(repository / "sentiment_labels" / "1" / "label_set.npz") as stored:
+        assert stored["names"].tolist() == ["positive", "negative"]
+        assert stored["prompts"].tolist() == ["I am happy.", "This text is about negative."]
+    assert not list(tmp_path.glob(".add-model-*"))  # no staging left behind
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("only\n", "at least two labels"),
+        ("a\nb\na\n", "listed twice"),
+        (": a prompt\nb\n", "needs a name"),
+    ],
+)
+def test_a_bad_label_file_writes_nothing(repository: Path, tmp_path: Path, text: str, message: str) -> None:
+    before = snapshot(repository)
+    with pytest.raises(ModelRepositoryError, match=message):
+        add_text_classifier(repository, "sentiment", labels(tmp_path, text))
+    assert snapshot(repository) == before
+
+
+def test_an_existing_name_is_refused_unless_replace(repository: Path, tmp_path: Path) -> None:
+    add_text_classifier(repository, "sentiment", labels(tmp_path, "a\nb\n"))
+    before = snapshot(repository)
+    with pytest.raises(ModelRepositoryError, match="--replace"):
+        add_text_classifier(repository, "sentiment", labels(tmp_path, "c\nd\n"))
+    assert snapshot(repository) == before
+    add_text_classifier(repository, "sentiment", labels(tmp_path, "c\nd\n"), replace=True)
+    with np.load(repository / "sentiment_postprocess" / "1" / "label_set.npz") as stored:
+        assert stored["names"].tolist() == ["c", "d"]
+
+
+@pytest.mark.parametrize("name", ["text_classifier", "text", "../x", "9lives", "a b"])
+def test_bad_or_shipped_names_are_refused(repository: Path, tmp_path: Path, name: str) -> None:
+    before = snapshot(repository)
+    with pytest.raises(ModelRepositoryError):
+        add_text_classifier(repository, name, labels(tmp_path, "a\nb\n"))
+    assert snapshot(repository) == before
+
+
+def test_remove_takes_out_only_what_add_model_wrote(repository: Path, tmp_path: Path) -> None:
+    add_text_classifier(repository, "sentiment", labels(tmp_path, "a\nb\n"))
+    assert remove_model(repository, "sentiment") == ["sentiment", "sentiment_postprocess", "sentiment_labels"]
+    assert sorted(p.name for p in repository.iterdir()) == sorted(SHIPPED)
+    hand_made = repository / "hand_made"
+    hand_made.mkdir()
+    (hand_made / "config.pbtxt").write_text('name: "hand_made"\n')
+    for name in ("hand_made", "text_classifier"):
+        with pytest.raises(ModelRepositoryError):
+            remove_model(repository, name)
+    assert hand_made.exists()
+    assert (repository / "text_classifier").exists()
+
+
+def test_the_command_line(repository: Path, tmp_path: Path) -> None:
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "gateway", *args], capture_output=True, text=True)
+
+    added = run("add-model", "tickets", "--task", "text-classification", "--labels", str(labels(tmp_path, "billing\nbugs\n")),
+                "--repository", str(repository))  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    assert "POST /admin/models/tickets/load" in added.stdout
+    again = run("add-model", "tickets", "--task", "text-classification", "--labels", str(tmp_path / "labels.txt"),
+                "--repository", str(repository))  # fmt: skip
+    assert again.returncode == 1
+    assert "--replace" in again.stderr
+    assert "Traceback" not in again.stderr
+    removed = run("remove-model", "tickets", "--repository", str(repository))
+    assert removed.returncode == 0, removed.stderr
+    assert not (repository / "tickets").exists()
