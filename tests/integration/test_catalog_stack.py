@@ -32,8 +32,8 @@ from gateway.tritonserver import free_port
 
 CATS = {"tiger cat", "tabby", "Egyptian cat"}
 SENTIMENTS = {
-    "positive": "This text expresses a positive, happy feeling.",
-    "negative": "This text expresses a negative, angry feeling.",
+    "positive": "Someone is pleased, happy and satisfied: this is good.",
+    "negative": "Someone is unhappy, disappointed or angry: this is bad.",
 }
 ADMIN = {"Authorization": "Bearer ops-secret"}
 JPEG = {"content-type": "image/jpeg"}
@@ -254,3 +254,28 @@ def test_a_text_classifier_added_by_the_command_on_a_running_stack(stack: LocalS
         404,
         503,
     )
+
+
+# Written for this test; the sentiment set is the one add-model wrote at start (SENTIMENTS).
+FEELINGS = [
+    ("I love this phone, it works beautifully and makes me happy.", "positive"),
+    ("What a wonderful surprise, thank you so much!", "positive"),
+    ("The service was excellent and the staff were friendly.", "positive"),
+    ("Best holiday we have ever had, everything was perfect.", "positive"),
+    ("I am thrilled with the results, great job everyone.", "positive"),
+    ("This made my day, I could not be happier.", "positive"),
+    ("This is the worst purchase I have ever made, it broke in a day.", "negative"),
+    ("I am furious, nobody answered my complaint for weeks.", "negative"),
+    ("The food was cold and disgusting and the waiter was rude.", "negative"),
+    ("I hate waiting in this queue, it is a terrible waste of time.", "negative"),
+    ("Very disappointed, the product does not work at all.", "negative"),
+    ("Awful experience, I will never come back here again.", "negative"),
+]
+
+
+def test_the_added_sentiment_classifier_gets_written_sentences_right(stack: LocalStack) -> None:
+    texts = {"texts": [text for text, _ in FEELINGS], "top_k": 1}
+    got = _top(httpx.post(f"{stack.url}/models/text_sentiment/classify", json=texts, timeout=60))
+    right = sum(label == want for label, (_, want) in zip(got, FEELINGS, strict=True))
+    print(f"sentiment: {right}/{len(FEELINGS)} right")
+    assert right >= 0.9 * len(FEELINGS), list(zip(got, FEELINGS, strict=True))
