@@ -127,3 +127,18 @@ def test_the_command_line(repository: Path, tmp_path: Path) -> None:
     removed = run("remove-model", "tickets", "--repository", str(repository))
     assert removed.returncode == 0, removed.stderr
     assert not (repository / "tickets").exists()
+
+
+def test_a_repository_that_is_not_writable_is_refused_and_left_as_it_was(
+    repository: Path, tmp_path: Path
+) -> None:
+    """Root writes through file modes, so the directory is made immutable (ext4 chattr)."""
+    before = snapshot(repository)
+    subprocess.run(["chattr", "+i", str(repository)], check=True)
+    try:
+        with pytest.raises(ModelRepositoryError, match="cannot write into"):
+            add_text_classifier(repository, "sentiment", labels(tmp_path, "a\nb\n"))
+    finally:
+        subprocess.run(["chattr", "-i", str(repository)], check=True)
+    assert snapshot(repository) == before
+    assert not list(tmp_path.glob(".add-model-*"))
