@@ -7,6 +7,7 @@
 Checks, with a one-screen report at the end (exit 1 if any fails):
   - readiness (the first start includes the TensorRT build: up to --ready-timeout);
   - an image, a text, a text with candidate labels (each 200 with predictions);
+  - every classifier of the catalog (GET /models: yours too) ready and answering by name;
   - a corrupt-EXIF JPEG between two good photos: 422 naming input 2, and the two photos
     alone still 200 (one bad input never harms the others);
   - agreement with the CPU twin: top-1 of a fixed set of photos and texts against
@@ -149,6 +150,27 @@ def basic_checks(client: httpx.Client, report: Report) -> None:
     report.check("the good photos beside it unharmed", answer.status_code == 200, str(answer.status_code))
 
 
+def catalog_checks(client: httpx.Client, report: Report) -> None:
+    """Every classifier of the catalog (GET /models), not only the shipped two: ready, and
+    answering its kind's input by name with predictions."""
+    listed = client.get("/models")
+    models = listed.json().get("models", []) if listed.is_success else []
+    report.check("catalog listed", listed.status_code == 200 and bool(models), f"{len(models)} classifier(s)")
+    for model in models:
+        name, task = model["name"], model["task"]
+        route = f"/models/{name}/classify"
+        if task == "image-classification":
+            answer = client.post(route, files={"file": ("cat.jpg", photo("chelsea"))})
+        else:
+            answer = client.post(route, json={"text": TEXTS[0]})
+        ok = model["ready"] and answer.status_code == 200 and bool(answer.json()["results"][0]["predictions"])
+        report.check(
+            f"catalog: {name}",
+            ok,
+            f"{task}, {answer.status_code} {top1(answer) if answer.is_success else ''}",
+        )
+
+
 def answers(client: httpx.Client) -> dict[str, list[tuple[str, float]]]:
     images = [("file", (f"{name}.jpg", photo(name))) for name in PHOTOS]
     image_answer = client.post("/classify", files=images)
@@ -240,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"wrote {options.reference}")
                 return 0
             basic_checks(client, report)
+            catalog_checks(client, report)
             agreement(found, options.reference, report)
             if options.perf and options.compose != "none":
                 perf(options.compose, False, report)

@@ -25,6 +25,8 @@ def test_smoke_passes_on_the_cpu_stack(gateway: ServedApp, capsys: pytest.Captur
         "text with candidate labels",
         "corrupt-EXIF image refused alone",
         "images: top-1 agrees",
+        "catalog: image_classifier",
+        "catalog: text_classifier",
     ):
         assert f"PASS  {check}" in out
 
