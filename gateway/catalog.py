@@ -167,7 +167,7 @@ class Catalog:
         if entry is None:
             raise self._unavailable(f"{name} is not available")
         if entry.kind is not kind:
-            raise WrongInputKindError(f"{name} classifies {entry.kind.noun}s, not {kind.noun}s")
+            raise WrongInputKindError(f"{name} takes {entry.kind.noun}s ({entry.task}), not {kind.noun}s")
         return entry
 
     def _unavailable(self, detail: str) -> TritonUnavailableError:

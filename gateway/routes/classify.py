@@ -148,9 +148,7 @@ async def _classify(request: Request, top_k: int | None, model: str | None, vers
     if entry is None:
         entry = catalog.default(kind)
     elif entry.kind is not kind:
-        raise WrongInputKindError(
-            f"{entry.name} is an {entry.task} model: it takes {entry.kind.noun}s, not {kind.noun}s"
-        )
+        raise WrongInputKindError(f"{entry.name} takes {entry.kind.noun}s ({entry.task}), not {kind.noun}s")
     state["model"] = entry.name  # the metrics' model label: catalogued names only
     k = resolve_top_k(top_k, payload.top_k, entry.caps.default_top_k, entry.caps.max_top_k)
     request_id = state["request_id"]
