@@ -11,6 +11,28 @@ from pydantic import ValidationError
 from gateway.errors import ConfigurationError
 from gateway.settings import Settings
 
+# The --normalize presets (gateway.imageentry.PRESETS; not imported here to keep the
+# command's start light).
+PRESET_NAMES = ("efficientnet-lite", "imagenet", "inception")
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not comma-separated numbers") from None
+
+
+def _size(text: str) -> tuple[int, int]:
+    height, _, width = text.lower().partition("x")
+    try:
+        size = (int(height), int(width or height))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not HEIGHTxWIDTH (e.g. 224x224)") from None
+    if min(size) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: sides must be positive")
+    return size
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="triton-gateway", description="A validating front door for Triton.")
@@ -36,23 +58,58 @@ def _parser() -> argparse.ArgumentParser:
 
     add = commands.add_parser(
         "add-model",
-        help="write a classifier into a model repository: a text classifier of your own labels "
-        "on the shipped sentence encoder (then load it through /admin: the catalog serves it)",
+        help="write a classifier into a model repository (then load it through /admin: the catalog serves it)",
+        description="Write a classifier into a Triton model repository, checked before anything is "
+        "written: an image classifier from your ONNX file and its labels (with the GPU config, "
+        "its TensorRT profile and the CPU twin), or a zero-shot text classifier of your own labels "
+        "on the shipped sentence encoder. Then POST /admin/models/NAME/load.",
     )
     add.add_argument(
-        "name", help="the model's name (its ensemble; NAME_postprocess and NAME_labels beside it)"
+        "name", help="the model's name (its ensemble; its own steps are named NAME_<step> beside it)"
     )
     add.add_argument(
         "--task",
         required=True,
-        choices=["text-classification"],
-        help="what it classifies (image classifiers from an ONNX file: not in this release)",
+        choices=["image-classification", "text-classification"],
+        help="what it classifies",
     )
     add.add_argument(
-        "--labels", type=Path, required=True, help="label file: `label` or `label: prompt` a line"
+        "--labels",
+        type=Path,
+        required=True,
+        help="images: one class name a line, line n = class n - 1; texts: `label` or `label: prompt` a line",
     )
     add.add_argument("--repository", type=Path, default=Path("model_repository"))
     add.add_argument("--replace", action="store_true", help="overwrite a model of that name")
+    image = add.add_argument_group("image classifiers (--task image-classification)")
+    image.add_argument(
+        "--onnx", type=Path, help="the network: one image input, one output of batch x classes"
+    )
+    image.add_argument(
+        "--normalize",
+        choices=sorted(PRESET_NAMES),
+        help="the pixel convention it was trained with: imagenet (torchvision's mean/std), "
+        "inception ((x - 127.5) / 127.5), efficientnet-lite ((x - 127) / 128)",
+    )
+    image.add_argument(
+        "--mean", type=_floats, help="or: three values, 0..255 scale, in the network's channel order"
+    )
+    image.add_argument("--std", type=_floats, help="with --mean: three values, 0..255 scale")
+    image.add_argument("--channel-order", choices=["RGB", "BGR"], default="RGB", help="default RGB")
+    image.add_argument(
+        "--input-size", type=_size, help="HEIGHTxWIDTH, when the ONNX input's spatial size is dynamic"
+    )
+    image.add_argument(
+        "--resize-short-side", type=int, help="resize before the centre crop (default: input side + 32)"
+    )
+    image.add_argument(
+        "--input", dest="input_name", help="the input tensor (default: the ONNX file's only one)"
+    )
+    image.add_argument("--output", dest="output_name", help="the output tensor, when the file has several")
+    image.add_argument(
+        "--max-batch", type=int, help="batch cap (default 32; 1 when the ONNX batch axis is fixed at 1)"
+    )
+    image.add_argument("--max-top-k", type=int, help="the largest top_k it answers (default 20)")
     remove = commands.add_parser(
         "remove-model", help="remove a classifier written by add-model (unload it first)"
     )
@@ -119,11 +176,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _repository_command(args: argparse.Namespace) -> int:
     """add-model / remove-model: one line of what was written, or why nothing was (exit 1)."""
-    from gateway.modelrepo import ModelRepositoryError, add_text_classifier, remove_model
+    from gateway.modelrepo import ModelRepositoryError, remove_model
 
     try:
         if args.command == "add-model":
-            written = add_text_classifier(args.repository, args.name, args.labels, replace=args.replace)
+            written = _add_model(args)
             print(
                 f"wrote {', '.join(written)} into {args.repository}; load it: POST /admin/models/{args.name}/load"
             )
@@ -134,6 +191,40 @@ def _repository_command(args: argparse.Namespace) -> int:
         print(f"triton-gateway {args.command}: {exc.detail}", file=sys.stderr)
         return 1
     return 0
+
+
+def _add_model(args: argparse.Namespace) -> list[str]:
+    from gateway.imageentry import ImageOptions
+    from gateway.modelrepo import ModelRepositoryError, add_image_classifier, add_text_classifier
+
+    image_options = ("onnx", "normalize", "mean", "std", "input_size", "resize_short_side", "input_name",
+                     "output_name", "max_batch", "max_top_k")  # fmt: skip
+    if args.task == "text-classification":
+        given = [
+            f"--{name.replace('_name', '').replace('_', '-')}"
+            for name in image_options
+            if getattr(args, name) is not None
+        ]
+        if given or args.channel_order != "RGB":
+            raise ModelRepositoryError(f"{', '.join(given) or '--channel-order'}: for image classifiers only")
+        return add_text_classifier(args.repository, args.name, args.labels, replace=args.replace)
+    if args.onnx is None:
+        raise ModelRepositoryError("an image classifier needs its network: --onnx FILE")
+    options = ImageOptions(
+        normalize=args.normalize,
+        mean=args.mean,
+        std=args.std,
+        channel_order=args.channel_order,
+        input_size=args.input_size,
+        resize_short_side=args.resize_short_side,
+        input_name=args.input_name,
+        output_name=args.output_name,
+        max_batch=args.max_batch,
+        max_top_k=args.max_top_k,
+    )
+    return add_image_classifier(
+        args.repository, args.name, args.onnx, args.labels, options, replace=args.replace
+    )
 
 
 def _bench(options: list[str]) -> int:

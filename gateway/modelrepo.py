@@ -1,6 +1,9 @@
 """Writing classifiers into a Triton model repository (`triton-gateway add-model` and
 `remove-model`).
 
+An image classifier is a user's ONNX network with the shipped pre- and postprocess code
+(gateway.imageentry: the checks against the file and the four directories).
+
 A text classifier is a new label set on the shipped sentence encoder: its own ensemble
 (``NAME``: text_tokenize -> text_model -> ``NAME_postprocess``), its own postprocess
 (``NAME_postprocess``, the shipped ``text_postprocess`` code through a symlink, with the
@@ -18,10 +21,14 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
+from gateway import imageentry, pbtxt
 from gateway.errors import ConfigurationError
-from gateway.labelfile import LabelFileError, read_label_file
+from gateway.imageentry import ImageModelError, ImageOptions
+from gateway.labelfile import LabelFileError, read_class_labels, read_label_file
+from gateway.onnxgraph import OnnxFileError, read_graph
 
 # The shipped models a text classifier is made from.
 TEXT_TEMPLATE = "text_classifier"
@@ -52,8 +59,11 @@ def _check_name(repository: Path, name: str) -> None:
         raise ModelRepositoryError(
             f"{name!r} is not a model name: a letter, then letters, digits, _ or -, at most 64"
         )
-    shipped = {TEXT_TEMPLATE, TEXT_POSTPROCESS, TEXT_LABELS, "text_tokenize", "text_model", "text_embedder"}
-    if set(_parts(name).values()) & shipped:
+    shipped = {
+        TEXT_TEMPLATE, TEXT_POSTPROCESS, TEXT_LABELS, "text_tokenize", "text_model", "text_embedder",
+        *imageentry.SHIPPED.values(),
+    }  # fmt: skip
+    if ({name} | set(_parts(name).values()) | set(imageentry.parts(name).values())) & shipped:
         raise ModelRepositoryError(f"{name!r} would overwrite a shipped model")
     if not repository.is_dir():
         raise ModelRepositoryError(f"{repository} is not a model repository (no such directory)")
@@ -119,6 +129,46 @@ def _install(repository: Path, staging: Path, names: list[str]) -> None:
         raise ModelRepositoryError(f"cannot write into {repository}: {exc.strerror or exc}") from exc
 
 
+def _managed_parts(repository: Path, name: str) -> list[str]:
+    """The directories of ``name`` written by add-model: its ensemble, the steps named
+    NAME_* it runs and its labels model; [] when ``name`` is not such a model."""
+    config_path = repository / name / "config.pbtxt"
+    if not config_path.is_file():
+        return []
+    config = pbtxt.read_config(config_path)
+    values = pbtxt.parameters(config)
+    if MANAGED_PARAMETER not in values:
+        return []
+    steps = [step.model_name for step in config.ensemble_scheduling.step]
+    own = [model for model in [*steps, values.get("labels_model", "")] if model.startswith(f"{name}_")]
+    return [name, *dict.fromkeys(part for part in own if (repository / part).exists())]
+
+
+def _write(
+    repository: Path, name: str, names: list[str], replace: bool, stage: Callable[[Path], None]
+) -> None:
+    """Stage ``names`` with ``stage`` next to the repository, then move them in; on
+    --replace, the directories of the model's previous entry that the new one has no
+    more are removed once the new one is in place."""
+    existing = [n for n in names if (repository / n).exists()]
+    if existing and not replace:
+        raise ModelRepositoryError(
+            f"{', '.join(existing)} already in {repository}: pass --replace to overwrite"
+        )
+    previous = _managed_parts(repository, name) if replace else []
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=f".add-model-{name}-", dir=repository.parent))
+    except OSError as exc:
+        raise ModelRepositoryError(f"cannot write next to {repository}: {exc.strerror or exc}") from exc
+    try:
+        stage(staging)
+        _install(repository, staging, names)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    for stale in set(previous) - set(names):
+        shutil.rmtree(repository / stale, ignore_errors=True)
+
+
 def add_text_classifier(
     repository: Path, name: str, labels_file: Path, *, replace: bool = False
 ) -> list[str]:
@@ -131,20 +181,38 @@ def add_text_classifier(
     except LabelFileError as exc:
         raise ModelRepositoryError(str(exc)) from exc
     names = list(_parts(name).values())
-    existing = [n for n in names if (repository / n).exists()]
-    if existing and not replace:
-        raise ModelRepositoryError(
-            f"{', '.join(existing)} already in {repository}: pass --replace to overwrite"
-        )
+    _write(repository, name, names, replace, lambda staging: _stage_text(repository, name, labels, staging))
+    return names
+
+
+def add_image_classifier(
+    repository: Path,
+    name: str,
+    onnx_file: Path,
+    labels_file: Path,
+    options: ImageOptions,
+    *,
+    replace: bool = False,
+) -> list[str]:
+    """Write image classifier ``name`` (the ONNX network with the shipped pre- and
+    postprocess code) into the repository, after checking the file, the labels and the
+    options against each other; returns the model directories written."""
+    _check_name(repository, name)
     try:
-        staging = Path(tempfile.mkdtemp(prefix=f".add-model-{name}-", dir=repository.parent))
-    except OSError as exc:
-        raise ModelRepositoryError(f"cannot write next to {repository}: {exc.strerror or exc}") from exc
-    try:
-        _stage_text(repository, name, labels, staging)
-        _install(repository, staging, names)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        labels = read_class_labels(labels_file)
+        spec = imageentry.image_spec(read_graph(onnx_file), labels, labels_file, options)
+    except (LabelFileError, OnnxFileError, ImageModelError) as exc:
+        raise ModelRepositoryError(str(exc) if isinstance(exc, LabelFileError) else exc.detail) from exc
+    names = list(imageentry.parts(name).values())
+    marker = (MANAGED_PARAMETER, "add-model")
+
+    def stage(staging: Path) -> None:
+        try:
+            imageentry.stage_image(repository, name, spec, onnx_file, labels, staging, marker)
+        except ImageModelError as exc:
+            raise ModelRepositoryError(exc.detail) from exc
+
+    _write(repository, name, names, replace, stage)
     return names
 
 
@@ -152,12 +220,11 @@ def remove_model(repository: Path, name: str) -> list[str]:
     """Remove a classifier written by add-model (its ensemble and own steps); shipped or
     hand-written models are refused. Unload it through /admin first."""
     _check_name(repository, name)
-    config = repository / name / "config.pbtxt"
-    if not config.is_file():
+    if not (repository / name / "config.pbtxt").is_file():
         raise ModelRepositoryError(f"{repository} holds no model {name!r}")
-    if f'"{MANAGED_PARAMETER}"' not in config.read_text(encoding="utf-8"):
+    names = _managed_parts(repository, name)
+    if not names:
         raise ModelRepositoryError(f"{name} was not written by add-model: remove it by hand")
-    names = [n for n in _parts(name).values() if (repository / n).exists()]
     for part in names:
         shutil.rmtree(repository / part)
     return names

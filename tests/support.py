@@ -471,3 +471,45 @@ def running_prometheus(
         process.terminate()
         process.wait(timeout=30)
         log.close()
+
+
+def tiny_classifier_onnx(
+    path: Path,
+    dims: Sequence[int | None] = (None, 3, 8, 8),
+    classes: int = 3,
+    *,
+    inputs: int = 1,
+) -> Path:
+    """A real (tiny) ONNX image classifier: its logits are the mean of each channel
+    (channel c's mean is class c's logit), then mapped to ``classes`` by a fixed matrix
+    when that is not 3. ``dims``: the input's shape, None for a dynamic axis; the channel
+    axis is the one of size 3 (NCHW or NHWC). ``inputs`` > 1 adds more image inputs."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    channels_last = dims[1] != 3
+    spatial = [1, 2] if channels_last else [2, 3]
+    names = [f"pixels{i}" if i else "pixels" for i in range(inputs)]
+    shape = [d if d is not None else ("batch" if i == 0 else f"side{i}") for i, d in enumerate(dims)]
+    graph_inputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name in names]
+    nodes = []
+    source = names[0]
+    for other in names[1:]:
+        nodes.append(helper.make_node("Add", [source, other], [f"{other}_sum"]))
+        source = f"{other}_sum"
+    nodes.append(helper.make_node("ReduceMean", [source], ["means"], axes=spatial, keepdims=0))
+    initializers = []
+    if classes == 3:
+        nodes.append(helper.make_node("Identity", ["means"], ["logits"]))
+    else:
+        weights = np.eye(3, classes, dtype=np.float32)
+        initializers.append(helper.make_tensor("weights", TensorProto.FLOAT, [3, classes], weights.flatten()))
+        nodes.append(helper.make_node("MatMul", ["means", "weights"], ["logits"]))
+    batch = dims[0] if dims[0] is not None else "batch"
+    output = helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, classes])
+    graph = helper.make_graph(nodes, "tiny", graph_inputs, [output], initializer=initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8  # readable by every ONNX Runtime our Triton env may have
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path

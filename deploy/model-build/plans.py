@@ -2,6 +2,13 @@
 
     python deploy/model-build/plans.py [--repository model_repository] [--precision fp16|fp32] [--force]
 
+Every model of the repository with a ``plan.json`` beside its config.pbtxt gets a plan
+from its ``1/model.onnx``: the shipped ``image_model`` and ``text_model``, and every image
+classifier written by ``triton-gateway add-model`` (which derives the profile from the
+ONNX input and the batch cap). ``plan.json`` holds the TensorRT optimisation profile:
+``{"inputs": [names], "min_shape": "1x3x224x224", "opt_shape": ..., "max_shape": ...}``
+(batch first; the same shape for every input listed).
+
 A plan only runs on the TensorRT version and the GPU model (compute capability) that
 built it. Each plan gets a stamp (``model.plan.stamp``) recording the TensorRT version,
 the GPU's name and compute capability, the ONNX file's hash, the shapes and the
@@ -32,6 +39,8 @@ import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+PROFILE_FILE = "plan.json"
+
 
 @dataclass(frozen=True)
 class PlanSpec:
@@ -48,11 +57,24 @@ class PlanSpec:
         return ",".join(f"{name}:{shape}" for name in self.inputs)
 
 
-PLANS = (
-    PlanSpec("image_model", ("input",), "1x3x224x224", "8x3x224x224", "32x3x224x224"),
-    # batch 1..64 x sequence 1..256 tokens; text_tokenize pads to 64, 128 or 256.
-    PlanSpec("text_model", ("input_ids", "attention_mask"), "1x1", "8x64", "64x256"),
-)
+def plan_specs(repository: Path) -> list[PlanSpec]:
+    """Every model of the repository that has a plan.json, by name."""
+    specs = []
+    for path in sorted(repository.glob(f"*/{PROFILE_FILE}")):
+        try:
+            profile = json.loads(path.read_text())
+            specs.append(
+                PlanSpec(
+                    name=path.parent.name,
+                    inputs=tuple(profile["inputs"]),
+                    min_shape=profile["min_shape"],
+                    opt_shape=profile["opt_shape"],
+                    max_shape=profile["max_shape"],
+                )
+            )
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise PlanBuildError(f"{path} is not a profile ({exc.__class__.__name__}: {exc})") from exc
+    return specs
 
 
 @dataclass(frozen=True)
@@ -188,7 +210,11 @@ def main(argv: list[str] | None = None) -> int:
     trtexec = os.environ.get("TRTEXEC") or shutil.which("trtexec") or "/usr/src/tensorrt/bin/trtexec"
     version = tensorrt_version(trtexec)
     gpu = target_gpu(visible_gpus(os.environ.get("NVIDIA_SMI", "nvidia-smi")))
-    for spec in PLANS:
+    specs = plan_specs(options.repository)
+    if not specs:
+        raise PlanBuildError(f"no model in {options.repository} has a {PROFILE_FILE}: nothing to build")
+    log(f"plans for {', '.join(spec.name for spec in specs)}")
+    for spec in specs:
         build_plan(spec, options.repository, trtexec, version, gpu, options.precision, options.force)
     return 0
 

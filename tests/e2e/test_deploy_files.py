@@ -357,7 +357,8 @@ def test_service_monitor_is_an_opt_in_component(overlay: str) -> None:
 
 def trtexec_plans() -> list[tuple[str, str, str, str, str]]:
     plans = load_script(ROOT / "deploy" / "model-build" / "plans.py", "plans")
-    return [(p.name, ",".join(p.inputs), p.min_shape, p.opt_shape, p.max_shape) for p in plans.PLANS]
+    specs = plans.plan_specs(ROOT / "model_repository")
+    return [(p.name, ",".join(p.inputs), p.min_shape, p.opt_shape, p.max_shape) for p in specs]
 
 
 def config_value(model: str, key: str, config: str = "config.pbtxt") -> str:
@@ -371,7 +372,7 @@ def test_trtexec_shapes_match_the_onnx_models() -> None:
     import onnx
 
     plans = trtexec_plans()
-    assert [plan[0] for plan in plans] == ["image_model", "text_model"]
+    assert {"image_model", "text_model"} <= {plan[0] for plan in plans}
     for name, inputs, low, best, high in plans:
         assert config_value(name, "platform") == "tensorrt_plan"
         path = ROOT / "model_repository" / name / "1" / "model.onnx"

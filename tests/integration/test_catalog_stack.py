@@ -4,7 +4,11 @@
   first ones' networks, with labels of their own), each answering with its own labels;
 - a new ensemble dropped into the repository and loaded through /admin answers on
   /models/NAME/classify at once, no restart; after an unload it is a problem at once,
-  and the requests in flight while it goes are answered 200 or 503, none lost.
+  and the requests in flight while it goes are answered 200 or 503, none lost;
+- `triton-gateway add-model` on the running stack: EfficientNet-Lite2 from the model
+  build's ONNX served beside Lite0 (curl-like requests and tritonclient through /v2), a
+  network whose channel order and layout differ from Lite0's, a text classifier, and a
+  refused add that leaves nothing Triton could load.
 """
 
 from __future__ import annotations
@@ -23,14 +27,19 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
-from support import chelsea_jpeg
+import tritonclient.http as tritonhttp
+from support import chelsea_jpeg, coffee_png, encode, tiny_classifier_onnx
 from triton_fixtures import REPOSITORY
 
 from gateway.auth import hash_key
 from gateway.tritonserver import free_port
 
 CATS = {"tiger cat", "tabby", "Egyptian cat"}
+COFFEE = {"espresso", "cup"}
+ROOT = Path(__file__).resolve().parents[2]
+LITE2_ONNX = ROOT / "build" / "examples" / "efficientnet-lite2.onnx"  # make models
 SENTIMENTS = {
     "positive": "Someone is pleased, happy and satisfied: this is good.",
     "negative": "Someone is unhappy, disappointed or angry: this is bad.",
@@ -70,12 +79,17 @@ def add_second_classifiers(repository: Path) -> None:
     add_model("text_sentiment", labels, repository)
 
 
-def add_model(name: str, labels: Path, repository: Path) -> None:
-    """The real command, as a user runs it."""
-    command = [sys.executable, "-m", "gateway", "add-model", name, "--task", "text-classification",
-               "--labels", str(labels), "--repository", str(repository)]  # fmt: skip
+def add_model(name: str, labels: Path, repository: Path, *image: str) -> subprocess.CompletedProcess[str]:
+    """The real command, as a user runs it (a text classifier unless ``image`` options are
+    given); asserts it succeeded unless ``image`` asks for a refusal with "--expect-refusal"."""
+    refusal = "--expect-refusal" in image
+    options = [option for option in image if option != "--expect-refusal"]
+    task = "image-classification" if options else "text-classification"
+    command = [sys.executable, "-m", "gateway", "add-model", name, "--task", task,
+               "--labels", str(labels), "--repository", str(repository), *options]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stderr
+    assert (done.returncode != 0) == refusal, done.stderr
+    return done
 
 
 @dataclass
@@ -279,3 +293,87 @@ def test_the_added_sentiment_classifier_gets_written_sentences_right(stack: Loca
     right = sum(label == want for label, (_, want) in zip(got, FEELINGS, strict=True))
     print(f"sentiment: {right}/{len(FEELINGS)} right")
     assert right >= 0.9 * len(FEELINGS), list(zip(got, FEELINGS, strict=True))
+
+
+def test_lite2_added_by_the_command_on_a_running_stack_answers_beside_lite0(stack: LocalStack) -> None:
+    if not LITE2_ONNX.exists():
+        pytest.fail(f"{LITE2_ONNX} is missing: `make models` exports it")
+    labels = REPOSITORY / "image_postprocess" / "labels.txt"  # the same 1000 ImageNet classes
+    add_model(
+        "lite2", labels, stack.repository, "--onnx", str(LITE2_ONNX), "--normalize", "efficientnet-lite"
+    )
+    loaded = stack.admin("POST", "/admin/models/lite2/load")
+    assert loaded.status_code == 200, loaded.text
+    models = {m["name"]: m for m in httpx.get(f"{stack.url}/models", timeout=30).json()["models"]}
+    assert models["lite2"]["task"] == "image-classification"
+    assert models["lite2"]["state"] == "ready"
+    steps = [step["name"] for step in models["lite2"]["composing_models"]]
+    assert sorted(steps) == ["lite2_model", "lite2_postprocess", "lite2_preprocess"]
+    photos = {"cat": (chelsea_jpeg(), "image/jpeg", CATS), "coffee": (coffee_png(), "image/png", COFFEE)}
+    for model in ("image_classifier", "lite2"):
+        for name, (photo, media_type, expected) in photos.items():
+            response = httpx.post(
+                f"{stack.url}/models/{model}/classify",
+                content=photo,
+                headers={"content-type": media_type},
+                timeout=60,
+            )
+            (label,) = _top(response)
+            print(f"{model}: {name} -> {label}")
+            assert label in expected, (model, name, label)
+            assert response.json()["model"] == model
+
+    # Triton's own client through the gateway's /v2, as the README shows it
+    client = tritonhttp.InferenceServerClient(stack.url.removeprefix("http://"), network_timeout=60)
+    try:
+        image = tritonhttp.InferInput("IMAGE", [1, 1], "BYTES")
+        image.set_data_from_numpy(np.array([[chelsea_jpeg()]], dtype=np.object_))
+        top_k = tritonhttp.InferInput("TOP_K", [1, 1], "INT32")
+        top_k.set_data_from_numpy(np.array([[3]], dtype=np.int32))
+        result = client.infer("lite2", [image, top_k])
+    finally:
+        client.close()
+    labels_out = [label.decode() for label in result.as_numpy("LABELS")[0]]
+    assert len(labels_out) == 3
+    assert labels_out[0] in CATS
+
+
+def test_channel_order_and_layout_of_an_added_network_reach_it(stack: LocalStack) -> None:
+    """A network that takes BGR, channels last, at a size given on the command line: its
+    logits are its input's channel means, so a red photo is class "red" only if the
+    preprocess put red where the network expects it."""
+    network = tiny_classifier_onnx(stack.repository.parent / "bgr.onnx", (None, None, None, 3))
+    labels = stack.repository.parent / "bgr-labels.txt"
+    labels.write_text("blue\ngreen\nred\n")  # the network's channel order
+    add_model("colours", labels, stack.repository, "--onnx", str(network), "--channel-order", "BGR",
+              "--input-size", "16x16", "--mean", "0,0,0", "--std", "255,255,255")  # fmt: skip
+    assert stack.admin("POST", "/admin/models/colours/load").status_code == 200
+    for colour, rgb in {"red": (255, 0, 0), "green": (0, 200, 0), "blue": (0, 0, 255)}.items():
+        photo = encode(np.full((40, 60, 3), rgb, dtype=np.uint8), "PNG")
+        response = httpx.post(
+            f"{stack.url}/models/colours/classify",
+            content=photo,
+            headers={"content-type": "image/png"},
+            params={"top_k": 3},
+            timeout=60,
+        )
+        assert _top(response) == [colour]
+        top = response.json()["results"][0]["predictions"][0]
+        assert top["class_id"] == ["blue", "green", "red"].index(colour)
+
+
+def test_a_refused_add_leaves_nothing_for_triton_to_load(stack: LocalStack) -> None:
+    network = tiny_classifier_onnx(stack.repository.parent / "three.onnx")
+    labels = stack.repository.parent / "four-labels.txt"
+    labels.write_text("a\nb\nc\nd\n")
+    before = sorted(path.name for path in stack.repository.iterdir())
+    refused = add_model("four", labels, stack.repository, "--onnx", str(network), "--normalize", "inception",
+                        "--expect-refusal")  # fmt: skip
+    assert "has 4 labels" in refused.stderr
+    assert "has 3 classes" in refused.stderr
+    assert sorted(path.name for path in stack.repository.iterdir()) == before
+    load = stack.admin("POST", "/admin/models/four/load")
+    assert load.status_code in (404, 409), load.text
+    assert load.headers["content-type"] == "application/problem+json"
+    names = {m["name"] for m in httpx.get(f"{stack.url}/models", timeout=30).json()["models"]}
+    assert "four" not in names

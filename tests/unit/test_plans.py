@@ -4,11 +4,13 @@ answer as the real ones do; the stamp decides when a plan is rebuilt."""
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from support import load_script
+from support import load_script, tiny_classifier_onnx
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,6 +45,9 @@ def repository(tmp_path: Path) -> Path:
     for name in ("image_model", "text_model"):
         (tmp_path / "repo" / name / "1").mkdir(parents=True)
         (tmp_path / "repo" / name / "1" / "model.onnx").write_bytes(name.encode())
+        shutil.copyfile(
+            ROOT / "model_repository" / name / "plan.json", tmp_path / "repo" / name / "plan.json"
+        )
     return tmp_path / "repo"
 
 
@@ -113,7 +118,48 @@ def test_precision_flags_follow_the_tensorrt_release() -> None:
 
 
 def test_shapes_match_the_tokenizer_buckets_and_batch_sizes() -> None:
-    (image, text) = plans.PLANS
+    (image, text) = plans.plan_specs(ROOT / "model_repository")
     assert text.max_shape == "64x256"
     assert text.shapes(text.opt_shape) == "input_ids:8x64,attention_mask:8x64"
     assert image.shapes(image.max_shape) == "input:32x3x224x224"
+
+
+def test_a_model_written_by_add_model_gets_its_plan_with_its_own_profile(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, repository: Path
+) -> None:
+    for name in ("image_classifier", "image_preprocess", "image_postprocess"):
+        shutil.copytree(
+            ROOT / "model_repository" / name, repository / name, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    for part in ("config.pbtxt", "configs", "1/model.py"):
+        source = ROOT / "model_repository" / "image_model" / part
+        copy = shutil.copytree if source.is_dir() else shutil.copyfile
+        copy(source, repository / "image_model" / part)
+    labels = tmp_path / "labels.txt"
+    labels.write_text("a\nb\nc\n")
+    network = tiny_classifier_onnx(tmp_path / "net.onnx", (None, 3, 64, 48))
+    added = subprocess.run(
+        [sys.executable, "-m", "gateway", "add-model", "mine", "--task", "image-classification", "--onnx",
+         str(network), "--labels", str(labels), "--normalize", "inception", "--max-batch", "16",
+         "--repository", str(repository)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    builds = run(monkeypatch, tmp_path, repository, 101300, ["NVIDIA L4, 8.9"])
+    assert len(builds) == 3
+    (mine,) = [args for args in builds if any("mine_model" in arg for arg in args)]
+    assert "--minShapes=pixels:1x3x64x48" in mine
+    assert "--optShapes=pixels:8x3x64x48" in mine
+    assert "--maxShapes=pixels:16x3x64x48" in mine
+    assert (repository / "mine_model" / "1" / "model.plan").exists()
+    # its ONNX replaced (add-model --replace with a new export): only its plan is rebuilt
+    (repository / "mine_model" / "1" / "model.onnx").write_bytes(b"another export")
+    rebuilt = run(monkeypatch, tmp_path, repository, 101300, ["NVIDIA L4, 8.9"])
+    assert len(rebuilt) == 1
+    assert any("mine_model" in arg for arg in rebuilt[0])
+
+
+def test_a_repository_without_profiles_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit, match="nothing to build"):
+        run(monkeypatch, tmp_path, tmp_path / "empty", 101300, ["NVIDIA L4, 8.9"])

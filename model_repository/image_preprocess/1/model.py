@@ -1,8 +1,13 @@
-"""Triton Python model: encoded image bytes -> normalised FP32 [3, H, W].
+"""Triton Python model: encoded image bytes -> normalised FP32 [3, H, W] (or [H, W, 3]).
 
 Per image: open with Pillow restricted to the configured formats, decode JPEGs in
 draft mode (DCT scaling to about the resize size), apply EXIF orientation, convert to
-RGB, resize the short side, centre-crop. Per batch: one vectorised normalisation.
+RGB, resize the short side, centre-crop. Per batch: one vectorised normalisation, in the
+network's channel order (``channel_order``: RGB or BGR; ``mean`` and ``std`` are listed
+in that order) and layout (``layout``: NCHW or NHWC, which the PIXELS dims follow).
+
+Every classifier of images shares this file (``triton-gateway add-model`` links it into
+the models it writes); what differs between them is in their config.pbtxt.
 
 Any failure on one image (Pillow raises many kinds for hostile files: OSError,
 ValueError, SyntaxError, struct.error, TypeError, KeyError from malformed EXIF, ...)
@@ -38,7 +43,12 @@ class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
-        _, self.crop_h, self.crop_w = pb_utils.get_output_config_by_name(config, "PIXELS")["dims"]
+        dims = pb_utils.get_output_config_by_name(config, "PIXELS")["dims"]
+        self.layout = params.get("layout", "NCHW")
+        if self.layout not in ("NCHW", "NHWC"):
+            raise pb_utils.TritonModelException(f"layout must be NCHW or NHWC, not {self.layout}")
+        self.crop_h, self.crop_w = dims[1:] if self.layout == "NCHW" else dims[:2]
+        self.bgr = params.get("channel_order", "RGB") == "BGR"
         self.resize = int(params["resize_short_side"])
         if self.resize < max(self.crop_h, self.crop_w):
             raise pb_utils.TritonModelException("resize_short_side must be >= the crop size")
@@ -98,9 +108,11 @@ class TritonPythonModel:
 
         if crops:
             batch = np.stack(crops).astype(np.float32)
+            if self.bgr:
+                batch = batch[..., ::-1]
             batch -= self.mean
             batch *= self.inv_std
-            pixels = np.ascontiguousarray(batch.transpose(0, 3, 1, 2))
+            pixels = np.ascontiguousarray(batch.transpose(0, 3, 1, 2) if self.layout == "NCHW" else batch)
             start = 0
             for index, count in owners:
                 tensor = pb_utils.Tensor("PIXELS", pixels[start : start + count])
