@@ -7,13 +7,16 @@
 Checks, with a one-screen report at the end (exit 1 if any fails):
   - readiness (the first start includes the TensorRT build: up to --ready-timeout);
   - an image, a text, a text with candidate labels (each 200 with predictions);
-  - every classifier of the catalog (GET /models: yours too) ready and answering by name;
+  - every classifier of the catalog (GET /models: yours too) ready and answering by name
+    (one unloaded on purpose is listed, not failed);
   - a corrupt-EXIF JPEG between two good photos: 422 naming input 2, and the two photos
     alone still 200 (one bad input never harms the others);
   - agreement with the CPU twin: top-1 of a fixed set of photos and texts against
     reference.json (written from the CPU stack with --write-reference), and the largest
     score drift (text scores are softmax(cosine / 0.05), so they show embedding drift
-    amplified 20x);
+    amplified 20x); for the default models, and for every other catalogued model the
+    reference has (a model of yours: --write-reference on a CPU stack serving it, then
+    --reference that file on the GPU host);
   - with --perf: a short perf_analyzer run on each ensemble from NVIDIA's SDK image, on
     the stack's internal network (throughput and p99 latency).
 
@@ -35,6 +38,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -158,6 +162,9 @@ def catalog_checks(client: httpx.Client, report: Report) -> None:
     report.check("catalog listed", listed.status_code == 200 and bool(models), f"{len(models)} classifier(s)")
     for model in models:
         name, task = model["name"], model["task"]
+        if model.get("state") == "unloaded" and not model["default"]:
+            report.note(f"catalog: {name} is unloaded (POST /admin/models/{name}/load to serve it)")
+            continue
         route = f"/models/{name}/classify"
         if task == "image-classification":
             answer = client.post(route, files={"file": ("cat.jpg", photo("chelsea"))})
@@ -171,32 +178,62 @@ def catalog_checks(client: httpx.Client, report: Report) -> None:
         )
 
 
-def answers(client: httpx.Client) -> dict[str, list[tuple[str, float]]]:
+def answers(client: httpx.Client) -> dict[str, Any]:
+    """Top-1 of the photos and texts: the default models' (/classify) under "images" and
+    "texts", every other catalogued model's (/models/NAME/classify) under "models"."""
     images = [("file", (f"{name}.jpg", photo(name))) for name in PHOTOS]
     image_answer = client.post("/classify", files=images)
     text_answer = client.post("/classify", json={"texts": list(TEXTS)})
     image_answer.raise_for_status()
     text_answer.raise_for_status()
-    return {"images": top1(image_answer), "texts": top1(text_answer)}
+    found: dict[str, Any] = {"images": top1(image_answer), "texts": top1(text_answer), "models": {}}
+    listed = client.get("/models")
+    listed.raise_for_status()
+    for model in listed.json()["models"]:
+        if model["default"] or not model["ready"]:
+            continue
+        route = f"/models/{model['name']}/classify"
+        if model["task"] == "image-classification":
+            answer = client.post(route, files=images)
+        else:
+            answer = client.post(route, json={"texts": list(TEXTS)})
+        if answer.is_success:
+            found["models"][model["name"]] = top1(answer)
+    return found
 
 
-def agreement(found: dict[str, list[tuple[str, float]]], reference_file: Path, report: Report) -> None:
+def agree(
+    name: str, found: list[tuple[str, float]], reference: list[tuple[str, float]], report: Report
+) -> None:
+    pairs = list(zip(found, reference, strict=True))
+    same = sum(1 for (label, _), (ref, _) in pairs if label == ref)
+    confident_misses = sum(
+        1 for (label, _), (ref, ref_score) in pairs if label != ref and ref_score >= CONFIDENT
+    )
+    drift = max(abs(score - ref_score) for (_, score), (_, ref_score) in pairs)
+    report.check(
+        f"{name}: top-1 agrees with the CPU twin",
+        confident_misses == 0,
+        f"{same}/{len(pairs)}, {confident_misses} confident misses, largest score drift {drift:.4f}",
+    )
+    for (label, score), (ref, ref_score) in pairs:
+        if label != ref:
+            report.note(f"{name}: {label} {score:.3f} here, {ref} {ref_score:.3f} on the CPU twin")
+
+
+def agreement(found: dict[str, Any], reference_file: Path, report: Report) -> None:
     reference = json.loads(reference_file.read_text())
     for kind in ("images", "texts"):
-        pairs = list(zip(found[kind], reference[kind], strict=True))
-        same = sum(1 for (label, _), (ref, _) in pairs if label == ref)
-        confident_misses = sum(
-            1 for (label, _), (ref, ref_score) in pairs if label != ref and ref_score >= CONFIDENT
-        )
-        drift = max(abs(score - ref_score) for (_, score), (_, ref_score) in pairs)
-        report.check(
-            f"{kind}: top-1 agrees with the CPU twin",
-            confident_misses == 0,
-            f"{same}/{len(pairs)}, {confident_misses} confident misses, largest score drift {drift:.4f}",
-        )
-        for (label, score), (ref, ref_score) in pairs:
-            if label != ref:
-                report.note(f"{kind}: {label} {score:.3f} here, {ref} {ref_score:.3f} on the CPU twin")
+        agree(kind, found[kind], reference[kind], report)
+    known = reference.get("models", {})
+    for model, top in found["models"].items():
+        if model in known:
+            agree(model, top, known[model], report)
+        else:
+            report.note(
+                f"{model}: no CPU reference in {reference_file.name} (run --write-reference on a CPU "
+                "stack serving it, then pass that file with --reference)"
+            )
 
 
 def perf(variant: str, dry_run: bool, report: Report) -> None:

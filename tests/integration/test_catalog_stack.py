@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -30,7 +31,7 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as tritonhttp
-from support import chelsea_jpeg, coffee_png, encode, tiny_classifier_onnx
+from support import chelsea_jpeg, coffee_png, encode, load_script, tiny_classifier_onnx
 from triton_fixtures import REPOSITORY
 
 from gateway.auth import hash_key
@@ -295,7 +296,10 @@ def test_the_added_sentiment_classifier_gets_written_sentences_right(stack: Loca
     assert right >= 0.9 * len(FEELINGS), list(zip(got, FEELINGS, strict=True))
 
 
-def test_lite2_added_by_the_command_on_a_running_stack_answers_beside_lite0(stack: LocalStack) -> None:
+def add_lite2(stack: LocalStack) -> None:
+    """EfficientNet-Lite2 added by the command and loaded through /admin (once)."""
+    if (stack.repository / "lite2").exists():
+        return
     if not LITE2_ONNX.exists():
         pytest.fail(f"{LITE2_ONNX} is missing: `make models` exports it")
     labels = REPOSITORY / "image_postprocess" / "labels.txt"  # the same 1000 ImageNet classes
@@ -304,6 +308,10 @@ def test_lite2_added_by_the_command_on_a_running_stack_answers_beside_lite0(stac
     )
     loaded = stack.admin("POST", "/admin/models/lite2/load")
     assert loaded.status_code == 200, loaded.text
+
+
+def test_lite2_added_by_the_command_on_a_running_stack_answers_beside_lite0(stack: LocalStack) -> None:
+    add_lite2(stack)
     models = {m["name"]: m for m in httpx.get(f"{stack.url}/models", timeout=30).json()["models"]}
     assert models["lite2"]["task"] == "image-classification"
     assert models["lite2"]["state"] == "ready"
@@ -377,3 +385,25 @@ def test_a_refused_add_leaves_nothing_for_triton_to_load(stack: LocalStack) -> N
     assert load.headers["content-type"] == "application/problem+json"
     names = {m["name"] for m in httpx.get(f"{stack.url}/models", timeout=30).json()["models"]}
     assert "four" not in names
+
+
+def test_the_gpu_smoke_compares_an_added_model_with_its_cpu_reference(
+    stack: LocalStack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The walkthrough's last step: a reference written on the CPU stack serving Lite2,
+    then the smoke's agreement check for Lite2 against it (here the same stack: PASS; a
+    reference it disagrees with: FAIL)."""
+    add_lite2(stack)
+    smoke = load_script(ROOT / "deploy" / "gpu-smoke" / "smoke.py", "smoke")
+    reference = tmp_path / "reference.json"
+    assert smoke.main(["--url", stack.url, "--write-reference", "--reference", str(reference)]) == 0
+    written = json.loads(reference.read_text())
+    assert written["models"]["lite2"][0][0] in CATS  # chelsea first
+    assert smoke.main(["--url", stack.url, "--reference", str(reference)]) == 0
+    assert "PASS  lite2: top-1 agrees with the CPU twin  (7/7" in capsys.readouterr().out
+    written["models"]["lite2"][0] = ["toaster", 0.9]
+    reference.write_text(json.dumps(written))
+    assert smoke.main(["--url", stack.url, "--reference", str(reference)]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  lite2: top-1 agrees with the CPU twin" in out
+    assert "toaster 0.900 on the CPU twin" in out
