@@ -1,5 +1,6 @@
 """The serving import graph: the app and its Triton boundary load neither the local-stack
-launcher (tritonserver.py, local.py) nor, until the lifespan builds the backend,
+launcher (tritonserver.py, local.py), nor add-model's repository writer (and its onnx
+and protobuf config boundaries), nor, until the lifespan builds the backend,
 tritonclient."""
 
 from __future__ import annotations
@@ -26,4 +27,6 @@ def test_serving_does_not_import_the_launcher() -> None:
     for loaded in (app_only, with_triton):
         assert "gateway.tritonserver" not in loaded
         assert "gateway.local" not in loaded
+        for writer in ("gateway.modelrepo", "gateway.imageentry", "gateway.onnxgraph", "gateway.pbtxt"):
+            assert writer not in loaded
     assert "gateway.triton" in with_triton
