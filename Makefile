@@ -11,7 +11,7 @@ PORT ?= 8080
 PIP := --disable-pip-version-check --quiet
 # NVIDIA's wheel bundling a CPU-capable tritonserver 2.51 with the Python backend.
 PYTRITON := nvidia-pytriton==0.7.0
-APT_TEST_PACKAGES := chromium prometheus docker-compose wrk haproxy
+APT_TEST_PACKAGES := chromium prometheus docker-compose wrk haproxy redis-server
 
 .PHONY: help run test lint typecheck models install system-deps test-system-deps clean bench soak gpu-smoke
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
@@ -14,20 +14,26 @@ from prometheus_client import CollectorRegistry
 
 from gateway import __version__
 from gateway.admission import Admission
-from gateway.auth import AuthMiddleware, load_keys
+from gateway.auth import AuthMiddleware
 from gateway.backend import InferenceBackend
 from gateway.catalog import Catalog
 from gateway.dependencies import GatewayState
 from gateway.docs import install_docs
 from gateway.errors import install_error_handlers
+from gateway.keyfiles import KeyRing
 from gateway.metrics import GatewayMetrics, TritonMetricsScraper
 from gateway.plane import InferencePlane
+from gateway.ratelimit import RateLimiter
 from gateway.routes import admin, classify, health, metrics_route, oip
+from gateway.routing import Routing
 from gateway.schemas import Problem, classify_json_model
 from gateway.settings import Settings
 from gateway.telemetry import TelemetryMiddleware
 from gateway.tracing import Tracing
 from gateway.workers import CheckWorkers
+
+if TYPE_CHECKING:
+    from gateway.sharedstate import SharedState
 
 BackendFactory = Callable[[Settings, GatewayMetrics, Tracing], InferenceBackend]
 
@@ -53,6 +59,14 @@ def _triton_backend(settings: Settings, metrics: GatewayMetrics, tracing: Tracin
     return TritonBackend(settings.triton, metrics, tracing, max_send_bytes=max_send)
 
 
+def _shared_state(settings: Settings) -> SharedState | None:
+    if settings.redis.url is None:
+        return None
+    from gateway.sharedstate import SharedState
+
+    return SharedState(settings.redis)
+
+
 def _url_kind(url: str) -> str:
     host = url.rsplit(":", 1)[0].strip("[]")
     return "loopback" if host in ("127.0.0.1", "localhost", "::1") else "remote"
@@ -66,7 +80,11 @@ def create_app(
     """Build the gateway. ``backend_factory`` replaces Triton (tests); it runs in the lifespan.
     Metrics go to ``registry`` (a fresh one by default, never the global registry)."""
     make_backend = backend_factory or _triton_backend
-    metrics = GatewayMetrics(registry or CollectorRegistry(), merges_triton=bool(settings.triton.metrics_url))
+    metrics = GatewayMetrics(
+        registry or CollectorRegistry(),
+        merges_triton=bool(settings.triton.metrics_url),
+        shares_state=settings.redis.url is not None,
+    )
     tracing = Tracing(settings.tracing)
     admission = Admission(
         settings.server.max_in_flight, settings.server.queue_seconds, settings.server.retry_after_seconds
@@ -80,6 +98,13 @@ def create_app(
         }
     )
 
+    # Read at build time: a keys file that does not parse refuses to start. Watched while
+    # serving (the lifespan starts the watch): a rotated file applies without a restart.
+    api_keys = KeyRing(settings.auth.keys_file, "api", metrics) if settings.auth.keys_file else None
+    admin_keys = KeyRing(settings.admin.keys_file, "admin", metrics) if settings.admin.keys_file else None
+    limiter = RateLimiter(None, settings.redis, metrics)
+    routing = Routing(settings.default_pins())
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[GatewayState]:
         # Network clients belong to the server's event loop: built here, not at import.
@@ -87,7 +112,20 @@ def create_app(
         backend = make_backend(settings, metrics, tracing)
         scraper = TritonMetricsScraper(settings.triton.metrics_url, settings.triton.metrics_timeout_seconds)
         workers = CheckWorkers(settings.check_threads)
-        catalog = Catalog(settings, backend)
+        store = _shared_state(settings)
+        limiter.attach(store)
+        routing.attach(store)
+        if store is not None:
+            # The shared pins before the first request (a restarted replica keeps them).
+            if await routing.sync():
+                metrics.shared_state_up.set(1)  # type: ignore[union-attr]
+            else:
+                metrics.shared_state_up.set(0)  # type: ignore[union-attr]
+            routing.start(settings.redis.routing_poll_seconds)
+        rings = [ring for ring in (api_keys, admin_keys) if ring is not None]
+        for ring in rings:
+            ring.start(settings.auth.reload_seconds)
+        catalog = Catalog(settings, backend, routing)
         # The first read before serving (bounded by the health timeout; a Triton that is
         # not up yet is followed by the periodic refresh).
         await catalog.refresh()
@@ -106,6 +144,11 @@ def create_app(
             )
         finally:
             await catalog.stop()
+            await routing.stop()
+            for ring in rings:
+                await ring.stop()
+            if store is not None:
+                await store.close()
             await scraper.close()
             await backend.close()
             await asyncio.to_thread(tracing.shutdown)  # flushes spans, bounded by the export timeout
@@ -124,11 +167,12 @@ def create_app(
     app.state.admission = admission
     app.state.settings = settings
     # Added last = outermost: the request id and telemetry wrap everything else.
-    if settings.auth.keys_file is not None:
+    if api_keys is not None:
         # Inside the request id and telemetry layer, so refusals are counted and logged.
         app.add_middleware(
             AuthMiddleware,
-            keys=load_keys(settings.auth.keys_file),
+            keys=api_keys,
+            limiter=limiter,
             metrics=metrics,
             protect_metrics=settings.auth.protect_metrics,
             protect_docs=settings.auth.protect_docs,
@@ -147,8 +191,8 @@ def create_app(
     app.include_router(health.router)
     app.include_router(metrics_route.router)
     app.include_router(oip.router)
-    if settings.admin.keys_file is not None:
-        app.state.admin_keys = load_keys(settings.admin.keys_file)
+    if admin_keys is not None:
+        app.state.admin_keys = admin_keys
         app.include_router(admin.router)
     if openapi_url is not None:
         install_docs(app, openapi_url)

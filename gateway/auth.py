@@ -19,9 +19,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import math
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from starlette.datastructures import MutableHeaders
 from starlette.requests import Request
@@ -37,6 +37,10 @@ from gateway.errors import (
 )
 from gateway.metrics import GatewayMetrics
 
+if TYPE_CHECKING:
+    from gateway.keyfiles import KeyRing
+    from gateway.ratelimit import RateLimiter
+
 ALWAYS_OPEN = frozenset({"/livez", "/readyz", "/v2/health/live", "/v2/health/ready"})
 DOCS_PREFIXES = ("/docs", "/redoc", "/openapi.json")
 ADMIN_PREFIX = "/admin/"
@@ -44,28 +48,6 @@ ADMIN_PREFIX = "/admin/"
 
 def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
-
-
-@dataclass
-class TokenBucket:
-    """``rate`` tokens a second, holding at most ``burst``."""
-
-    rate: float
-    burst: float
-    tokens: float = field(init=False)
-    stamp: float = field(default_factory=time.monotonic)
-
-    def __post_init__(self) -> None:
-        self.tokens = self.burst
-
-    def take(self, now: float) -> float:
-        """0 when a token was taken; else the seconds until one will be there."""
-        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
-        self.stamp = now
-        if self.tokens >= 1:
-            self.tokens -= 1
-            return 0.0
-        return (1 - self.tokens) / self.rate
 
 
 @dataclass(frozen=True)
@@ -80,12 +62,17 @@ class ApiKey:
 
 def load_keys(path: Path) -> list[ApiKey]:
     """Parse a keys file (see the module docstring); a malformed line refuses to start."""
-    keys: list[ApiKey] = []
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
         raise ConfigurationError(f"cannot read the API keys file {path}") from exc
-    for number, line in enumerate(lines, 1):
+    return parse_keys(text, path)
+
+
+def parse_keys(text: str, path: Path) -> list[ApiKey]:
+    """The keys of a keys file's text; ConfigurationError names the line that is wrong."""
+    keys: list[ApiKey] = []
+    for number, line in enumerate(text.splitlines(), 1):
         parts = line.split("#", 1)[0].split()
         if not parts:
             continue
@@ -136,22 +123,25 @@ def missing_key_error() -> UnauthorizedError:
 
 
 class AuthMiddleware:
-    """Checks keys and rate limits before anything else runs."""
+    """Checks keys and rate limits before anything else runs. The keys are the key ring's
+    current ones (a rotated file applies without a restart); the limits are the limiter's
+    (this process's buckets, or the replicas' shared ones)."""
 
     def __init__(
         self,
         app: ASGIApp,
-        keys: list[ApiKey],
+        keys: KeyRing,
+        limiter: RateLimiter,
         metrics: GatewayMetrics,
         protect_metrics: bool,
         protect_docs: bool,
     ) -> None:
         self.app = app
         self.keys = keys
+        self.limiter = limiter
         self.metrics = metrics
         self.protect_metrics = protect_metrics
         self.protect_docs = protect_docs
-        self.buckets = {k.id: TokenBucket(k.rate, k.burst) for k in keys if k.rate and k.burst}
 
     def _protected(self, path: str) -> bool:
         if path in ALWAYS_OPEN or path.startswith(ADMIN_PREFIX):
@@ -172,26 +162,31 @@ class AuthMiddleware:
         if scope["type"] != "http" or not self._protected(scope["path"]):
             await self.app(scope, receive, send)
             return
-        key = identify(self.keys, scope)
+        key = identify(self.keys.keys, scope)
         if key is None:
             await self._refuse(scope, receive, send, missing_key_error())
             return
         scope.setdefault("state", {})["client"] = key.id
-        bucket = self.buckets.get(key.id)
-        if bucket is None:
+        try:
+            verdict = await self.limiter.check(key)
+        except GatewayError as error:  # the shared store is down and its policy refuses
+            self.metrics.client_requests.labels(client=key.id, outcome="refused").inc()
+            await self._refuse(scope, receive, send, error)
+            return
+        if verdict is None:
             self.metrics.client_requests.labels(client=key.id, outcome="allowed").inc()
             await self.app(scope, receive, send)
             return
-        wait = bucket.take(time.monotonic())
+        rate, burst, tokens = verdict.rate, verdict.burst, max(0.0, verdict.tokens)
         headers = {
-            "RateLimit-Policy": f'"default";q={int(bucket.burst)};w={max(1, math.ceil(bucket.burst / bucket.rate))}',
-            "RateLimit": f'"default";r={int(bucket.tokens)};t={math.ceil((bucket.burst - bucket.tokens) / bucket.rate)}',
+            "RateLimit-Policy": f'"default";q={int(burst)};w={max(1, math.ceil(burst / rate))}',
+            "RateLimit": f'"default";r={int(tokens)};t={math.ceil((burst - tokens) / rate)}',
         }
-        if wait:
+        if verdict.wait:
             self.metrics.client_requests.labels(client=key.id, outcome="rate_limited").inc()
-            retry = str(max(1, math.ceil(wait)))
+            retry = str(max(1, math.ceil(verdict.wait)))
             limited = RateLimitedError(
-                f"the rate for this key is {bucket.rate:g} requests a second",
+                f"the rate for this key is {rate:g} requests a second",
                 headers={**headers, "Retry-After": retry},
             )
             await self._refuse(scope, receive, send, limited)

@@ -38,6 +38,7 @@ from gateway.errors import (
 )
 from gateway.kinds import KINDS, Caps, Kind
 from gateway.kinds.base import merged_parameters
+from gateway.routing import Routing
 from gateway.settings import Settings
 from gateway.tensors import strings
 
@@ -116,13 +117,14 @@ def _matches(name: str, patterns: Iterable[str]) -> bool:
 class Catalog:
     """The exposed classifiers, their defaults per task, and their version pins."""
 
-    def __init__(self, settings: Settings, backend: InferenceBackend) -> None:
+    def __init__(self, settings: Settings, backend: InferenceBackend, routing: Routing | None = None) -> None:
         self._settings = settings
         self._backend = backend
         self._entries: dict[str, CatalogEntry] = {}
         self._defaults = settings.default_models()  # task -> model name
         self._tasks_of_defaults = {name: task for task, name in self._defaults.items()}
-        self._pins: dict[str, str] = settings.default_pins()
+        # Version pins: this process's, or every replica's through the shared state.
+        self.routing = routing or Routing(settings.default_pins())
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._noted: set[str] = set()
@@ -177,11 +179,12 @@ class Catalog:
 
     def version(self, name: str) -> str:
         """The version requests to ``name`` go to ("" for Triton's latest)."""
-        return self._pins.get(name, "")
+        return self.routing.version(name)
 
-    def pin(self, name: str, version: str) -> None:
-        """Move a model's pin; the caller checked that Triton has that version ready."""
-        self._pins[name] = version
+    async def pin(self, name: str, version: str) -> None:
+        """Move a model's pin (on every replica when the state is shared); the caller
+        checked that Triton has that version ready."""
+        await self.routing.pin(name, version)
 
     # -- keeping current -------------------------------------------------------------
     async def refresh(self) -> None:

@@ -23,7 +23,8 @@ Every error a client can see is a :class:`GatewayError`; each class has a stable
     ├── ServiceUnavailableError (503: the gateway sheds load; + Retry-After)
     │   ├── OverloadedError            503 overloaded          too many requests in flight
     │   ├── ShuttingDownError          503 shutting-down       draining before exit
-    │   └── NotReadyError              503 not-ready           /readyz: Triton or a default model is not ready
+    │   ├── NotReadyError              503 not-ready           /readyz: Triton or a default model is not ready
+    │   └── SharedStateUnavailableError 503 shared-state-unavailable  Redis down and its policy refuses
     ├── UpstreamError (5xx: Triton is at fault; logged with details, never shown)
     │   ├── TritonFailureError         502 triton-failure
     │   ├── TritonUnavailableError     503 triton-unavailable  (+ Retry-After)
@@ -260,6 +261,14 @@ class NotReadyError(ServiceUnavailableError):
 
     slug = "not-ready"
     title = "Not ready"
+
+
+class SharedStateUnavailableError(ServiceUnavailableError):
+    """The shared state (Redis) does not answer and the policy (``redis.on_failure: refuse``)
+    is to refuse rate-limited keys, or an admin change could not be shared."""
+
+    slug = "shared-state-unavailable"
+    title = "Shared state unavailable"
 
 
 class UpstreamError(GatewayError):

@@ -47,7 +47,9 @@ BYTES_BUCKETS = (1024, 16 * 1024, 64 * 1024, 256 * 1024, 1024**2, 4 * 1024**2, 1
 class GatewayMetrics:
     """Every metric the gateway exports, registered in ``registry``."""
 
-    def __init__(self, registry: CollectorRegistry, merges_triton: bool = True) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, merges_triton: bool = True, shares_state: bool = False
+    ) -> None:
         # *_created series double the series count for nothing Prometheus uses here. The
         # switch is process-wide in prometheus-client, so it is flipped here, when the
         # app is built, never at import.
@@ -127,6 +129,29 @@ class GatewayMetrics:
             "gateway_client_requests",
             "Requests with a valid API key, by the key's configured id and outcome (allowed, rate_limited).",
             ["client", "outcome"],
+            registry=registry,
+        )
+        # Only with a shared store (GATEWAY_REDIS__URL): without one there is nothing to be down.
+        self.shared_state_up = (
+            Gauge(
+                "gateway_shared_state_up",
+                "1 when the shared state (Redis) answered its last command, else 0 (the failure policy applies).",
+                registry=registry,
+            )
+            if shares_state
+            else None
+        )
+        self.shared_state_fallbacks = Counter(
+            "gateway_shared_state_fallbacks",
+            "Rate-limit checks decided by the failure policy because Redis did not answer, by policy.",
+            ["policy"],
+            registry=registry,
+        )
+        self.key_reloads = Counter(
+            "gateway_key_reloads",
+            "Changes of a keys file seen, by file (api, admin) and outcome (applied, refused: the "
+            "file did not parse and the previous keys stay).",
+            ["file", "outcome"],
             registry=registry,
         )
         self.circuit = Enum(

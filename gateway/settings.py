@@ -179,6 +179,49 @@ class AuthSettings(BaseModel):
     cors_origins: list[str] = Field(
         default_factory=list, description="Origins allowed by CORS (JSON list); empty: CORS off."
     )
+    reload_seconds: float = Field(
+        1.0,
+        gt=0,
+        le=60,
+        description="How often the API keys and admin keys files are checked for changes (a rotated "
+        "Kubernetes Secret, a rewritten file); a file that does not parse keeps the previous keys.",
+    )
+
+
+class RedisSettings(BaseModel):
+    """Shared state across replicas (off unless a URL is given): per-key rate limits and run-time
+    routing (version pins) live in Redis, so every replica applies the same ones."""
+
+    url: SecretStr | None = Field(
+        None,
+        description="redis:// or rediss:// URL (with its password: redis://:PASSWORD@host:6379/0); "
+        "unset: every replica keeps its own limits and pins.",
+    )
+    prefix: str = Field(
+        "triton-gateway", pattern=r"^[A-Za-z0-9_.:-]{1,64}$", description="Prefix of every Redis key used."
+    )
+    on_failure: Literal["local", "refuse", "allow"] = Field(
+        "local",
+        description="While Redis does not answer: 'local' limits each key per replica at rate/replicas; "
+        "'refuse' answers 503 to rate-limited keys; 'allow' lets every request through unlimited.",
+    )
+    replicas: int = Field(
+        2, ge=1, le=1000, description="Replicas sharing the limits: the divisor of the 'local' policy."
+    )
+    timeout_seconds: float = Field(
+        0.05, gt=0, le=5, description="Longest wait for one Redis command; past it the policy applies."
+    )
+    connect_timeout_seconds: float = Field(0.25, gt=0, le=10, description="Longest wait to connect.")
+    retry_seconds: float = Field(
+        1.0,
+        gt=0,
+        le=60,
+        description="After a failure, the policy applies for this long before Redis is tried again.",
+    )
+    routing_poll_seconds: float = Field(
+        0.5, gt=0, le=10, description="How often run-time routing (pins) is read back from Redis."
+    )
+    max_connections: int = Field(32, ge=1, le=1024, description="Connection pool size per process.")
 
 
 class AdminSettings(BaseModel):
@@ -286,6 +329,7 @@ class Settings(BaseSettings):
     server: ServerSettings = Field(default_factory=ServerSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     admin: AdminSettings = Field(default_factory=AdminSettings)
+    redis: RedisSettings = Field(default_factory=RedisSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)
     v2_models: list[str] = Field(
         default_factory=list,

@@ -36,7 +36,7 @@ logger = logging.getLogger("gateway.admin")
 
 async def require_admin(request: Request) -> str:
     """The admin key's id, or 401."""
-    key = identify(request.app.state.admin_keys, request.scope)
+    key = identify(request.app.state.admin_keys.keys, request.scope)
     if key is None:
         raise missing_key_error()
     request.state.client = key.id
@@ -200,6 +200,6 @@ async def pin(
     status = await backend.model_status(name, body.version)
     if not status.ready:
         raise ConflictError(f"{name} version {body.version or '(latest)'} is not ready in Triton")
-    catalog.pin(name, body.version)
+    await catalog.pin(name, body.version)
     logger.info("admin %s: pinned %s to version %s", admin, name, body.version or "(latest)")
     return ServedVersion(name=name, task=entry.task, version=body.version)

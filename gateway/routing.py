@@ -1,0 +1,93 @@
+"""Run-time routing decisions (version pins), the same on every replica.
+
+Without a shared store they live in this process (set through its /admin). With one,
+a change is written to Redis first (a failure to share it is a 503 to the operator, and
+nothing changes here), applied here at once, and every replica reads the whole routing
+hash back every ``redis.routing_poll_seconds`` and at start, so a pin set on one replica
+applies on all within that period and survives their restarts. Later run-time decisions
+(rollout weights) are fields of the same hash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING
+
+from gateway.errors import SharedStateUnavailableError
+
+if TYPE_CHECKING:
+    from gateway.sharedstate import SharedState
+
+logger = logging.getLogger("gateway.routing")
+PIN = "pin:"
+
+
+class Routing:
+    def __init__(self, default_pins: dict[str, str]) -> None:
+        self._defaults = dict(default_pins)
+        self._pins = dict(default_pins)
+        self._store: SharedState | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def attach(self, store: SharedState | None) -> None:
+        self._store = store
+
+    def version(self, name: str) -> str:
+        """The version requests to ``name`` go to ("" for Triton's latest)."""
+        return self._pins.get(name, "")
+
+    async def pin(self, name: str, version: str) -> None:
+        """Move a model's pin, on every replica when the state is shared."""
+        if self._store is not None:
+            from gateway.sharedstate import SharedStateDownError
+
+            try:
+                await self._store.set_routing(f"{PIN}{name}", version)
+            except SharedStateDownError:
+                raise SharedStateUnavailableError(
+                    "the pin could not be shared with the other replicas (Redis does not answer); "
+                    "nothing changed",
+                    headers={"Retry-After": "1"},
+                ) from None
+        self._pins[name] = version
+
+    async def sync(self) -> bool:
+        """Read the shared routing back (True when it was read); the settings' pins are
+        the base, the shared ones override them."""
+        if self._store is None:
+            return False
+        from gateway.sharedstate import SharedStateDownError
+
+        try:
+            fields = await self._store.routing()
+        except SharedStateDownError:
+            return False  # the routing in force stays
+        pins = dict(self._defaults)
+        pins.update(
+            {field.removeprefix(PIN): value for field, value in fields.items() if field.startswith(PIN)}
+        )
+        if pins != self._pins:
+            logger.info("routing from the shared state: pins %s", pins)
+        self._pins = pins
+        return True
+
+    def start(self, interval: float) -> None:
+        if self._store is not None:
+            self._task = asyncio.create_task(self._follow(interval), name="routing-sync")
+
+    async def _follow(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.sync()
+            except Exception:
+                logger.exception("reading the shared routing failed")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None

@@ -1,0 +1,138 @@
+"""State shared by every replica, in Redis: the one place the ``redis`` package is used.
+
+- Token buckets, one per rate-limited key id (never the key): one server-side script a
+  request, one round trip, on Redis's clock (replicas' clocks never disagree about it).
+- Run-time routing (version pins; later rollouts): one hash, written by whichever replica
+  took the admin call and read back by every replica every ``routing_poll_seconds``.
+
+Every command is bounded by ``timeout_seconds``. A failure marks the store down for
+``retry_seconds`` (the callers apply their policy meanwhile, without waiting on Redis
+again), then the next call tries again: recovery needs nothing but Redis back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+from gateway.errors import SharedStateUnavailableError
+from gateway.settings import RedisSettings
+
+logger = logging.getLogger("gateway.sharedstate")
+T = TypeVar("T")
+
+# KEYS[1]: the bucket. ARGV: rate (tokens/s), burst. Returns {taken 0|1, tokens left, wait s}
+# as strings (Lua numbers come back from Redis as integers otherwise).
+TAKE_TOKEN = """
+local rate = tonumber(ARGV[1])
+local burst = tonumber(ARGV[2])
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
+local state = redis.call('HMGET', KEYS[1], 'tokens', 'stamp')
+local tokens = tonumber(state[1]) or burst
+local stamp = tonumber(state[2]) or now
+tokens = math.min(burst, tokens + math.max(0, now - stamp) * rate)
+local taken = 0
+local wait = 0
+if tokens >= 1 then
+  tokens = tokens - 1
+  taken = 1
+else
+  wait = (1 - tokens) / rate
+end
+redis.call('HSET', KEYS[1], 'tokens', string.format('%.6f', tokens), 'stamp', string.format('%.6f', now))
+redis.call('EXPIRE', KEYS[1], math.ceil(burst / rate) + 60)
+return {tostring(taken), string.format('%.6f', tokens), string.format('%.6f', wait)}
+"""
+
+
+class SharedStateDownError(SharedStateUnavailableError):
+    """Redis did not answer in time (or is marked down after a recent failure). Callers
+    apply their policy; one that escapes is still a 503 problem, never a 500."""
+
+
+@dataclass(frozen=True)
+class Taken:
+    """One bucket's answer: whether a token was taken, what is left, and the wait for one."""
+
+    taken: bool
+    tokens: float
+    wait: float
+
+
+class SharedState:
+    def __init__(self, settings: RedisSettings) -> None:
+        import redis.asyncio as redis
+
+        assert settings.url is not None
+        self._settings = settings
+        self._pool = redis.BlockingConnectionPool.from_url(
+            settings.url.get_secret_value(),
+            max_connections=settings.max_connections,
+            timeout=settings.timeout_seconds,  # waiting for a free connection counts too
+            socket_timeout=settings.timeout_seconds,
+            socket_connect_timeout=settings.connect_timeout_seconds,
+            decode_responses=True,
+        )
+        self._client = redis.Redis(connection_pool=self._pool)
+        self._take = self._client.register_script(TAKE_TOKEN)
+        self._errors = (redis.RedisError, OSError, TimeoutError)
+        self._down_until = 0.0
+        self.up = True
+        self._routing_key = f"{settings.prefix}:routing"
+
+    def _key(self, *parts: str) -> str:
+        return ":".join((self._settings.prefix, *parts))
+
+    async def _run(self, what: str, call: Awaitable[T]) -> T:
+        if time.monotonic() < self._down_until:
+            close = getattr(call, "close", None)
+            if close is not None:
+                close()  # the coroutine never runs: no "never awaited" warning
+            raise SharedStateDownError("marked down after a recent failure")
+        try:
+            async with asyncio.timeout(self._settings.timeout_seconds * 2):
+                result = await call
+        except self._errors as exc:
+            self._mark_down(what, exc)
+            raise SharedStateDownError(f"Redis: {type(exc).__name__}") from exc
+        if not self.up:
+            logger.info("shared state (Redis) answers again")
+        self.up = True
+        return result
+
+    def _mark_down(self, what: str, exc: BaseException) -> None:
+        if self.up:
+            logger.error("shared state (Redis) failed on %s (%s): policy applies", what, type(exc).__name__)
+        self.up = False
+        self._down_until = time.monotonic() + self._settings.retry_seconds
+
+    async def take_token(self, key_id: str, rate: float, burst: float) -> Taken:
+        """Take one token of ``key_id``'s shared bucket; SharedStateDownError when Redis does not answer."""
+        call = cast(Awaitable[list[str]], self._take(keys=[self._key("bucket", key_id)], args=[rate, burst]))
+        taken, tokens, wait = await self._run("a rate limit", call)
+        return Taken(taken == "1", float(tokens), float(wait))
+
+    async def routing(self) -> dict[str, str]:
+        """Every run-time routing field (e.g. ``pin:<model>`` -> version)."""
+        call = cast(Awaitable[dict[str, str]], self._client.hgetall(self._routing_key))
+        return dict(await self._run("reading routing", call))
+
+    async def set_routing(self, field: str, value: str) -> None:
+        call = cast(Awaitable[Any], self._client.hset(self._routing_key, field, value))
+        await self._run("writing routing", call)
+
+    async def ping(self) -> bool:
+        try:
+            await self._run("ping", cast(Awaitable[Any], self._client.ping()))
+        except SharedStateDownError:
+            return False
+        return True
+
+    async def close(self) -> None:
+        await self._client.aclose()
+        await self._pool.aclose()
