@@ -5,91 +5,25 @@ answers the service name with both addresses."""
 
 from __future__ import annotations
 
-import os
-import re
-import shutil
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
-from dnsstub import DnsStub
+from balancer import Balanced, balanced_replicas, classified
 from load import LoadResult, run_load
-from support import GatewayProcess, chelsea_jpeg
+from support import chelsea_jpeg
 
-from gateway.tritonserver import TritonServer, free_port
-
-ROOT = Path(__file__).resolve().parents[2]
-CONFIG = ROOT / "deploy" / "haproxy" / "haproxy.cfg"
-REPLICAS = ("127.0.0.2", "127.0.0.3")
-# What docker-compose.yml gives the gateways, bar the addresses.
-REPLICA_ENV = {"GATEWAY_TRITON__METRICS_URL": "", "GATEWAY_SERVER__DRAIN_DELAY_SECONDS": "5"}
-
-
-def haproxy() -> str:
-    found = shutil.which("haproxy") or "/usr/sbin/haproxy"
-    if not Path(found).exists():
-        pytest.fail("haproxy is not installed: `make test` installs it (apt package haproxy)")
-    return found
-
-
-@dataclass
-class Balanced:
-    url: str
-    replicas: list[GatewayProcess]
-    dns: DnsStub
-
-
-def classified(replica: GatewayProcess) -> int:
-    """Successful /classify answers this replica gave, from its own /metrics."""
-    text = httpx.get(f"{replica.url}/metrics", timeout=5).text
-    pattern = r'^gateway_requests_total\{(?=[^}]*route="/classify")(?=[^}]*status="200")[^}]*\} (\S+)$'
-    return int(sum(float(value) for value in re.findall(pattern, text, re.MULTILINE)))
+from gateway.tritonserver import TritonServer
 
 
 @pytest.fixture
 def balanced(triton: TritonServer, tmp_path: Path) -> Iterator[Balanced]:
-    port = free_port()
-    replicas = [
-        GatewayProcess.start(triton, tmp_path, host=host, port=port, **REPLICA_ENV) for host in REPLICAS
-    ]
-    public, admin = free_port(), free_port()
-    with DnsStub({"gateway": list(REPLICAS)}) as dns:
-        environment = {
-            **os.environ,
-            "DNS_SERVER": dns.address,
-            "PUBLIC_BIND": f"127.0.0.1:{public}",
-            "ADMIN_BIND": f"127.0.0.1:{admin}",
-            "GATEWAY_HOST": "gateway",
-            "GATEWAY_PORT": str(port),
-            "GATEWAY_ADMIN_PORT": str(port),
-            "GATEWAY_SLOTS": "4",
-        }
-        log = (tmp_path / "haproxy.log").open("wb")
-        balancer = subprocess.Popen(
-            [haproxy(), "-db", "-f", str(CONFIG)], env=environment, stdout=log, stderr=subprocess.STDOUT
-        )
-        try:
-            for replica in replicas:
-                replica.wait("/readyz", timeout=60)
-            url = f"http://127.0.0.1:{public}"
-            # Until HAProxy has resolved both replicas and checked them up.
-            deadline = time.monotonic() + 30
-            while not all(classified(replica) for replica in replicas):
-                assert balancer.poll() is None, (tmp_path / "haproxy.log").read_text()
-                assert time.monotonic() < deadline, (tmp_path / "haproxy.log").read_text()
-                httpx.post(f"{url}/classify", json={"text": "warming up"}, timeout=30)
-            yield Balanced(url, replicas, dns)
-        finally:
-            balancer.terminate()
-            balancer.wait(timeout=10)
-            for replica in replicas:
-                replica.stop()
+    with balanced_replicas(triton, tmp_path) as stack:
+        yield stack
 
 
 def test_the_balancer_spreads_requests_over_every_replica(balanced: Balanced) -> None:
