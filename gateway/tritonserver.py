@@ -10,7 +10,6 @@ This module only manages the process: the gateway talks to it like any other Tri
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shutil
@@ -39,9 +38,6 @@ print(json.dumps({
 """
 
 
-_PR_SET_PDEATHSIG = 1
-
-
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
@@ -49,11 +45,15 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: Linux sends SIGTERM to Triton if the gateway dies first,
-    so a killed gateway never leaves an orphan server holding the ports."""
-    if sys.platform == "linux":
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+def _die_with_parent() -> list[str]:
+    """A prefix for the command: Linux sends SIGTERM to Triton if the gateway dies first,
+    so a killed gateway never leaves an orphan server holding the ports. util-linux's
+    `setpriv --pdeathsig` sets it and execs the command: no Python runs between fork and
+    exec (a preexec_fn there is unsafe with threads: it crashed a test process once)."""
+    setpriv = shutil.which("setpriv")
+    if sys.platform != "linux" or setpriv is None:
+        return []
+    return [setpriv, "--pdeathsig", "TERM", "--"]
 
 
 # What a client of Triton must never reach without that key: model control (loading a
@@ -201,12 +201,11 @@ class TritonServer:
         command.extend(self.extra_args)
         log = self.log_file.open("ab")
         self._process = subprocess.Popen(
-            command,
+            [*_die_with_parent(), *command],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
         )
         log.close()
 
