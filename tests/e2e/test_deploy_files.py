@@ -41,6 +41,7 @@ def compose_config(*files: str) -> dict[str, Any]:
         **os.environ,
         "GRAFANA_ADMIN_PASSWORD": "a-test-password",
         "TRITON_REPOSITORY_KEY": "a-test-key",
+        "REDIS_PASSWORD": "a-redis-password",
         "ADMIN_KEYS_FILE": str(ROOT / "README.md"),  # any existing file
     }
     quiet = subprocess.run([*args, "config", "-q"], capture_output=True, text=True, env=env)
@@ -64,7 +65,16 @@ def gpu_devices(service: dict[str, Any]) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("files", [GPU, CPU], ids=["gpu", "cpu"])
 def test_compose_stack_is_valid_and_wired(files: tuple[str, ...]) -> None:
     services = compose_config(*files)["services"]
-    assert set(services) == {"model-build", "triton", "gateway", "proxy", "prometheus", "grafana", "jaeger"}
+    assert set(services) == {
+        "model-build",
+        "triton",
+        "gateway",
+        "proxy",
+        "prometheus",
+        "grafana",
+        "jaeger",
+        "redis",
+    }
     triton = services["triton"]
     assert "ports" not in triton, "Triton must not be published to the host"
     assert set(triton["networks"]) == {"backend"}
@@ -78,6 +88,15 @@ def test_compose_stack_is_valid_and_wired(files: tuple[str, ...]) -> None:
     assert gateway["deploy"]["replicas"] == 2
     assert "ports" not in gateway
     assert gateway["environment"]["GATEWAY_TRITON__METRICS_URL"] == ""
+    # The shared state: Redis with a password, on the backend network only, never published.
+    redis = services["redis"]
+    assert "ports" not in redis
+    assert set(redis["networks"]) == {"backend"}
+    assert redis["command"][redis["command"].index("--requirepass") + 1] == "a-redis-password"
+    assert gateway["environment"]["GATEWAY_REDIS__URL"] == "redis://:a-redis-password@redis:6379/0"
+    assert gateway["environment"]["GATEWAY_REDIS__REPLICAS"] == str(gateway["deploy"]["replicas"])
+    assert gateway["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert re.search(r":\d+\.\d+\.\d+-alpine$", redis["image"]), redis["image"]
     proxy = services["proxy"]
     assert [str(p.get("target", p)) if isinstance(p, dict) else p for p in proxy["ports"]] in (
         ["8080"],
@@ -154,12 +173,15 @@ def test_backend_network_is_internal() -> None:
 
 
 def test_no_secrets_in_compose_files() -> None:
-    secret = re.compile(r"(PASSWORD|SECRET|TOKEN|API_KEY)[A-Z_]*:\s*(.+)")
+    """Every secret comes from a ${...} substitution: with those taken out of each line,
+    nothing that looks like a secret keeps a value (nor a URL a password)."""
+    secret = re.compile(r"(PASSWORD|SECRET|TOKEN|API_KEY|CLI_AUTH)[A-Z_]*:\s*(\S.*)")
+    url_password = re.compile(r"://[^/@\s]*:[^/@\s]+@")
     for path in ROOT.glob("docker-compose*.yml"):
         for line in path.read_text().splitlines():
-            match = secret.search(line)
-            if match:
-                assert match.group(2).strip().startswith("${"), f"{path.name}: {line.strip()}"
+            literal = re.sub(r"\$\{[^}]*\}", "", line.split(" #", 1)[0])
+            assert not secret.search(literal), f"{path.name}: {line.strip()}"
+            assert not url_password.search(literal), f"{path.name}: {line.strip()}"
 
 
 # --- Dockerfiles ---------------------------------------------------------------------
@@ -420,9 +442,9 @@ def test_compose_requires_a_grafana_password_and_binds_dashboards_to_loopback() 
         assert services[name]["pids_limit"]
 
 
-@pytest.mark.parametrize("missing", ["GRAFANA_ADMIN_PASSWORD", "TRITON_REPOSITORY_KEY"])
+@pytest.mark.parametrize("missing", ["GRAFANA_ADMIN_PASSWORD", "TRITON_REPOSITORY_KEY", "REDIS_PASSWORD"])
 def test_compose_refuses_to_start_without_its_secrets(missing: str, tmp_path: Path) -> None:
-    env = {**os.environ, "GRAFANA_ADMIN_PASSWORD": "x", "TRITON_REPOSITORY_KEY": "x"}
+    env = {**os.environ, "GRAFANA_ADMIN_PASSWORD": "x", "TRITON_REPOSITORY_KEY": "x", "REDIS_PASSWORD": "x"}
     del env[missing]
     refused = subprocess.run(
         [tool("docker-compose"), "-f", str(ROOT / "docker-compose.yml"), "config", "-q"],
