@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -229,47 +230,42 @@ def test_triton_image_is_recent_enough() -> None:
 # --- Kubernetes ------------------------------------------------------------------------
 
 
+def kubectl() -> str:
+    found = shutil.which("kubectl")
+    if found is None:
+        pytest.fail("kubectl is not installed (our machines have it; kustomize is built in)")
+    return found
+
+
 def rendered(overlay: str, components: tuple[str, ...] = ()) -> list[tuple[Path, dict[str, Any]]]:
-    """What `kubectl apply -k deploy/k8s/<overlay>` applies (with ``components`` added to the
-    overlay, as a user does to opt in): resources recursively, then components, then the
-    JSON 6902 `patches` on their targets (the only patch form used here; anything else in
-    a kustomization fails here)."""
-
-    def walk(
-        folder: Path, extra: tuple[str, ...] = (), inherited: list[tuple[Path, dict[str, Any]]] | None = None
-    ) -> list[tuple[Path, dict[str, Any]]]:
-        """``inherited``: what the kustomization that names this component has so far (a
-        component's patches apply to it too)."""
-        kustomization = yaml.safe_load((folder / "kustomization.yaml").read_text())
-        assert set(kustomization) <= {"apiVersion", "kind", "resources", "components", "patches"}, (
-            kustomization
+    """What `kubectl apply -k deploy/k8s/<overlay>` applies, rendered by `kubectl kustomize`
+    itself; with ``components`` (paths relative to the overlay) added the way a user opts
+    in: a kustomization of their own naming the overlay and the components."""
+    folder = K8S / overlay
+    with tempfile.TemporaryDirectory() as scratch:
+        if components:
+            mine = Path(scratch) / "mine"
+            mine.mkdir()
+            (mine / "kustomization.yaml").write_text(
+                yaml.safe_dump(
+                    {
+                        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                        "kind": "Kustomization",
+                        "resources": [os.path.relpath(folder, mine)],
+                        "components": [os.path.relpath((folder / c).resolve(), mine) for c in components],
+                    }
+                )
+            )
+            folder = mine
+        result = subprocess.run(
+            [kubectl(), "kustomize", "--load-restrictor", "LoadRestrictionsNone", str(folder)],
+            capture_output=True,
+            text=True,
+            check=False,
         )
-        documents: list[tuple[Path, dict[str, Any]]] = list(inherited or [])
-        for entry in kustomization["resources"]:
-            target = (folder / entry).resolve()
-            if target.is_dir():
-                documents += walk(target)
-            else:
-                assert target.exists(), f"{folder}/kustomization.yaml names missing {entry}"
-                documents += [(target, doc) for doc in yaml.safe_load_all(target.read_text()) if doc]
-        for entry in [*(kustomization.get("components") or []), *extra]:
-            component = (folder / entry).resolve()
-            assert yaml.safe_load((component / "kustomization.yaml").read_text())["kind"] == "Component"
-            documents = walk(component, inherited=documents)
-        for patch in kustomization.get("patches", []):
-            operations = yaml.safe_load((folder / patch["path"]).read_text())
-            wanted = patch["target"]
-            matches = [
-                index
-                for index, (_, doc) in enumerate(documents)
-                if doc["kind"] == wanted["kind"] and doc["metadata"]["name"] == wanted["name"]
-            ]
-            assert len(matches) == 1, f"{patch} matches {len(matches)} documents"
-            path, doc = documents[matches[0]]
-            documents[matches[0]] = (path, jsonpatch.apply_patch(doc, operations))
-        return documents
-
-    return walk(K8S / overlay, components)
+    assert result.returncode == 0, result.stderr
+    documents = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    return [(Path(f"{doc['kind']}-{doc['metadata']['name']}"), doc) for doc in documents]
 
 
 def by_kind(documents: list[tuple[Path, dict[str, Any]]], kind: str, name: str) -> dict[str, Any]:
@@ -330,6 +326,24 @@ def test_overlay_renders_a_complete_stack(overlay: str) -> None:
     (source,) = rule["from"]
     assert source["podSelector"]["matchLabels"].items() <= labels.items()
     assert not source["podSelector"]["matchLabels"].items() <= triton_labels.items()
+
+    # The shared state: Redis reachable from gateway pods only, its password from a Secret
+    # (defined before the URL that expands it), the fallback divisor the HPA's maximum.
+    redis = by_kind(documents, "Deployment", "redis")["spec"]["template"]
+    guard = by_kind(documents, "NetworkPolicy", "redis-only-from-gateway")["spec"]
+    assert guard["podSelector"]["matchLabels"].items() <= redis["metadata"]["labels"].items()
+    (rule,) = guard["ingress"]
+    assert rule["from"][0]["podSelector"]["matchLabels"].items() <= labels.items()
+    assert rule["ports"] == [{"protocol": "TCP", "port": 6379}]
+    env = [item["name"] for item in container["env"]]
+    assert env.index("REDIS_PASSWORD") < env.index("GATEWAY_REDIS__URL")
+    url = next(item["value"] for item in container["env"] if item["name"] == "GATEWAY_REDIS__URL")
+    assert url == "redis://:$(REDIS_PASSWORD)@redis:6379/0"
+    assert by_kind(documents, "Service", "redis")["spec"]["ports"][0]["port"] == 6379
+    settings = by_kind(documents, "ConfigMap", "gateway-settings")["data"]
+    hpa = by_kind(documents, "HorizontalPodAutoscaler", "gateway")["spec"]
+    assert int(settings["GATEWAY_REDIS__REPLICAS"]) == hpa["maxReplicas"]
+    assert "--requirepass" in redis["spec"]["containers"][0]["args"]
 
     limits = triton["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
     args = triton["spec"]["template"]["spec"]["containers"][0]["args"]
