@@ -13,7 +13,7 @@ PIP := --disable-pip-version-check --quiet
 PYTRITON := nvidia-pytriton==0.7.0
 APT_TEST_PACKAGES := chromium prometheus docker-compose wrk haproxy redis-server
 
-.PHONY: help run test lint typecheck models install system-deps test-system-deps clean bench soak gpu-smoke
+.PHONY: help run test lint typecheck models install system-deps test-system-deps clean bench bench-shared-state soak gpu-smoke
 
 help:
 	@echo "make run    install, build the models, start Triton (CPU) and the gateway on :$(PORT)"
@@ -92,6 +92,10 @@ clean:
 # gateway; wrk as the HTTP load generator): table, .reports/bench.json and .reports/bench.png.
 bench: test-system-deps install models
 	$(VENV)/bin/triton-gateway bench --out .reports/bench
+
+# The cost of shared rate limits: the same gateway with its buckets in a real redis-server.
+bench-shared-state: test-system-deps install models
+	$(VENV)/bin/triton-gateway bench --shared-state --repositories trivial --out .reports/bench-shared-state
 
 # 5 minutes of mixed traffic at 80 % of capacity against its own Triton and gateway:
 # RSS drift, descriptors, metric series, errors (exit 1 on a problem).

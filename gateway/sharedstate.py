@@ -12,7 +12,7 @@ again), then the next call tries again: recovery needs nothing but Redis back.
 
 from __future__ import annotations
 
-import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import Awaitable
@@ -67,6 +67,7 @@ class Taken:
 class SharedState:
     def __init__(self, settings: RedisSettings) -> None:
         import redis.asyncio as redis
+        from redis.exceptions import NoScriptError
 
         assert settings.url is not None
         self._settings = settings
@@ -79,7 +80,10 @@ class SharedState:
             decode_responses=True,
         )
         self._client = redis.Redis(connection_pool=self._pool)
-        self._take = self._client.register_script(TAKE_TOKEN)
+        # EVALSHA with the script's digest; loaded again when Redis answers NOSCRIPT (a
+        # restarted Redis has lost it).
+        self._sha = hashlib.sha1(TAKE_TOKEN.encode()).hexdigest()
+        self._no_script = NoScriptError
         self._errors = (redis.RedisError, OSError, TimeoutError)
         self._down_until = 0.0
         self.up = True
@@ -95,8 +99,10 @@ class SharedState:
                 close()  # the coroutine never runs: no "never awaited" warning
             raise SharedStateDownError("marked down after a recent failure")
         try:
-            async with asyncio.timeout(self._settings.timeout_seconds * 2):
-                result = await call
+            # Bounded by the pool's wait, the connect timeout and the socket timeout.
+            result = await call
+        except self._no_script:
+            raise  # Redis answered (it lost the script): the caller loads it
         except self._errors as exc:
             self._mark_down(what, exc)
             raise SharedStateDownError(f"Redis: {type(exc).__name__}") from exc
@@ -113,8 +119,14 @@ class SharedState:
 
     async def take_token(self, key_id: str, rate: float, burst: float) -> Taken:
         """Take one token of ``key_id``'s shared bucket; SharedStateDownError when Redis does not answer."""
-        call = cast(Awaitable[list[str]], self._take(keys=[self._key("bucket", key_id)], args=[rate, burst]))
-        taken, tokens, wait = await self._run("a rate limit", call)
+        bucket = self._key("bucket", key_id)
+        try:
+            call = cast(Awaitable[list[str]], self._client.evalsha(self._sha, 1, bucket, rate, burst))
+            taken, tokens, wait = await self._run("a rate limit", call)
+        except self._no_script:
+            await self._run("loading the rate-limit script", self._client.script_load(TAKE_TOKEN))
+            call = cast(Awaitable[list[str]], self._client.evalsha(self._sha, 1, bucket, rate, burst))
+            taken, tokens, wait = await self._run("a rate limit", call)
         return Taken(taken == "1", float(tokens), float(wait))
 
     async def routing(self) -> dict[str, str]:

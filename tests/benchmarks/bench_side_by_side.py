@@ -55,8 +55,10 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from otlp import OtlpReceiver
+from redisserver import RedisServer
 from support import GatewayProcess
 
+from gateway.auth import hash_key
 from gateway.settings import TracingSettings
 from gateway.tracing import triton_trace_args
 from gateway.tritonserver import TritonServer, free_port
@@ -193,15 +195,22 @@ def percentiles_ms(latencies: list[float]) -> tuple[float, float]:
 _LATENCY = re.compile(r"^\s+(50|99)%\s+([\d.]+)(us|ms|s)\s*$", re.MULTILINE)
 
 
+# With --shared-state both gateways take API keys and wrk sends this one (its limit is far
+# above any rate reached: every request is checked, none refused).
+BENCH_KEY = "bench-key"
+SEND_KEY = False
+
+
 def _wrk(
     url: str, scenario: Scenario, concurrency: int, seconds: float, folder: Path
 ) -> tuple[int, int, float, float]:
     body = folder / "body.bin"
     body.write_bytes(scenario.http_body)
     script = folder / "post.lua"
+    key = f'wrk.headers["X-API-Key"] = "{BENCH_KEY}"\n' if SEND_KEY else ""
     script.write_text(
         f'wrk.method = "POST"\nlocal f = io.open("{body}", "rb")\nwrk.body = f:read("*a")\nf:close()\n'
-        f'wrk.headers["Content-Type"] = "{scenario.http_type}"\n'
+        f'wrk.headers["Content-Type"] = "{scenario.http_type}"\n{key}'
         "done = function(summary, latency, requests)\n"
         '  io.write(string.format("STATUS-ERRORS %d\\n", summary.errors.status + summary.errors.connect'
         " + summary.errors.read + summary.errors.write + summary.errors.timeout))\nend\n"
@@ -284,6 +293,7 @@ def start_stack(
     triton_env: Path,
     trace_endpoint: str | None,
     variant: dict[str, str] | None,
+    base: dict[str, str] | None = None,
 ) -> Stack:
     # Without a response cache: every request does the models' work.
     tracing = TracingSettings(
@@ -294,10 +304,10 @@ def start_stack(
     )
     triton.start()
     triton.wait_ready(timeout=180)
-    gateway = GatewayProcess.start(triton, workdir)
+    gateway = GatewayProcess.start(triton, workdir, **(base or {}))
     stack = Stack(triton, gateway.wait("/readyz", timeout=60), start_reference(triton, workdir))
     if variant is not None:
-        other = GatewayProcess.start(triton, workdir, **variant)
+        other = GatewayProcess.start(triton, workdir, **{**(base or {}), **variant})
         stack.variant = other.wait("/readyz", timeout=60)
     return stack
 
@@ -503,9 +513,16 @@ def main(argv: list[str] | None = None) -> int:
         help="GATEWAY_* settings of a second gateway (A/B)",
     )
     parser.add_argument("--tracing", action="store_true", help="the variant: tracing on at 100 %% sampling")
+    parser.add_argument(
+        "--shared-state",
+        action="store_true",
+        help="the variant: rate limits in a real redis-server (both gateways check an API key "
+        "with a limit; the base keeps its buckets in its own memory)",
+    )
     parser.add_argument("--pin", action="store_true", help=PINNED)
     options = parser.parse_args(argv)
     variant_env = dict(item.split("=", 1) for item in options.variant)
+    base_env: dict[str, str] = {}
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is missing: `make bench` installs it (apt)")
     chosen = [
@@ -521,13 +538,21 @@ def main(argv: list[str] | None = None) -> int:
                 GATEWAY_TRACING__ENDPOINT=receiver.endpoint,
                 GATEWAY_TRACING__SAMPLE_RATIO="1.0",
             )
+        if options.shared_state:
+            global SEND_KEY
+            SEND_KEY = True
+            keys = Path(folder) / "keys"
+            keys.write_text(f"bench {hash_key(BENCH_KEY)} 1000000 1000000\n")
+            base_env["GATEWAY_AUTH__KEYS_FILE"] = str(keys)
+            redis = RedisServer(Path(folder) / "redis").start()
+            variant_env["GATEWAY_REDIS__URL"] = redis.url
         gateways = ["gateway", "variant"] if variant_env else ["gateway"]
         for name in options.repositories:
             workdir = Path(folder) / name
             workdir.mkdir()
             endpoint = receiver.endpoint if options.tracing else None
             stack = start_stack(
-                REPOSITORIES[name], workdir, options.triton_env, endpoint, variant_env or None
+                REPOSITORIES[name], workdir, options.triton_env, endpoint, variant_env or None, base_env
             )
             try:
                 if options.pin:
@@ -551,8 +576,16 @@ def main(argv: list[str] | None = None) -> int:
                                 )
             finally:
                 stack.stop()
+    if options.shared_state:
+        redis.stop()
     rows = summarise(measures)
-    label = " ".join(f"{k}={v}" for k, v in variant_env.items() if k != "GATEWAY_TRACING__ENDPOINT")
+    label = " ".join(
+        f"{k}={v}"
+        for k, v in variant_env.items()
+        if k not in ("GATEWAY_TRACING__ENDPOINT", "GATEWAY_REDIS__URL")
+    )
+    if options.shared_state:
+        label = f"rate limits in Redis (both with an API key) {label}".strip()
     print(table(rows, label))
     options.out.parent.mkdir(parents=True, exist_ok=True)
     options.out.with_suffix(".json").write_text(

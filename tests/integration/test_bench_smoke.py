@@ -49,6 +49,28 @@ def test_bench_runs_and_writes_a_table_json_and_plot(tmp_path: Path, triton_pyth
     assert report["machine"]["pinned"] == "Triton on CPU 0; gateway and load generators on CPU 1"
 
 
+def test_bench_shared_state_variant_checks_keys_in_redis(tmp_path: Path, triton_python_env: Path) -> None:
+    """The short form of `make bench-shared-state`: the variant limits through a real
+    redis-server, every request carries the key and none is refused."""
+    out = tmp_path / "bench"
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "gateway", "bench",
+            "--seconds", "1", "--rounds", "1", "--concurrency", "2",
+            "--repositories", "trivial", "--scenarios", "text",
+            "--out", str(out), "--triton-env", str(triton_python_env), "--shared-state",
+        ],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Variant: rate limits in Redis (both with an API key)" in result.stdout
+    (row,) = json.loads(out.with_suffix(".json").read_text())["rows"]
+    assert row["errors"] == 0  # no 401 or 429: the key was sent and never limited
+    assert row["gateway_rps"] > 0
+    assert row["variant_rps"] > 0
+    assert row["variant_cpu_ms"] > 0
+
+
 def test_triton_config_bench_compares_instance_counts_and_queue_delays(
     tmp_path: Path, triton_python_env: Path
 ) -> None:
