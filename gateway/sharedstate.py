@@ -67,6 +67,9 @@ class Taken:
 class SharedState:
     def __init__(self, settings: RedisSettings) -> None:
         import redis.asyncio as redis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+        from redis.exceptions import ConnectionError as RedisConnectionError
         from redis.exceptions import NoScriptError
 
         assert settings.url is not None
@@ -77,6 +80,10 @@ class SharedState:
             timeout=settings.timeout_seconds,  # waiting for a free connection counts too
             socket_timeout=settings.timeout_seconds,
             socket_connect_timeout=settings.connect_timeout_seconds,
+            # One immediate retry on a broken connection (a pooled connection to a Redis
+            # that restarted), none on a timeout; redis-py's default is 10 retries with
+            # backoff up to 1 s, which would hold requests while Redis is down.
+            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
             decode_responses=True,
         )
         self._client = redis.Redis(connection_pool=self._pool)
