@@ -24,6 +24,7 @@ from gateway.keyfiles import KeyRing
 from gateway.metrics import GatewayMetrics, TritonMetricsScraper
 from gateway.plane import InferencePlane
 from gateway.ratelimit import RateLimiter
+from gateway.rollout import RolloutRunner
 from gateway.routes import admin, classify, health, metrics_route, oip
 from gateway.routing import Routing
 from gateway.schemas import Problem, classify_json_model
@@ -126,6 +127,7 @@ def create_app(
         for ring in rings:
             ring.start(settings.auth.reload_seconds)
         catalog = Catalog(settings, backend, routing)
+        rollouts = RolloutRunner(routing, metrics, admission, settings.shadow_in_flight)
         # The first read before serving (bounded by the health timeout; a Triton that is
         # not up yet is followed by the periodic refresh).
         await catalog.refresh()
@@ -141,8 +143,10 @@ def create_app(
                 tracing=tracing,
                 catalog=catalog,
                 plane=InferencePlane(backend, admission, tracing, metrics, workers),
+                rollouts=rollouts,
             )
         finally:
+            await rollouts.stop()
             await catalog.stop()
             await routing.stop()
             for ring in rings:

@@ -134,8 +134,8 @@ class Catalog:
         return sorted(self._entries.values(), key=lambda entry: entry.name)
 
     def defaults(self) -> dict[str, str]:
-        """Task -> the model ``POST /classify`` uses for it."""
-        return dict(self._defaults)
+        """Task -> the model ``POST /classify`` uses for it (a promotion's, else the settings')."""
+        return {task: self.routing.default_model(task) or name for task, name in self._defaults.items()}
 
     def exposed(self, name: str) -> bool:
         """The default models always; others when a pattern of ``expose`` and none of
@@ -163,6 +163,7 @@ class Catalog:
     def default(self, kind: Kind) -> CatalogEntry:
         """The model ``POST /classify`` sends inputs of this kind to."""
         name = self._defaults.get(kind.task, "")
+        name = (self.routing.default_model(kind.task) or name) if name else ""
         if not name:
             raise InvalidInputError(f"this gateway serves no {kind.noun} model")
         entry = self._entries.get(name)

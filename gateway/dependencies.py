@@ -15,6 +15,7 @@ from gateway.backend import InferenceBackend
 from gateway.catalog import Catalog
 from gateway.metrics import GatewayMetrics, TritonMetricsScraper
 from gateway.plane import InferencePlane
+from gateway.rollout import RolloutRunner
 from gateway.settings import Settings
 from gateway.tracing import Tracing
 from gateway.workers import CheckWorkers
@@ -32,6 +33,7 @@ class GatewayState(TypedDict):
     tracing: Tracing
     catalog: Catalog
     plane: InferencePlane
+    rollouts: RolloutRunner
     # per request: set by the request-id middleware and the route
     request_id: NotRequired[str]
     model: NotRequired[str]
@@ -63,4 +65,5 @@ AdmissionDep = Annotated[Admission, Depends(_from_state("admission"))]
 TracingDep = Annotated[Tracing, Depends(_from_state("tracing"))]
 TritonMetricsDep = Annotated[TritonMetricsScraper, Depends(_from_state("triton_metrics"))]
 CatalogDep = Annotated[Catalog, Depends(_from_state("catalog"))]
+RolloutsDep = Annotated[RolloutRunner, Depends(_from_state("rollouts"))]
 PlaneDep = Annotated[InferencePlane, Depends(_from_state("plane"))]

@@ -154,6 +154,34 @@ class GatewayMetrics:
             ["file", "outcome"],
             registry=registry,
         )
+        self.rollout_requests = Counter(
+            "gateway_rollout_requests",
+            "Requests to a model under a rollout, by the arm that answered (primary, canary) or "
+            "also ran (shadow).",
+            ["model", "arm"],
+            registry=registry,
+        )
+        self.rollout_duration = Histogram(
+            "gateway_rollout_duration_seconds",
+            "Time of each arm's inference for a model under a rollout.",
+            ["model", "arm"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.shadow_comparisons = Counter(
+            "gateway_shadow_comparisons",
+            "Shadowed inputs by outcome: agree or disagree (top-1 labels), error (the shadow "
+            "failed), dropped (not sent: shadow cap full or the gateway shedding load).",
+            ["model", "target", "outcome"],
+            registry=registry,
+        )
+        self.shadow_score_difference = Histogram(
+            "gateway_shadow_score_difference",
+            "|top-1 score of the shadow - top-1 score of the primary| per shadowed input.",
+            ["model", "target"],
+            buckets=(0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0),
+            registry=registry,
+        )
         self.circuit = Enum(
             "gateway_triton_circuit_state",
             "The circuit breaker in front of Triton: closed (calls go through), open (503 at once), "

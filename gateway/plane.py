@@ -10,7 +10,8 @@ fails only itself; the client hears the most actionable error).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 from time import perf_counter
 
 from gateway.admission import Admission
@@ -48,6 +49,11 @@ def most_actionable(failures: Sequence[tuple[int, GatewayError]]) -> GatewayErro
     return error.at(index)
 
 
+@contextlib.asynccontextmanager
+async def _no_slot() -> AsyncIterator[None]:
+    yield
+
+
 class InferencePlane:
     """Built once by the app's lifespan; shared by /classify, /models/... and /v2."""
 
@@ -73,11 +79,14 @@ class InferencePlane:
         top_k: int,
         request_id: str,
         started: float,
+        admitted: bool = True,
     ) -> list[Classification]:
-        """One classification per input, in input order; raises GatewayError subclasses."""
+        """One classification per input, in input order; raises GatewayError subclasses.
+        ``admitted=False`` (a rollout's shadow, bounded by its own cap) takes no slot."""
         kind, model, tracing = entry.kind, entry.name, self.tracing
         # the span covers the wait for an in-flight slot (the gateway's queue)
-        async with self.admission.slot(waiting=tracing.span("admission")):
+        slot = self.admission.slot(waiting=tracing.span("admission")) if admitted else _no_slot()
+        async with slot:
             with tracing.span(f"validate {kind.noun}s", {"gateway.inputs": kind.count(payload)}):
                 await self.workers.run(kind.payload_bytes(payload), kind.check, payload, entry.caps)
             self.metrics.validation_duration.labels(model=model).observe(perf_counter() - started)

@@ -16,18 +16,23 @@ import logging
 from typing import TYPE_CHECKING
 
 from gateway.errors import SharedStateUnavailableError
+from gateway.rollout import Rollout
 
 if TYPE_CHECKING:
     from gateway.sharedstate import SharedState
 
 logger = logging.getLogger("gateway.routing")
 PIN = "pin:"
+ROLLOUT = "rollout:"
+DEFAULT = "default:"
 
 
 class Routing:
     def __init__(self, default_pins: dict[str, str]) -> None:
         self._defaults = dict(default_pins)
         self._pins = dict(default_pins)
+        self._rollouts: dict[str, Rollout] = {}
+        self._default_models: dict[str, str] = {}  # task -> model, set by a promotion
         self._store: SharedState | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -38,20 +43,49 @@ class Routing:
         """The version requests to ``name`` go to ("" for Triton's latest)."""
         return self._pins.get(name, "")
 
+    def rollout(self, name: str) -> Rollout | None:
+        return self._rollouts.get(name)
+
+    def rollouts(self) -> dict[str, Rollout]:
+        return dict(self._rollouts)
+
+    def default_model(self, task: str) -> str | None:
+        """The default model of a task set by a promotion (None: the settings' one)."""
+        return self._default_models.get(task)
+
+    async def _share(self, field: str, value: str | None) -> None:
+        if self._store is None:
+            return
+        from gateway.sharedstate import SharedStateDownError
+
+        try:
+            if value is None:
+                await self._store.delete_routing(field)
+            else:
+                await self._store.set_routing(field, value)
+        except SharedStateDownError:
+            raise SharedStateUnavailableError(
+                "the change could not be shared with the other replicas (Redis does not answer); "
+                "nothing changed",
+                headers={"Retry-After": "1"},
+            ) from None
+
     async def pin(self, name: str, version: str) -> None:
         """Move a model's pin, on every replica when the state is shared."""
-        if self._store is not None:
-            from gateway.sharedstate import SharedStateDownError
-
-            try:
-                await self._store.set_routing(f"{PIN}{name}", version)
-            except SharedStateDownError:
-                raise SharedStateUnavailableError(
-                    "the pin could not be shared with the other replicas (Redis does not answer); "
-                    "nothing changed",
-                    headers={"Retry-After": "1"},
-                ) from None
+        await self._share(f"{PIN}{name}", version)
         self._pins[name] = version
+
+    async def set_rollout(self, name: str, rollout: Rollout | None) -> None:
+        """Start, change (``rollout``) or end (None) a model's rollout, on every replica."""
+        await self._share(f"{ROLLOUT}{name}", None if rollout is None else rollout.to_json())
+        if rollout is None:
+            self._rollouts.pop(name, None)
+        else:
+            self._rollouts[name] = rollout
+
+    async def set_default_model(self, task: str, name: str) -> None:
+        await self._share(f"{DEFAULT}{task}", name)
+        self._default_models[task] = name
 
     async def sync(self) -> bool:
         """Read the shared routing back (True when it was read); the settings' pins are

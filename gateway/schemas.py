@@ -289,3 +289,57 @@ class Liveness(BaseModel):
     """/livez."""
 
     status: str
+
+
+_TARGET = Field(
+    pattern=r"^[A-Za-z0-9_.\-]{1,128}(:\d{1,10})?$",
+    description="A catalogued model of the same task, optionally `:version` (default: its served version).",
+)
+
+
+class CanarySpec(BaseModel):
+    """That share of requests is answered by the target (sticky per client)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    target: str = _TARGET
+    weight: float = Field(ge=0, le=1, description="Share of clients (and requests) sent to the target.")
+
+
+class ShadowSpec(BaseModel):
+    """That share of requests is also sent to the target, and the answers compared."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    target: str = _TARGET
+    sample: float = Field(ge=0, le=1, description="Share of requests shadowed.")
+
+
+class RolloutRequest(BaseModel):
+    """A rollout of a model: a canary, a shadow, or both."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    canary: CanarySpec | None = None
+    shadow: ShadowSpec | None = None
+
+
+class RolloutState(BaseModel):
+    """A model's rollout and this replica's statistics of it."""
+
+    model: str
+    canary: CanarySpec | None = None
+    shadow: ShadowSpec | None = None
+    statistics: dict[str, Any] = Field(
+        description="This replica's, since the rollout was last set: requests, errors and mean "
+        "seconds per arm; shadow outcomes (agree, disagree, error, dropped), agreement, mean "
+        "top-k overlap and mean top-1 score difference."
+    )
+
+
+class PromotionResult(BaseModel):
+    """What a promotion changed."""
+
+    model: str
+    promoted: str = Field(description="The target now served.")
+    change: str = Field(description="`pinned` (a version of the same model) or `default` (another model).")

@@ -338,6 +338,13 @@ class Settings(BaseSettings):
     )
     image: ImageLimits = Field(default_factory=ImageLimits)
     text: TextLimits = Field(default_factory=TextLimits)
+    shadow_in_flight: int = Field(
+        4,
+        ge=1,
+        le=256,
+        description="Shadow requests of rollouts running at once (outside admission); past it, or "
+        "while the gateway sheds load, shadows are dropped and counted.",
+    )
     check_threads: int = Field(
         2,
         ge=1,

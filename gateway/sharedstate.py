@@ -145,6 +145,10 @@ class SharedState:
         call = cast(Awaitable[Any], self._client.hset(self._routing_key, field, value))
         await self._run("writing routing", call)
 
+    async def delete_routing(self, field: str) -> None:
+        call = cast(Awaitable[Any], self._client.hdel(self._routing_key, field))
+        await self._run("writing routing", call)
+
     async def ping(self) -> bool:
         try:
             await self._run("ping", cast(Awaitable[Any], self._client.ping()))

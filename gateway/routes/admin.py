@@ -19,16 +19,22 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 
 from gateway.auth import identify, missing_key_error
 from gateway.backend import InferenceBackend, RepositoryModel
-from gateway.catalog import Catalog
-from gateway.dependencies import BackendDep, CatalogDep
-from gateway.errors import ConflictError, NotFoundError
+from gateway.catalog import Catalog, CatalogEntry
+from gateway.dependencies import BackendDep, CatalogDep, RolloutsDep
+from gateway.errors import ConflictError, InvalidInputError, NotFoundError
+from gateway.rollout import Rollout, RolloutRunner, Target
 from gateway.routes.problems import problem_responses
 from gateway.schemas import (
+    CanarySpec,
     ModelControlResult,
     PinRequest,
+    PromotionResult,
     RepositoryEntry,
     RepositoryIndex,
+    RolloutRequest,
+    RolloutState,
     ServedVersion,
+    ShadowSpec,
 )
 
 logger = logging.getLogger("gateway.admin")
@@ -203,3 +209,146 @@ async def pin(
     await catalog.pin(name, body.version)
     logger.info("admin %s: pinned %s to version %s", admin, name, body.version or "(latest)")
     return ServedVersion(name=name, task=entry.task, version=body.version)
+
+
+# --- rollouts -----------------------------------------------------------------------
+
+
+def _rollout_state(name: str, rollout: Rollout, runner: RolloutRunner) -> RolloutState:
+    return RolloutState(
+        model=name,
+        canary=CanarySpec(target=str(rollout.canary), weight=rollout.weight) if rollout.canary else None,
+        shadow=ShadowSpec(target=str(rollout.shadow), sample=rollout.sample) if rollout.shadow else None,
+        statistics=runner.stats(name).as_json(),
+    )
+
+
+async def _checked_target(
+    text: str, entry: CatalogEntry, backend: InferenceBackend, catalog: Catalog
+) -> Target:
+    target = Target.parse(text)
+    found = catalog.find(target.model)
+    if found is None:
+        raise ConflictError(f"{target.model} is not a classifier of the catalog")
+    if found.task != entry.task:
+        raise ConflictError(f"{target.model} is a {found.task} model, {entry.name} a {entry.task} one")
+    if target.model == entry.name and target.version in ("", catalog.version(entry.name)):
+        raise ConflictError(f"{target} is what {entry.name} serves already")
+    status = await backend.model_status(target.model, target.version)
+    if not status.ready:
+        raise ConflictError(f"{target} is not ready in Triton")
+    return target
+
+
+@router.put(
+    "/models/{name}/rollout",
+    summary="Start or change a model's rollout: a canary share answered by another model or version, "
+    "and a shadow share also sent to it and compared",
+    responses=problem_responses(404, 409, 422, 503),
+)
+async def set_rollout(
+    name: ModelName,
+    body: RolloutRequest,
+    admin: AdminDep,
+    backend: BackendDep,
+    catalog: CatalogDep,
+    runner: RolloutsDep,
+) -> RolloutState:
+    entry = catalog.find(name)
+    if entry is None:
+        raise NotFoundError(f"{name} is not a classifier of the catalog")
+    if body.canary is None and body.shadow is None:
+        raise InvalidInputError("a rollout needs a canary, a shadow or both (DELETE ends one)")
+    canary = await _checked_target(body.canary.target, entry, backend, catalog) if body.canary else None
+    shadow = await _checked_target(body.shadow.target, entry, backend, catalog) if body.shadow else None
+    rollout = Rollout(
+        canary=canary,
+        weight=body.canary.weight if body.canary else 0.0,
+        shadow=shadow,
+        sample=body.shadow.sample if body.shadow else 0.0,
+    )
+    await catalog.routing.set_rollout(name, rollout)
+    logger.info("admin %s: rollout of %s: %s", admin, name, rollout.to_json())
+    return _rollout_state(name, rollout, runner)
+
+
+@router.get(
+    "/models/{name}/rollout",
+    summary="A model's rollout and its live statistics",
+    responses=problem_responses(404),
+)
+async def get_rollout(
+    name: ModelName, admin: AdminDep, catalog: CatalogDep, runner: RolloutsDep
+) -> RolloutState:
+    rollout = catalog.routing.rollout(name)
+    if rollout is None:
+        raise NotFoundError(f"{name} has no rollout")
+    return _rollout_state(name, rollout, runner)
+
+
+async def _end(name: str, admin: str, catalog: Catalog, why: str) -> Rollout:
+    rollout = catalog.routing.rollout(name)
+    if rollout is None:
+        raise NotFoundError(f"{name} has no rollout")
+    await catalog.routing.set_rollout(name, None)
+    logger.info("admin %s: rollout of %s ended (%s)", admin, name, why)
+    return rollout
+
+
+@router.delete(
+    "/models/{name}/rollout",
+    summary="End a model's rollout (roll back: every request served by the model again)",
+    responses=problem_responses(404, 503),
+)
+async def delete_rollout(
+    name: ModelName, admin: AdminDep, catalog: CatalogDep, runner: RolloutsDep
+) -> RolloutState:
+    rollout = await _end(name, admin, catalog, "rolled back")
+    return _rollout_state(name, rollout, runner)
+
+
+@router.post(
+    "/models/{name}/rollout/rollback",
+    summary="Roll back: end the rollout (as DELETE)",
+    responses=problem_responses(404, 503),
+)
+async def rollback(
+    name: ModelName, admin: AdminDep, catalog: CatalogDep, runner: RolloutsDep
+) -> RolloutState:
+    rollout = await _end(name, admin, catalog, "rolled back")
+    return _rollout_state(name, rollout, runner)
+
+
+@router.post(
+    "/models/{name}/rollout/promote",
+    summary="Promote the rollout's target (the canary's, else the shadow's): a version of the same "
+    "model becomes its pin; another model becomes the default of the task; the rollout ends",
+    responses=problem_responses(404, 409, 503),
+)
+async def promote(
+    name: ModelName, admin: AdminDep, backend: BackendDep, catalog: CatalogDep
+) -> PromotionResult:
+    entry = catalog.find(name)
+    rollout = catalog.routing.rollout(name)
+    if entry is None or rollout is None:
+        raise NotFoundError(f"{name} has no rollout")
+    target = rollout.canary or rollout.shadow
+    assert target is not None
+    if not (await backend.model_status(target.model, target.version)).ready:
+        raise ConflictError(f"{target} is not ready in Triton")
+    if target.model == name:
+        await catalog.routing.pin(name, target.version)
+        change = "pinned"
+    else:
+        if catalog.defaults().get(entry.task) != name:
+            raise ConflictError(
+                f"{name} is not the default {entry.task} model: promote a version of it, or point "
+                f"clients at /models/{target.model}/classify"
+            )
+        if target.version:
+            await catalog.routing.pin(target.model, target.version)
+        await catalog.routing.set_default_model(entry.task, target.model)
+        change = "default"
+    await catalog.routing.set_rollout(name, None)
+    logger.info("admin %s: promoted %s over %s (%s)", admin, target, name, change)
+    return PromotionResult(model=name, promoted=str(target), change=change)

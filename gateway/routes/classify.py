@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from time import perf_counter
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response
 
-from gateway.bodies import read_classify_input
-from gateway.dependencies import gateway_state
-from gateway.errors import NotFoundError, WrongInputKindError
+from gateway.backend import Classification
+from gateway.bodies import ClassifyInput, read_classify_input
+from gateway.catalog import CatalogEntry
+from gateway.dependencies import GatewayState, gateway_state
+from gateway.errors import GatewayError, NotFoundError, WrongInputKindError
 from gateway.kinds import kind_of
+from gateway.rollout import Rollout
 from gateway.routes.problems import problem_responses
 from gateway.schemas import EXAMPLE_PNG_BASE64, ClassifyResponse, classify_response_json
 from gateway.settings import TOP_K_CEILING
@@ -149,10 +153,70 @@ async def _classify(request: Request, top_k: int | None, model: str | None, vers
         entry = catalog.default(kind)
     elif entry.kind is not kind:
         raise WrongInputKindError(f"{entry.name} takes {entry.kind.noun}s ({entry.task}), not {kind.noun}s")
-    state["model"] = entry.name  # the metrics' model label: catalogued names only
-    k = resolve_top_k(top_k, payload.top_k, entry.caps.default_top_k, entry.caps.max_top_k)
     request_id = state["request_id"]
-    answers = await state["plane"].classify(
-        entry, catalog.version(entry.name) if version is None else version, payload, k, request_id, started
+    rollout = catalog.routing.rollout(entry.name)
+    if rollout is None or version is not None:  # a version named explicitly is never rerouted
+        state["model"] = entry.name  # the metrics' model label: catalogued names only
+        k = resolve_top_k(top_k, payload.top_k, entry.caps.default_top_k, entry.caps.max_top_k)
+        answers = await state["plane"].classify(
+            entry,
+            catalog.version(entry.name) if version is None else version,
+            payload,
+            k,
+            request_id,
+            started,
+        )
+        return Response(
+            classify_response_json(entry.name, request_id, answers), media_type="application/json"
+        )
+    return await _classify_in_rollout(request, state, entry, rollout, payload, top_k, started)
+
+
+def _client(request: Request) -> str | None:
+    """Who a canary assignment sticks to: the API key's id, else the X-Rollout-Key header."""
+    client = request.scope.get("state", {}).get("client")
+    return client if client is not None else request.headers.get("x-rollout-key")
+
+
+async def _classify_in_rollout(
+    request: Request,
+    state: GatewayState,
+    entry: CatalogEntry,
+    rollout: Rollout,
+    payload: ClassifyInput,
+    top_k: int | None,
+    started: float,
+) -> Response:
+    catalog, plane, runner = state["catalog"], state["plane"], state["rollouts"]
+    request_id = state["request_id"]
+    served, arm = entry, "primary"
+    if rollout.canary is not None and rollout.canary_for(entry.name, _client(request)):
+        candidate = catalog.find(rollout.canary.model)
+        if candidate is not None and candidate.kind is entry.kind:
+            served, arm = candidate, "canary"
+    version = (rollout.canary.version if arm == "canary" and rollout.canary else "") or catalog.version(
+        served.name
     )
-    return Response(classify_response_json(entry.name, request_id, answers), media_type="application/json")
+    state["model"] = served.name
+    k = resolve_top_k(top_k, payload.top_k, served.caps.default_top_k, served.caps.max_top_k)
+    began = perf_counter()
+    try:
+        answers = await plane.classify(served, version, payload, k, request_id, started)
+    except GatewayError:
+        runner.record(entry.name, arm, perf_counter() - began, failed=True)
+        raise
+    runner.record(entry.name, arm, perf_counter() - began, failed=False)
+    shadow = rollout.shadow
+    if shadow is not None and rollout.shadowed():
+        target = catalog.find(shadow.model)
+        if target is not None and target.kind is entry.kind:
+            shadow_version = shadow.version or catalog.version(target.name)
+            shadow_k = min(k, target.caps.max_top_k)
+
+            def run() -> Awaitable[list[Classification]]:
+                return plane.classify(
+                    target, shadow_version, payload, shadow_k, request_id, perf_counter(), admitted=False
+                )
+
+            runner.shadow(entry.name, len(answers), run, answers, shadow)
+    return Response(classify_response_json(served.name, request_id, answers), media_type="application/json")

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -407,3 +408,233 @@ def test_the_gpu_smoke_compares_an_added_model_with_its_cpu_reference(
     out = capsys.readouterr().out
     assert "FAIL  lite2: top-1 agrees with the CPU twin" in out
     assert "toaster 0.900 on the CPU twin" in out
+
+
+# --- rollouts: canary and shadow between real models ------------------------------------
+
+PHOTOS = (
+    "chelsea",
+    "coffee",
+    "astronaut",
+    "rocket",
+    "immunohistochemistry",
+    "hubble_deep_field",
+    "colorwheel",
+)
+
+
+def photo_jpeg(name: str) -> bytes:
+    from skimage import data
+
+    pixels = np.asarray(getattr(data, name)())[..., :3]
+    return encode(np.ascontiguousarray(pixels), "JPEG", quality=90)
+
+
+def rollout_state(stack: LocalStack, model: str) -> dict[str, Any]:
+    answer = stack.admin("GET", f"/admin/models/{model}/rollout")
+    assert answer.status_code == 200, answer.text
+    state: dict[str, Any] = answer.json()
+    return state
+
+
+def set_rollout(stack: LocalStack, model: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.put(f"{stack.admin_url}/admin/models/{model}/rollout", json=body, headers=ADMIN, timeout=60)
+
+
+def test_a_shadow_reports_the_agreement_the_two_models_show(stack: LocalStack) -> None:
+    """Lite0 (the default image model) shadowed by Lite2 at 100 % over seven photos: the
+    agreement the gateway reports is what the two models' own answers give."""
+    add_lite2(stack)
+    refused = set_rollout(stack, "image_classifier", {"shadow": {"target": "text_sentiment", "sample": 1.0}})
+    assert refused.status_code == 409, refused.text  # another task
+    assert (
+        set_rollout(stack, "image_classifier", {"shadow": {"target": "nothing", "sample": 1}}).status_code
+        == 409
+    )
+    started = set_rollout(stack, "image_classifier", {"shadow": {"target": "lite2", "sample": 1.0}})
+    assert started.status_code == 200, started.text
+    served, shadowed = [], []
+    for name in PHOTOS:
+        jpeg = photo_jpeg(name)
+        answer = httpx.post(f"{stack.url}/classify", content=jpeg, headers=JPEG, timeout=60)
+        assert answer.json()["model"] == "image_classifier"  # the client hears the primary only
+        served.append(_top(answer)[0])
+        shadowed.append(
+            _top(httpx.post(f"{stack.url}/models/lite2/classify", content=jpeg, headers=JPEG, timeout=60))[0]
+        )
+    expected = sum(a == b for a, b in zip(served, shadowed, strict=True))
+    deadline = time.monotonic() + 30
+    while (shadow := rollout_state(stack, "image_classifier")["statistics"]["shadow"])["agree"] + shadow[
+        "disagree"
+    ] < len(PHOTOS):
+        assert time.monotonic() < deadline, shadow
+        time.sleep(0.2)
+    print(f"shadow Lite0 -> Lite2: {shadow}; the models' own answers agree on {expected}/{len(PHOTOS)}")
+    assert shadow["agree"] == expected
+    assert shadow["disagree"] == len(PHOTOS) - expected
+    assert shadow["error"] == shadow["dropped"] == 0
+    assert shadow["agreement"] == pytest.approx(expected / len(PHOTOS))
+    metrics = httpx.get(f"{stack.url}/metrics", timeout=10).text
+    assert (
+        f'gateway_shadow_comparisons_total{{model="image_classifier",outcome="agree",target="lite2"}} {expected}.0'
+        in metrics
+    )
+    assert stack.admin("DELETE", "/admin/models/image_classifier/rollout").status_code == 200
+    assert stack.admin("GET", "/admin/models/image_classifier/rollout").status_code == 404
+
+
+def test_a_canary_sticks_to_each_client(stack: LocalStack) -> None:
+    """0.3 of 50 clients (X-Rollout-Key), 20 requests each: every client always on one arm,
+    and about 30 % of them on the target (15 expected, binomial sd 3.2)."""
+    started = set_rollout(stack, "text_classifier", {"canary": {"target": "text_sentiment", "weight": 0.3}})
+    assert started.status_code == 200, started.text
+    seen: dict[int, set[str]] = {client: set() for client in range(50)}
+
+    async def client(number: int) -> None:
+        async with httpx.AsyncClient(base_url=stack.url, timeout=60) as http:
+            for i in range(20):
+                answer = await http.post(
+                    "/classify",
+                    json={"text": f"Message {i} from client {number}."},
+                    headers={"X-Rollout-Key": f"client-{number}"},
+                )
+                assert answer.status_code == 200, answer.text
+                seen[number].add(answer.json()["model"])
+
+    async def everyone() -> None:
+        clients = list(range(50))
+        for start in range(0, 50, 10):  # ten clients at a time
+            await asyncio.gather(*(client(n) for n in clients[start : start + 10]))
+
+    asyncio.run(everyone())
+    assert all(len(models) == 1 for models in seen.values()), seen
+    on_target = sum(models == {"text_sentiment"} for models in seen.values())
+    print(f"canary 0.3: {on_target} of 50 clients on the target")
+    assert abs(on_target - 15) <= 3 * 3.24
+    arms = rollout_state(stack, "text_classifier")["statistics"]["arms"]
+    assert arms["canary"]["requests"] == 20 * on_target
+    assert arms["primary"]["requests"] == 20 * (50 - on_target)
+    assert stack.admin("POST", "/admin/models/text_classifier/rollout/rollback").status_code == 200
+
+
+SLOW_MODEL = """
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        time.sleep(1.0)
+        responses = []
+        for request in requests:
+            rows = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy().shape[0]
+            labels = np.array([[b"slow", b"slower"]] * rows, dtype=np.object_)
+            scores = np.array([[0.6, 0.4]] * rows, dtype=np.float32)
+            ids = np.array([[0, 1]] * rows, dtype=np.int32)
+            truncated = np.zeros((rows, 1), dtype=bool)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("LABELS", labels),
+                pb_utils.Tensor("SCORES", scores), pb_utils.Tensor("CLASS_IDS", ids),
+                pb_utils.Tensor("TRUNCATED", truncated)]))
+        return responses
+"""
+SLOW_CONFIG = """name: "slow_text"
+backend: "python"
+max_batch_size: 64
+input [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] }, { name: "TOP_K" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "LABELS" data_type: TYPE_STRING dims: [ -1 ] }, { name: "SCORES" data_type: TYPE_FP32 dims: [ -1 ] },
+         { name: "CLASS_IDS" data_type: TYPE_INT32 dims: [ -1 ] }, { name: "TRUNCATED" data_type: TYPE_BOOL dims: [ 1 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+parameters [ { key: "gateway_task" value: { string_value: "text-classification" } },
+             { key: "max_top_k" value: { string_value: "2" } } ]
+"""
+
+
+def test_a_slow_shadow_never_slows_the_primary_and_is_dropped_past_its_cap(stack: LocalStack) -> None:
+    (stack.repository / "slow_text" / "1").mkdir(parents=True)
+    (stack.repository / "slow_text" / "config.pbtxt").write_text(SLOW_CONFIG)
+    (stack.repository / "slow_text" / "1" / "model.py").write_text(SLOW_MODEL)
+    assert stack.admin("POST", "/admin/models/slow_text/load").status_code == 200
+
+    def p50(count: int) -> float:
+        times = []
+        with httpx.Client(base_url=stack.url, timeout=60) as http:
+            for i in range(count):
+                began = time.monotonic()
+                answer = http.post("/classify", json={"text": f"Is this slow? Question {i}."})
+                times.append(time.monotonic() - began)
+                assert answer.status_code == 200, answer.text
+                assert answer.json()["model"] == "text_classifier"
+        return sorted(times)[count // 2]
+
+    before = p50(30)
+    assert (
+        set_rollout(stack, "text_classifier", {"shadow": {"target": "slow_text", "sample": 1.0}}).status_code
+        == 200
+    )
+    during = p50(30)
+    shadow = rollout_state(stack, "text_classifier")["statistics"]["shadow"]
+    print(f"primary p50 {before * 1000:.1f} ms without the shadow, {during * 1000:.1f} ms with it; {shadow}")
+    assert during < before + 0.25  # the shadow sleeps 1 s: awaited, it would add that to every request
+    assert shadow["dropped"] > 0  # past its cap of 4 shadows at once
+    assert shadow["error"] == 0
+    # the ones that ran were compared once done (the slow model says "slow": a disagreement)
+    deadline = time.monotonic() + 10
+    while (shadow := rollout_state(stack, "text_classifier")["statistics"]["shadow"])["dropped"] + shadow[
+        "disagree"
+    ] < 30:
+        assert time.monotonic() < deadline, shadow
+        time.sleep(0.2)
+    assert shadow["agree"] == shadow["error"] == 0
+    assert stack.admin("DELETE", "/admin/models/text_classifier/rollout").status_code == 200
+
+
+def test_weights_changed_and_a_promotion_under_traffic_lose_nothing(stack: LocalStack) -> None:
+    outcomes: list[tuple[int, str]] = []
+    stop = threading.Event()
+
+    def client(number: int) -> None:
+        with httpx.Client(base_url=stack.url, timeout=60) as http:
+            i = 0
+            while not stop.is_set():
+                i += 1
+                try:
+                    answer = http.post(
+                        "/classify", json={"text": f"Client {number} says hello {i}."},
+                        headers={"X-Rollout-Key": f"c{number}-{i}"},
+                    )  # fmt: skip
+                except httpx.HTTPError as exc:
+                    outcomes.append((-1, repr(exc)))
+                    continue
+                outcomes.append((answer.status_code, answer.json().get("model", "")))
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        for weight in (0.2, 0.6, 1.0):
+            answer = set_rollout(
+                stack, "text_classifier", {"canary": {"target": "text_sentiment", "weight": weight}}
+            )
+            assert answer.status_code == 200, answer.text
+            time.sleep(1.0)
+        promoted = stack.admin("POST", "/admin/models/text_classifier/rollout/promote")
+        assert promoted.status_code == 200, promoted.text
+        assert promoted.json()["change"] == "default"
+        time.sleep(1.0)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=60)
+    statuses = {status for status, _ in outcomes}
+    assert statuses == {200}, [o for o in outcomes if o[0] != 200][:5]
+    assert outcomes[-1][1] == "text_sentiment"  # promoted: the default text model now
+    assert {model for _, model in outcomes} == {"text_classifier", "text_sentiment"}
+    ready = httpx.get(f"{stack.url}/readyz", timeout=10)
+    assert ready.status_code == 200, ready.text
+    # and back, the same way, so the module's other tests find the shipped default
+    back = set_rollout(stack, "text_sentiment", {"canary": {"target": "text_classifier", "weight": 1.0}})
+    assert back.status_code == 200, back.text
+    assert stack.admin("POST", "/admin/models/text_sentiment/rollout/promote").status_code == 200
+    answer = httpx.post(f"{stack.url}/classify", json={"text": "The striker scored twice."}, timeout=60)
+    assert answer.json()["model"] == "text_classifier"
