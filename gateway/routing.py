@@ -105,6 +105,17 @@ class Routing:
         if pins != self._pins:
             logger.info("routing from the shared state: pins %s", pins)
         self._pins = pins
+        rollouts = {}
+        for field, value in fields.items():
+            if field.startswith(ROLLOUT):
+                try:
+                    rollouts[field.removeprefix(ROLLOUT)] = Rollout.from_json(value)
+                except (ValueError, KeyError, TypeError):
+                    logger.error("shared rollout %s is not readable: ignored", field)
+        self._rollouts = rollouts
+        self._default_models = {
+            field.removeprefix(DEFAULT): value for field, value in fields.items() if field.startswith(DEFAULT)
+        }
         return True
 
     def start(self, interval: float) -> None:

@@ -213,3 +213,27 @@ def test_a_kubernetes_secret_swap_applies(tmp_path: Path) -> None:
             assert time.monotonic() - swapped_at < 2.0
             time.sleep(0.05)
         assert client.post("/classify", json=TEXT, headers=KEY).status_code == 401
+
+
+def test_a_rollout_set_through_one_replica_applies_on_the_other_and_after_a_restart(
+    tmp_path: Path, redis: RedisServer
+) -> None:
+    admin = {"Authorization": "Bearer ops-secret"}
+    body = {"shadow": {"target": "image_classifier:2", "sample": 0.5}}
+    for first, second in replicas(tmp_path, redis=redis, routing_poll_seconds=0.5):
+        set_on_first = first.put("/admin/models/image_classifier/rollout", json=body, headers=admin)
+        assert set_on_first.status_code == 200, set_on_first.text
+        set_at = time.monotonic()
+        while (
+            seen := second.get("/admin/models/image_classifier/rollout", headers=admin)
+        ).status_code != 200:
+            assert time.monotonic() - set_at < 1.0, "the other replica did not follow within 1 s"
+            time.sleep(0.05)
+        assert seen.json()["shadow"] == {"target": "image_classifier:2", "sample": 0.5}
+    for (third,) in replicas(tmp_path, count=1, redis=redis):
+        assert (
+            third.get("/admin/models/image_classifier/rollout", headers=admin).json()["shadow"]["sample"]
+            == 0.5
+        )
+        assert third.delete("/admin/models/image_classifier/rollout", headers=admin).status_code == 200
+        assert third.get("/admin/models/image_classifier/rollout", headers=admin).status_code == 404
