@@ -170,6 +170,7 @@ def create_app(
     # The server drains through it at SIGTERM (gateway.server).
     app.state.admission = admission
     app.state.settings = settings
+    app.state.routing = routing  # run-time routing (pins, rollouts): what /admin changes
     # Added last = outermost: the request id and telemetry wrap everything else.
     if api_keys is not None:
         # Inside the request id and telemetry layer, so refusals are counted and logged.

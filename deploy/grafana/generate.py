@@ -227,6 +227,27 @@ def gateway_overview() -> dict[str, Any]:
             "bytes",
             (12, 24, 12, 8),
         ),
+        panel(
+            "Rollouts: shadow agreement",
+            "Share of shadowed inputs whose top-1 label agrees with the served model's, by model and "
+            "shadow target (PUT /admin/models/{model}/rollout). The ShadowAgreementLow alert fires under 90 %.",
+            [
+                (
+                    f'sum by (model, target) (rate(gateway_shadow_comparisons_total{{outcome="agree"}}[{RATE}])) / '
+                    f'sum by (model, target) (rate(gateway_shadow_comparisons_total{{outcome=~"agree|disagree"}}[{RATE}]))',
+                    "{{model}} vs {{target}}",
+                )
+            ],
+            "percentunit",
+            (0, 32, 12, 8),
+        ),
+        panel(
+            "Rollouts: latency per arm (p50)",
+            "Median inference time of each arm of a rollout: primary (the served model), canary, shadow.",
+            [(quantile(0.5, "gateway_rollout_duration_seconds", "model, arm"), "{{model}} {{arm}}")],
+            "s",
+            (12, 32, 12, 8),
+        ),
     ]
     return dashboard(
         "triton-gateway-overview",

@@ -7,6 +7,7 @@ input); then every PromQL expression of every panel and rule is run against Prom
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import math
@@ -19,6 +20,8 @@ import httpx
 import pytest
 import yaml
 from support import ServedApp, chelsea_jpeg, coffee_png, random_bytes, running_prometheus, truncated_jpeg
+
+from gateway.rollout import Rollout, Target
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "rules"
@@ -97,10 +100,22 @@ def rule_queries() -> list[tuple[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def traffic(prometheus: str, gateway: ServedApp) -> str:
-    send_mixed_traffic(gateway.url, seconds=12)
-    time.sleep(3)  # a few more scrapes after the last request
-    return prometheus
+def traffic(prometheus: str, gateway: ServedApp) -> Iterator[str]:
+    """Mixed traffic, with the text model under a rollout (shadowed by its version 1 at
+    100 %) so the rollout panels have data; the rollout ends with the module."""
+
+    def rollout(value: Rollout | None) -> None:
+        change = gateway.app.state.routing.set_rollout("text_classifier", value)
+        assert gateway._loop is not None
+        asyncio.run_coroutine_threadsafe(change, gateway._loop).result(timeout=10)
+
+    rollout(Rollout(shadow=Target("text_classifier", "1"), sample=1.0))
+    try:
+        send_mixed_traffic(gateway.url, seconds=12)
+        time.sleep(3)  # a few more scrapes after the last request
+        yield prometheus
+    finally:
+        rollout(None)
 
 
 def test_prometheus_scrapes_the_gateway(traffic: str) -> None:
@@ -131,6 +146,6 @@ def test_every_recording_rule_returns_data(traffic: str, name: str, expr: str) -
 def test_rules_load_and_evaluate_in_prometheus(traffic: str) -> None:
     groups = httpx.get(f"{traffic}/api/v1/rules", timeout=10).json()["data"]["groups"]
     rules = [rule for group in groups for rule in group["rules"]]
-    assert len(rules) == 16
+    assert len(rules) == 17
     assert all(rule["health"] == "ok" for rule in rules), [r for r in rules if r["health"] != "ok"]
     assert finite(query(traffic, "route:gateway_request_duration_seconds:p99_rate5m"))
