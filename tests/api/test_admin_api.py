@@ -131,3 +131,50 @@ def test_the_pin_moves_to_a_ready_version_only(client: TestClient, backend: Fake
     assert models["image_classifier"]["pinned_version"] == "2"
     served = client.get("/admin/served", headers=ADMIN).json()
     assert [(m["name"], m["version"]) for m in served] == [("image_classifier", "2"), ("text_classifier", "")]
+
+
+def test_rollout_targets_are_checked_and_a_version_promotion_moves_the_pin(
+    client: TestClient, backend: FakeBackend
+) -> None:
+    route = "/admin/models/text_classifier/rollout"
+    refusals = {
+        "another task": {"canary": {"target": "image_classifier", "weight": 0.5}},
+        "not catalogued": {"canary": {"target": "nothing_here", "weight": 0.5}},
+        "what it serves": {"shadow": {"target": "text_classifier", "sample": 1.0}},
+        "not ready": {"shadow": {"target": "text_classifier:9", "sample": 1.0}},
+    }
+    for why, body in refusals.items():
+        refused = client.put(route, json=body, headers=ADMIN)
+        assert refused.status_code == 409, (why, refused.text)
+        assert refused.headers["content-type"] == "application/problem+json"
+    assert client.put(route, json={}, headers=ADMIN).status_code == 422
+    assert (
+        client.put(
+            route, json={"canary": {"target": "text_classifier:2", "weight": 2}}, headers=ADMIN
+        ).status_code
+        == 422
+    )
+    assert (
+        client.put(
+            route, json={"canary": {"target": "text_classifier:2", "weight": 1}}, headers=CLIENT
+        ).status_code
+        == 401
+    )
+    assert client.get(route, headers=ADMIN).status_code == 404
+    set_ = client.put(route, json={"canary": {"target": "text_classifier:2", "weight": 1.0}}, headers=ADMIN)
+    assert set_.status_code == 200, set_.text
+    assert set_.json()["canary"] == {"target": "text_classifier:2", "weight": 1.0}
+    # every request goes to the canary (version 2) now, counted on its arm
+    assert client.post("/classify", json=TEXT, headers=CLIENT).status_code == 200
+    arms = client.get(route, headers=ADMIN).json()["statistics"]["arms"]
+    assert arms["canary"]["requests"] == 1
+    promoted = client.post(f"{route}/promote", headers=ADMIN)
+    assert promoted.json() == {
+        "model": "text_classifier",
+        "promoted": "text_classifier:2",
+        "change": "pinned",
+    }
+    served = {s["name"]: s["version"] for s in client.get("/admin/served", headers=ADMIN).json()}
+    assert served["text_classifier"] == "2"
+    assert client.get(route, headers=ADMIN).status_code == 404  # the rollout ended
+    assert client.post(f"{route}/rollback", headers=ADMIN).status_code == 404
