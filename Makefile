@@ -13,7 +13,7 @@ PIP := --disable-pip-version-check --quiet
 PYTRITON := nvidia-pytriton==0.7.0
 APT_TEST_PACKAGES := chromium prometheus docker-compose wrk haproxy redis-server
 
-.PHONY: help run test lint typecheck models install system-deps test-system-deps clean bench bench-shared-state soak gpu-smoke
+.PHONY: help run test lint typecheck models install system-deps test-system-deps clean bench bench-shared-state soak gpu-smoke docs docs-serve
 
 help:
 	@echo "make run    install, build the models, start Triton (CPU) and the gateway on :$(PORT)"
@@ -23,6 +23,7 @@ help:
 	@echo "make bench  the gateway side by side with Triton direct: table, JSON and plot in .reports/"
 	@echo "make soak   5 minutes at 80 % of capacity: RSS drift, descriptors, metric series, errors"
 	@echo "make gpu-smoke  on a GPU host: docker compose up, then every check in one report"
+	@echo "make docs   build the documentation site into site/ (make docs-serve: serve it)"
 	@echo "make clean  remove the virtual environments and built models"
 
 # Debian's Python needs python3-venv for `python3 -m venv`.
@@ -92,6 +93,14 @@ clean:
 # gateway; wrk as the HTTP load generator): table, .reports/bench.json and .reports/bench.png.
 bench: test-system-deps install models
 	$(VENV)/bin/triton-gateway bench --out .reports/bench
+
+# The documentation site (mkdocs.yml, docs/): built offline into site/, or served.
+docs: $(VENV)/.installed
+	$(VENV)/bin/python docs/generate.py
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+docs-serve: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 # The cost of shared rate limits: the same gateway with its buckets in a real redis-server.
 bench-shared-state: test-system-deps install models

@@ -2,7 +2,7 @@
 gateway with tracing on, both exporting to an OTLP receiver in this process; one
 /classify request (two texts) with a known traceparent; its spans drawn with matplotlib.
 
-    .venv/bin/python tests/trace_waterfall.py --out deploy/grafana/screenshots/trace-waterfall.png
+    .venv/bin/python tests/trace_waterfall.py --out docs/assets/trace-waterfall.png
 """
 
 from __future__ import annotations
