@@ -176,11 +176,36 @@ def api_page() -> str:
         for method, operation in operations.items():
             codes = ", ".join(sorted(operation.get("responses", {})))
             lines.append(f"| {method.upper()} | `{path}` | {_cell(operation.get('summary', ''))} | {codes} |")
+    lines += [
+        "",
+        "## The OpenAPI document",
+        "",
+        "Rendered here by Swagger UI bundled with the site (no network needed); the same",
+        "document as [openapi.json](openapi.json).",
+        "",
+        '<swagger-ui src="openapi.json"/>',
+    ]
     return HEADER + "\n".join(lines) + "\n"
+
+
+def openapi_document() -> str:
+    import json
+    import tempfile
+
+    from gateway.app import create_app
+    from gateway.auth import hash_key
+    from gateway.settings import Settings
+
+    with tempfile.TemporaryDirectory() as folder:
+        keys = Path(folder) / "admin-keys"
+        keys.write_text(f"docs {hash_key('docs')}\n")
+        document = create_app(Settings(admin={"keys_file": keys})).openapi()  # type: ignore[arg-type]
+    return json.dumps(document, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
 
 
 PAGES: dict[str, Callable[[], str]] = {
     "api.md": api_page,
+    "openapi.json": openapi_document,
     "settings.md": settings_page,
     "errors.md": errors_page,
     "metrics.md": metrics_page,

@@ -72,3 +72,22 @@ def test_every_docs_page_is_reachable_from_home_in_two_clicks(site: Path) -> Non
     for page in ("tutorials/own-classifier.md", "reference/errors.md", "reference/settings.md",
                  "how-to/tracing.md", "tutorials/gpu-host.md", "explanation/performance.md"):  # fmt: skip
         assert f"]({page})" in home, page
+
+
+def test_the_openapi_document_renders_in_the_site_with_no_network(site: Path) -> None:
+    """Swagger UI bundled into the site renders reference/openapi.json, served over loopback."""
+    import functools
+    import http.server
+    import threading
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        (frame,) = (site / "reference" / "api").glob("swagger-*.html")
+        dom = dump_dom(f"http://127.0.0.1:{server.server_address[1]}/reference/api/{frame.name}")
+    finally:
+        server.shutdown()
+    assert "Classify images or texts with the default model of their kind" in dom
+    assert "/models/{name}/rollout" in dom  # the admin routes are in the document too
