@@ -99,14 +99,14 @@ def errors_page() -> str:
         "`status`, a `detail`, the `request_id`, and `input_index` when one input of several is at",
         "fault. Bodies never echo the input, Triton's messages or a stack trace.",
         "",
-        "| Status | Type | Title | When, and what to do |",
-        "|---|---|---|---|",
+        "| Status | Type | Title | When | What to do |",
+        "|---|---|---|---|---|",
     ]
     for cls in sorted(classes, key=lambda c: (c.status, c.slug)):
         if cls is errors.ConfigurationError or cls.slug in ("internal",):
             continue
         doc = _cell(inspect.getdoc(cls) or "")
-        lines.append(f"| {cls.status} | `{cls.slug}` | {cls.title} | {doc} |")
+        lines.append(f"| {cls.status} | `{cls.slug}` | {cls.title} | {doc} | {_cell(cls.advice)} |")
     return HEADER + "\n".join(lines) + "\n"
 
 

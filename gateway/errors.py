@@ -66,6 +66,9 @@ class GatewayError(Exception):
     status: int = 500
     slug: str = "internal"
     title: str = "Internal error"
+    # What a client (or operator) should do about it: the problem types reference
+    # (docs/reference/errors.md) is generated from these.
+    advice: str = "Retry later; operators: the gateway's log has the error with the request id."
 
     def __init__(
         self,
@@ -115,6 +118,7 @@ class ClientError(GatewayError):
 
     status = 400
     slug = "bad-request"
+    advice = "Fix the request as the `detail` says."
     title = "Bad request"
 
 
@@ -123,6 +127,7 @@ class MalformedRequestError(ClientError):
 
     status = 400
     slug = "malformed-request"
+    advice = "Send valid JSON, multipart with `file` parts, or valid base64."
     title = "Malformed request"
 
 
@@ -131,6 +136,7 @@ class NotFoundError(ClientError):
 
     status = 404
     slug = "not-found"
+    advice = "Check the path; for `/models/{model}/...`, list the catalog with `GET /models`."
     title = "Not found"
 
 
@@ -139,6 +145,7 @@ class MethodNotAllowedError(ClientError):
 
     status = 405
     slug = "method-not-allowed"
+    advice = "Use the method the API reference gives for that route."
     title = "Method not allowed"
 
 
@@ -147,6 +154,7 @@ class UnauthorizedError(ClientError):
 
     status = 401
     slug = "unauthorized"
+    advice = "Send a valid key as `Authorization: Bearer <key>` or `X-API-Key`."
     title = "Unauthorized"
 
 
@@ -155,6 +163,7 @@ class RequestTimeoutError(ClientError):
 
     status = 408
     slug = "request-timeout"
+    advice = "Send the body faster, or a smaller one; check the client's network."
     title = "Request timeout"
 
 
@@ -163,6 +172,7 @@ class ConflictError(ClientError):
 
     status = 409
     slug = "conflict"
+    advice = "Bring the model into the state the operation needs (load it, load that version) and retry."
     title = "Conflict"
 
 
@@ -170,6 +180,7 @@ class ModelLoadError(ConflictError):
     """Triton could not load the model; the loaded one, if any, keeps serving."""
 
     slug = "model-load-failed"
+    advice = "Read Triton's reason in `detail`, fix the model's files or config, load again."
     title = "Model load failed"
 
 
@@ -178,6 +189,7 @@ class RateLimitedError(ClientError):
 
     status = 429
     slug = "rate-limited"
+    advice = "Wait `Retry-After` seconds; ask for a higher rate if this is regular."
     title = "Too many requests"
 
 
@@ -186,6 +198,7 @@ class PayloadTooLargeError(ClientError):
 
     status = 413
     slug = "payload-too-large"
+    advice = "Send fewer or smaller inputs; the caps are in `GET /models` (`caps`)."
     title = "Payload too large"
 
 
@@ -193,6 +206,7 @@ class ImageTooLargeError(PayloadTooLargeError):
     """An image's header declares more pixels, a longer side or more frames than allowed."""
 
     slug = "image-too-large"
+    advice = "Downscale the image before sending it; the model's caps are in `GET /models`."
     title = "Image too large"
 
 
@@ -201,6 +215,7 @@ class UnsupportedMediaTypeError(ClientError):
 
     status = 415
     slug = "unsupported-media-type"
+    advice = "Use multipart, JSON or a raw image Content-Type."
     title = "Unsupported media type"
 
 
@@ -208,6 +223,7 @@ class UnsupportedImageFormatError(UnsupportedMediaTypeError):
     """The bytes (sniffed, not the declared type) are not an accepted image format."""
 
     slug = "unsupported-image-format"
+    advice = "Convert to a format the model takes (`GET /models`: `formats`)."
     title = "Unsupported image format"
 
 
@@ -216,6 +232,7 @@ class InvalidInputError(ClientError):
 
     status = 422
     slug = "invalid-input"
+    advice = "Fix the field `detail` names (`input_index` says which input)."
     title = "Invalid input"
 
 
@@ -223,6 +240,7 @@ class InvalidImageError(InvalidInputError):
     """The image passed the header checks but the model's preprocessing could not decode it."""
 
     slug = "invalid-image"
+    advice = "Re-encode the image (it is likely truncated or corrupt); other inputs were not affected."
     title = "Invalid image"
 
 
@@ -230,6 +248,7 @@ class WrongInputKindError(InvalidInputError):
     """The model classifies another kind of input (texts sent to an image model, say)."""
 
     slug = "wrong-input-kind"
+    advice = "Send images to an image model and texts to a text one (`GET /models`: `task`)."
     title = "Wrong input kind"
 
 
@@ -238,6 +257,7 @@ class ServiceUnavailableError(GatewayError):
 
     status = 503
     slug = "service-unavailable"
+    advice = "Retry after `Retry-After` seconds."
     title = "Service unavailable"
 
 
@@ -245,6 +265,7 @@ class OverloadedError(ServiceUnavailableError):
     """Every in-flight slot is taken and none freed within the queue wait."""
 
     slug = "overloaded"
+    advice = "Retry after `Retry-After` seconds with backoff; add replicas if it is regular."
     title = "Overloaded"
 
 
@@ -252,6 +273,7 @@ class ShuttingDownError(ServiceUnavailableError):
     """The gateway is draining before it exits; another replica should answer."""
 
     slug = "shutting-down"
+    advice = "Retry: another replica answers (the load balancer takes this one out)."
     title = "Shutting down"
 
 
@@ -260,6 +282,7 @@ class NotReadyError(ServiceUnavailableError):
     the replica itself is not ready); the problem's ``checks`` say which."""
 
     slug = "not-ready"
+    advice = "Operators: the `checks` say which part is not ready; clients are routed elsewhere."
     title = "Not ready"
 
 
@@ -268,6 +291,7 @@ class SharedStateUnavailableError(ServiceUnavailableError):
     is to refuse rate-limited keys, or an admin change could not be shared."""
 
     slug = "shared-state-unavailable"
+    advice = "Retry after `Retry-After`; operators: bring Redis back (the SharedStateDown alert)."
     title = "Shared state unavailable"
 
 
@@ -276,6 +300,7 @@ class UpstreamError(GatewayError):
 
     status = 502
     slug = "upstream-error"
+    advice = "Retry later; operators: check Triton's log."
     title = "Upstream error"
 
 
@@ -284,6 +309,7 @@ class TritonFailureError(UpstreamError):
 
     status = 502
     slug = "triton-failure"
+    advice = "Retry later; operators: Triton's log has the cause (the gateway logs it with the request id)."
     title = "Triton failed"
 
 
@@ -292,6 +318,7 @@ class TritonUnavailableError(UpstreamError):
 
     status = 503
     slug = "triton-unavailable"
+    advice = "Retry after `Retry-After` seconds; operators: check Triton and the model's state."
     title = "Triton unavailable"
 
 
@@ -300,6 +327,7 @@ class TritonTimeoutError(UpstreamError):
 
     status = 504
     slug = "triton-timeout"
+    advice = "Retry later, with fewer inputs; operators: Triton is overloaded or hung."
     title = "Triton timed out"
 
 
