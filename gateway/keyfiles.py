@@ -5,6 +5,8 @@ Either way the file's bytes change, so the ring reads the file every
 ``auth.reload_seconds`` and compares a hash. A change that parses replaces the keys at
 once; one that does not (a half-written file, an empty one, a bad line) keeps the keys in
 force and logs an error, once per content: never an empty set that locks everyone out.
+A changed file is read twice, ``SETTLE_SECONDS`` apart, and taken only when both reads
+agree: a file caught mid-rewrite (truncated, or cut at a line) is left for the next check.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from gateway.errors import ConfigurationError
 from gateway.metrics import GatewayMetrics
 
 logger = logging.getLogger("gateway.keyfiles")
+SETTLE_SECONDS = 0.05
 
 
 class KeyRing:
@@ -42,11 +45,19 @@ class KeyRing:
         except OSError:
             return None
 
-    def check(self) -> bool:
-        """Read the file again; True when new keys were applied."""
+    def changed(self) -> bytes | None:
+        """The file's bytes when they differ from the last ones taken, else None."""
         text = self._read()
-        if text is None:
-            return False  # mid-swap or gone for a moment: the keys in force stay
+        if text is None or hashlib.sha256(text).digest() == self._seen:
+            return None  # unchanged, or mid-swap / gone for a moment: the keys in force stay
+        return text
+
+    def check(self, expected: bytes | None = None) -> bool:
+        """Read the file again; True when new keys were applied. With ``expected`` (an
+        earlier read), nothing is taken unless the file still holds exactly that."""
+        text = self._read()
+        if text is None or (expected is not None and text != expected):
+            return False
         digest = hashlib.sha256(text).digest()
         if digest == self._seen:
             return False
@@ -76,7 +87,10 @@ class KeyRing:
         while True:
             await asyncio.sleep(interval)
             try:
-                self.check()
+                first = self.changed()
+                if first is not None:
+                    await asyncio.sleep(SETTLE_SECONDS)
+                    self.check(expected=first)
             except Exception:  # never let the watch die: the keys in force stay
                 logger.exception("checking the %s keys file failed", self.name)
 

@@ -300,13 +300,6 @@ async def _end(name: str, admin: str, catalog: Catalog, why: str) -> Rollout:
     summary="End a model's rollout (roll back: every request served by the model again)",
     responses=problem_responses(404, 503),
 )
-async def delete_rollout(
-    name: ModelName, admin: AdminDep, catalog: CatalogDep, runner: RolloutsDep
-) -> RolloutState:
-    rollout = await _end(name, admin, catalog, "rolled back")
-    return _rollout_state(name, rollout, runner)
-
-
 @router.post(
     "/models/{name}/rollout/rollback",
     summary="Roll back: end the rollout (as DELETE)",
