@@ -5,7 +5,7 @@
 
 Every setting comes from ``gateway/settings.py`` (its field descriptions and defaults),
 every problem type from the error classes in ``gateway/errors.py``, every metric from
-the registry ``gateway/metrics.py`` builds, every command from the argument parser: so
+the registry ``gateway/observe/metrics.py`` builds, every command from the argument parser: so
 the pages cannot drift from the code.
 """
 
@@ -113,7 +113,7 @@ def errors_page() -> str:
 def metrics_page() -> str:
     from prometheus_client import CollectorRegistry
 
-    from gateway.metrics import GatewayMetrics
+    from gateway.observe.metrics import GatewayMetrics
 
     metrics = GatewayMetrics(CollectorRegistry(), merges_triton=True, shares_state=True)
     rows = []
@@ -155,8 +155,8 @@ def api_page() -> str:
     import tempfile
 
     from gateway.app import create_app
-    from gateway.auth import hash_key
     from gateway.settings import Settings
+    from gateway.shared.keyfiles import hash_key
 
     with tempfile.TemporaryDirectory() as folder:
         keys = Path(folder) / "admin-keys"
@@ -193,8 +193,8 @@ def openapi_document() -> str:
     import tempfile
 
     from gateway.app import create_app
-    from gateway.auth import hash_key
     from gateway.settings import Settings
+    from gateway.shared.keyfiles import hash_key
 
     with tempfile.TemporaryDirectory() as folder:
         keys = Path(folder) / "admin-keys"

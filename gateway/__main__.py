@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from gateway.errors import ConfigurationError
 from gateway.settings import Settings
 
-# The --normalize presets (gateway.imageentry.PRESETS; not imported here to keep the
+# The --normalize presets (gateway.modelrepo.imageentry.PRESETS; not imported here to keep the
 # command's start light).
 PRESET_NAMES = ("efficientnet-lite", "imagenet", "inception")
 
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         return _bench(given[1:])
     args = _parser().parse_args(given)
     if args.command == "hash-key":
-        from gateway.auth import hash_key
+        from gateway.shared.keyfiles import hash_key
 
         print(hash_key(sys.stdin.readline().strip()))
         return 0
@@ -148,17 +148,17 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as exc:
         print(f"triton-gateway: invalid settings:\n{exc}", file=sys.stderr)
         return 2
-    from gateway.logs import configure_logging
+    from gateway.observe.logs import configure_logging
 
     configure_logging(settings.log_level, settings.log_format)
     try:
         if args.command == "serve":
             from gateway.app import create_app
-            from gateway.server import run_server
+            from gateway.http.server import run_server
 
             run_server(create_app(settings), settings, args.host or settings.host, args.port or settings.port)
             return 0
-        from gateway.local import LocalOptions, run_local
+        from gateway.dev.local import LocalOptions, run_local
 
         options = LocalOptions(
             host=args.host,
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _repository_command(args: argparse.Namespace) -> int:
     """add-model / remove-model: one line of what was written, or why nothing was (exit 1)."""
-    from gateway.modelrepo import ModelRepositoryError, remove_model
+    from gateway.modelrepo.repository import ModelRepositoryError, remove_model
 
     try:
         if args.command == "add-model":
@@ -194,8 +194,8 @@ def _repository_command(args: argparse.Namespace) -> int:
 
 
 def _add_model(args: argparse.Namespace) -> list[str]:
-    from gateway.imageentry import ImageOptions
-    from gateway.modelrepo import ModelRepositoryError, add_image_classifier, add_text_classifier
+    from gateway.modelrepo.imageentry import ImageOptions
+    from gateway.modelrepo.repository import ModelRepositoryError, add_image_classifier, add_text_classifier
 
     image_options = ("onnx", "normalize", "mean", "std", "input_size", "resize_short_side", "input_name",
                      "output_name", "max_batch", "max_top_k")  # fmt: skip

@@ -13,28 +13,28 @@ from fastapi.openapi.utils import get_openapi
 from prometheus_client import CollectorRegistry
 
 from gateway import __version__
-from gateway.admission import Admission
-from gateway.auth import AuthMiddleware
-from gateway.backend import InferenceBackend
-from gateway.catalog import Catalog
-from gateway.dependencies import GatewayState
-from gateway.docs import install_docs
-from gateway.errors import install_error_handlers
-from gateway.keyfiles import KeyRing
-from gateway.metrics import GatewayMetrics, TritonMetricsScraper
-from gateway.plane import InferencePlane
-from gateway.ratelimit import RateLimiter
-from gateway.rollout import RolloutRunner
-from gateway.routes import admin, classify, health, metrics_route, oip
-from gateway.routing import Routing
-from gateway.schemas import Problem, classify_json_model
+from gateway.http.auth import AuthMiddleware
+from gateway.http.dependencies import GatewayState
+from gateway.http.docs import install_docs
+from gateway.http.problems import install_error_handlers
+from gateway.http.routes import admin, classify, health, metrics_route, oip
+from gateway.http.schemas import Problem, classify_json_model
+from gateway.http.telemetry import TelemetryMiddleware
+from gateway.observe.metrics import GatewayMetrics, TritonMetricsScraper
+from gateway.observe.tracing import Tracing
+from gateway.serving.admission import Admission
+from gateway.serving.catalog import Catalog
+from gateway.serving.plane import InferencePlane
+from gateway.serving.rollout import RolloutRunner
+from gateway.serving.workers import CheckWorkers
 from gateway.settings import Settings
-from gateway.telemetry import TelemetryMiddleware
-from gateway.tracing import Tracing
-from gateway.workers import CheckWorkers
+from gateway.shared.keyfiles import KeyRing
+from gateway.shared.ratelimit import RateLimiter
+from gateway.shared.routing import Routing
+from gateway.triton.backend import InferenceBackend
 
 if TYPE_CHECKING:
-    from gateway.sharedstate import SharedState
+    from gateway.shared.store import SharedState
 
 BackendFactory = Callable[[Settings, GatewayMetrics, Tracing], InferenceBackend]
 
@@ -52,7 +52,7 @@ response carries `X-Request-ID`.
 
 
 def _triton_backend(settings: Settings, metrics: GatewayMetrics, tracing: Tracing) -> InferenceBackend:
-    from gateway.triton import TritonBackend
+    from gateway.triton.client import TritonBackend
 
     # gRPC refuses messages over this size before they leave: the largest single call is
     # one image or one text request at the gateway-wide caps.
@@ -63,7 +63,7 @@ def _triton_backend(settings: Settings, metrics: GatewayMetrics, tracing: Tracin
 def _shared_state(settings: Settings) -> SharedState | None:
     if settings.redis.url is None:
         return None
-    from gateway.sharedstate import SharedState
+    from gateway.shared.store import SharedState
 
     return SharedState(settings.redis)
 
@@ -167,7 +167,7 @@ def create_app(
         redoc_url=None,
         openapi_url=openapi_url,
     )
-    # The server drains through it at SIGTERM (gateway.server).
+    # The server drains through it at SIGTERM (gateway.http.server).
     app.state.admission = admission
     app.state.settings = settings
     app.state.routing = routing  # run-time routing (pins, rollouts): what /admin changes

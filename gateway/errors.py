@@ -1,4 +1,4 @@
-"""The gateway's errors and their RFC 9457 ``application/problem+json`` rendering.
+"""The gateway's errors: one hierarchy, each class with its RFC 9457 problem members.
 
 Every error a client can see is a :class:`GatewayError`; each class has a stable
 ``type`` slug, an HTTP status and a title::
@@ -31,29 +31,16 @@ Every error a client can see is a :class:`GatewayError`; each class has a stable
     │   └── TritonTimeoutError         504 triton-timeout
     └── ConfigurationError             the gateway cannot start as configured (never an HTTP answer)
 
-Bodies never echo the client's input, Triton's messages or a stack trace; the one
+Rendering (problem+json responses, handlers, OpenAPI declarations) is the HTTP side's:
+:mod:`gateway.http.problems`. Bodies never echo the client's input, Triton's messages or a stack trace; the one
 exception is ModelLoadError, answered on the admin surface only, which quotes Triton's
 reason to the operator who asked for the load.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Collection
-from http import HTTPStatus
-from typing import TYPE_CHECKING, Any
-
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
-
-from gateway.tracing import current_trace_id, record_problem
-
-if TYPE_CHECKING:
-    from gateway.metrics import GatewayMetrics
-
-logger = logging.getLogger("gateway.errors")
+from typing import Any
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 TYPE_PREFIX = "urn:triton-gateway:problem:"
@@ -338,61 +325,6 @@ class ConfigurationError(GatewayError):
     title = "Configuration error"
 
 
-def request_id_of(request: Request) -> str | None:
-    return getattr(request.state, "request_id", None)
-
-
-def instance_of(request: Request) -> str | None:
-    """The route template that matched (never the raw path, which is the client's input)."""
-    path = getattr(request.scope.get("route"), "path", None)
-    return path if isinstance(path, str) else None
-
-
-def _where(request: Request) -> str:
-    """Method and path for a log line, cut short: both are the client's input."""
-    return f"{request.method[:16]} {request.url.path[:200]}"
-
-
-def problem_response(
-    error: GatewayError, request: Request, headers: dict[str, str] | None = None
-) -> JSONResponse:
-    body = error.problem(request_id_of(request), instance_of(request), current_trace_id())
-    record_problem(body["type"], error.status)
-    media_type = PROBLEM_MEDIA_TYPE
-    if request.url.path == "/v2" or request.url.path.startswith("/v2/"):
-        # The Open Inference Protocol's error: application/json with `error` (what
-        # tritonclient reads); the problem members stay alongside.
-        body["error"] = error.detail
-        media_type = "application/json"
-    merged = {**error.headers, **(headers or {})}
-    return JSONResponse(body, status_code=error.status, headers=merged, media_type=media_type)
-
-
-def log_problem(request: Request, exc: GatewayError) -> None:
-    """One log line per refused request: 4xx and load shedding as warnings, Triton's and
-    the gateway's own failures as errors with the cause's traceback."""
-    if exc.status >= 500 and not isinstance(exc, ServiceUnavailableError):
-        logger.error(
-            "%s -> %d %s: %s",
-            _where(request),
-            exc.status,
-            exc.slug,
-            exc.detail,
-            exc_info=exc.__cause__ or exc,
-        )
-    else:
-        logger.warning("%s -> %d %s: %s", _where(request), exc.status, exc.slug, exc.detail)
-
-
-async def _on_gateway_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, GatewayError)
-    counted = isinstance(exc, ClientError | ServiceUnavailableError)
-    if counted and (metrics := getattr(request.app.state, "gateway_metrics", None)):
-        metrics.rejections.labels(reason=exc.slug).inc()
-    log_problem(request, exc)
-    return problem_response(exc, request)
-
-
 MAX_REPORTED_ERRORS = 5
 _UNKNOWN_KEY = "<unknown key>"
 
@@ -414,44 +346,3 @@ def summarise_validation_errors(errors: list[Any], known_keys: Collection[str] =
         {"loc": [part(p) for p in e.get("loc", ())], "msg": str(e.get("msg", ""))[:200]}
         for e in errors[:MAX_REPORTED_ERRORS]
     ]
-
-
-async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, RequestValidationError)
-    known = {"query", "path", "header", "body", "top_k"}
-    error = InvalidInputError(
-        "the request parameters are invalid", errors=summarise_validation_errors(list(exc.errors()), known)
-    )
-    return await _on_gateway_error(request, error)
-
-
-async def _on_http_exception(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, StarletteHTTPException)
-    error: GatewayError
-    if exc.status_code == 404:
-        error = NotFoundError("there is no route at this path")
-    elif exc.status_code == 405:
-        error = MethodNotAllowedError("this method is not allowed on this route")
-    elif 400 <= exc.status_code < 500:
-        error = ClientError(HTTPStatus(exc.status_code).phrase)
-        error.status = exc.status_code
-    else:
-        error = GatewayError(HTTPStatus(exc.status_code).phrase)
-    return problem_response(error, request, headers=dict(exc.headers or {}))
-
-
-async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-    logger.error("%s -> 500: unexpected error", _where(request), exc_info=exc)
-    response = problem_response(GatewayError("the gateway failed unexpectedly"), request)
-    if (request_id := request_id_of(request)) is not None:
-        response.headers["X-Request-ID"] = request_id
-    return response
-
-
-def install_error_handlers(app: FastAPI, metrics: GatewayMetrics) -> None:
-    # Handlers receive only the request: they find the metrics on the app.
-    app.state.gateway_metrics = metrics
-    app.add_exception_handler(GatewayError, _on_gateway_error)
-    app.add_exception_handler(RequestValidationError, _on_validation_error)
-    app.add_exception_handler(StarletteHTTPException, _on_http_exception)
-    app.add_exception_handler(Exception, _on_unexpected)

@@ -19,7 +19,7 @@ import pytest
 from dnsstub import DnsStub
 from support import GatewayProcess
 
-from gateway.tritonserver import TritonServer, free_port
+from gateway.dev.tritonserver import TritonServer, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "deploy" / "haproxy" / "haproxy.cfg"

@@ -14,7 +14,7 @@ from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from gateway.tritonserver import free_port
+from gateway.dev.tritonserver import free_port
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.tritonserver import free_port
+from gateway.dev.tritonserver import free_port
 
 
 def redis_server_binary() -> str:

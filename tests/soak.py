@@ -32,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from support import GatewayProcess, chelsea_jpeg, coffee_png, small_png
 
-from gateway.tritonserver import TritonServer
+from gateway.dev.tritonserver import TritonServer
 
 ROOT = Path(__file__).resolve().parents[1]
 Send = Callable[[httpx.AsyncClient], Awaitable[httpx.Response]]

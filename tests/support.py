@@ -30,19 +30,20 @@ import yaml
 from fastapi import FastAPI
 from PIL import Image
 
-from gateway.backend import (
+from gateway.dev.tritonserver import TritonServer, free_port
+from gateway.errors import GatewayError, InvalidInputError, NotFoundError, TritonUnavailableError
+from gateway.http.server import server_config
+from gateway.triton.backend import (
     InferenceBackend,
     InferResult,
     ModelConfig,
+    ModelSignature,
     ModelStatus,
     RepositoryModel,
     ServerStatus,
+    TensorSpec,
 )
-from gateway.errors import GatewayError, InvalidInputError, NotFoundError, TritonUnavailableError
-from gateway.oip import ModelSignature, TensorSpec
-from gateway.server import server_config
-from gateway.tensors import Tensor
-from gateway.tritonserver import TritonServer, free_port
+from gateway.triton.tensors import Tensor
 
 
 def encode(array: np.ndarray, fmt: str, **options: object) -> bytes:
@@ -211,7 +212,7 @@ _SIGNATURES = {
 
 @dataclass
 class FakeBackend:
-    """A fake of the transport (gateway.backend.InferenceBackend, checked by mypy through
+    """A fake of the transport (gateway.triton.backend.InferenceBackend, checked by mypy through
     ``as_backend``): answers images from their bytes (label = sha1 prefix), echoes texts,
     or raises what it is told."""
 

@@ -21,9 +21,9 @@ from otlp import OtlpReceiver, ReceivedSpan
 from support import ServedApp
 
 from gateway.app import create_app
+from gateway.dev.tritonserver import TritonServer
+from gateway.observe.tracing import triton_trace_args
 from gateway.settings import Settings, TracingSettings, TritonSettings
-from gateway.tracing import triton_trace_args
-from gateway.tritonserver import TritonServer
 
 ROOT = Path(__file__).resolve().parents[1]
 COLOURS = {"triton-gateway": "#3b7dd8", "triton-inference-server": "#76b900", "caller": "#999999"}

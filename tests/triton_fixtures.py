@@ -19,8 +19,8 @@ from pydantic import SecretStr
 from support import GatewayProcess, ServedApp
 
 from gateway.app import create_app
+from gateway.dev.tritonserver import TritonServer
 from gateway.settings import Settings, TritonSettings
-from gateway.tritonserver import TritonServer
 
 ROOT = Path(__file__).resolve().parents[1]
 REPOSITORY = ROOT / "model_repository"

@@ -27,7 +27,7 @@ from pathlib import Path
 
 # The label file's rule lives once, in the gateway (standard library only, importable here).
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from gateway import labelfile
+from gateway.modelrepo import labelfile
 
 HERE = Path(__file__).resolve().parent
 # Bump when the export itself changes (graph, names, opset) so stamps invalidate.
@@ -214,7 +214,7 @@ def export_text(repository: Path) -> Path:
 
 
 def read_label_file(path: Path) -> list[tuple[str, str]]:
-    """The label file's (name, prompt) pairs (gateway.labelfile: the rule add-model uses too)."""
+    """The label file's (name, prompt) pairs (gateway.modelrepo.labelfile: the rule add-model uses too)."""
     try:
         return labelfile.read_label_file(path)
     except labelfile.LabelFileError as exc:

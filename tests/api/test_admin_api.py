@@ -11,8 +11,8 @@ from fastapi.testclient import TestClient
 from support import FakeBackend, chelsea_jpeg
 
 from gateway.app import create_app
-from gateway.auth import hash_key
 from gateway.settings import AdminSettings, AuthSettings, Settings
+from gateway.shared.keyfiles import hash_key
 
 ADMIN = {"Authorization": "Bearer admin-secret"}
 CLIENT = {"X-API-Key": "client-secret"}

@@ -13,10 +13,10 @@ from fastapi.testclient import TestClient
 from support import FakeBackend, ServedApp, small_png
 
 from gateway.app import create_app
-from gateway.backend import InferResult
 from gateway.errors import InvalidInputError
 from gateway.settings import ServerSettings, Settings
-from gateway.tensors import Tensor
+from gateway.triton.backend import InferResult
+from gateway.triton.tensors import Tensor
 
 
 class HeldBackend(FakeBackend):

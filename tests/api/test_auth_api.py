@@ -11,9 +11,9 @@ from support import FakeBackend
 
 from gateway.__main__ import main
 from gateway.app import create_app
-from gateway.auth import hash_key
 from gateway.errors import ConfigurationError
 from gateway.settings import AuthSettings, Settings
+from gateway.shared.keyfiles import hash_key
 
 TEXT = {"text": "The striker scored twice."}
 

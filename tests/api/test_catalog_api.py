@@ -15,10 +15,10 @@ from support import FakeBackend, chelsea_jpeg, small_png
 
 from gateway import errors
 from gateway.app import create_app
-from gateway.auth import hash_key
-from gateway.backend import ModelConfig
 from gateway.errors import GatewayError
 from gateway.settings import AuthSettings, ImageLimits, Settings
+from gateway.shared.keyfiles import hash_key
+from gateway.triton.backend import ModelConfig
 
 PNG = {"content-type": "image/png"}
 

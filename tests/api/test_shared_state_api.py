@@ -18,8 +18,8 @@ from redisserver import RedisServer
 from support import FakeBackend
 
 from gateway.app import create_app
-from gateway.auth import hash_key
 from gateway.settings import Settings
+from gateway.shared.keyfiles import hash_key
 
 KEY = {"X-API-Key": "client-key"}
 TEXT = {"texts": ["hello"]}

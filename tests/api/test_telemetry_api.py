@@ -99,7 +99,7 @@ def test_one_access_log_line_per_request(client: TestClient, caplog: pytest.LogC
 
 
 def test_json_log_format(capsys: pytest.CaptureFixture[str]) -> None:
-    from gateway.logs import configure_logging
+    from gateway.observe.logs import configure_logging
 
     root = logging.getLogger()
     saved_handlers, saved_level = root.handlers[:], root.level

@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from support import chelsea_jpeg, coffee_png, png_header_only
 
 from gateway.errors import GatewayError
+from gateway.serving.validation import inspect_image
 from gateway.settings import ImageLimits
-from gateway.validation import inspect_image
 
 Request = Callable[[httpx.AsyncClient], Any]
 

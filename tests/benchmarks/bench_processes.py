@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_side_by_side import REPOSITORIES, Scenario, _cpu_seconds, _wrk, scenarios
 from support import GatewayProcess
 
-from gateway.tritonserver import TritonServer
+from gateway.dev.tritonserver import TritonServer
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -58,10 +58,10 @@ from otlp import OtlpReceiver
 from redisserver import RedisServer
 from support import GatewayProcess
 
-from gateway.auth import hash_key
+from gateway.dev.tritonserver import TritonServer, free_port
+from gateway.observe.tracing import triton_trace_args
 from gateway.settings import TracingSettings
-from gateway.tracing import triton_trace_args
-from gateway.tritonserver import TritonServer, free_port
+from gateway.shared.keyfiles import hash_key
 
 ROOT = Path(__file__).resolve().parents[2]
 REPOSITORIES = {

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import timeit
 
+from gateway.observe.tracing import Tracing, current_trace, describe_server_span
 from gateway.settings import TracingSettings
-from gateway.tracing import Tracing, current_trace, describe_server_span
 
 HEADERS = [(b"host", b"gateway:8080"), (b"content-type", b"application/json"), (b"accept", b"*/*")]
 

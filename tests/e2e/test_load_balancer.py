@@ -17,7 +17,7 @@ from balancer import Balanced, balanced_replicas, classified
 from load import LoadResult, run_load
 from support import chelsea_jpeg
 
-from gateway.tritonserver import TritonServer
+from gateway.dev.tritonserver import TritonServer
 
 
 @pytest.fixture

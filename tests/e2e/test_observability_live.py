@@ -21,7 +21,7 @@ import pytest
 import yaml
 from support import ServedApp, chelsea_jpeg, coffee_png, random_bytes, running_prometheus, truncated_jpeg
 
-from gateway.rollout import Rollout, Target
+from gateway.shared.routing import Rollout, Target
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "rules"

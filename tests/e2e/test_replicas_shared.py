@@ -25,8 +25,8 @@ import pytest
 from balancer import Balanced, balanced_replicas
 from redisserver import RedisServer
 
-from gateway.auth import hash_key
-from gateway.tritonserver import TritonServer
+from gateway.dev.tritonserver import TritonServer
+from gateway.shared.keyfiles import hash_key
 
 RATE, BURST = 20, 20
 FLOODED = {"X-API-Key": "flooded-key"}

@@ -35,8 +35,8 @@ import tritonclient.http as tritonhttp
 from support import chelsea_jpeg, coffee_png, encode, load_script, tiny_classifier_onnx
 from triton_fixtures import REPOSITORY
 
-from gateway.auth import hash_key
-from gateway.tritonserver import free_port
+from gateway.dev.tritonserver import free_port
+from gateway.shared.keyfiles import hash_key
 
 CATS = {"tiger cat", "tabby", "Egyptian cat"}
 COFFEE = {"espresso", "cup"}

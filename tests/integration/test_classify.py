@@ -23,8 +23,8 @@ from support import (
     truncated_jpeg,
 )
 
+from gateway.dev.tritonserver import TritonServer
 from gateway.settings import ImageLimits, Settings, TritonSettings
-from gateway.tritonserver import TritonServer
 
 CATS = {"tiger cat", "tabby", "Egyptian cat"}
 

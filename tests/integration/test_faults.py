@@ -7,8 +7,8 @@ from collections.abc import Callable
 import httpx
 from support import coffee_png
 
+from gateway.dev.tritonserver import TritonServer
 from gateway.settings import Settings, TritonSettings
-from gateway.tritonserver import TritonServer
 
 
 def test_failing_model_is_502_and_other_models_still_answer(

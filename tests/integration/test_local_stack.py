@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 from support import chelsea_jpeg
 
-from gateway.auth import hash_key
-from gateway.tritonserver import free_port
+from gateway.dev.tritonserver import free_port
+from gateway.shared.keyfiles import hash_key
 
 CATS = {"tiger cat", "tabby", "Egyptian cat"}
 

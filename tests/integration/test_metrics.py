@@ -12,8 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from support import chelsea_jpeg, random_bytes
 from triton_fixtures import gateway_settings
 
+from gateway.dev.tritonserver import TritonServer
 from gateway.settings import Settings
-from gateway.tritonserver import TritonServer
 
 
 def promtool() -> str:

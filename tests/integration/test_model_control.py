@@ -27,8 +27,8 @@ from support import GatewayProcess, chelsea_jpeg
 from triton_fixtures import REPOSITORY, ROOT, start_triton
 from tritonclient.utils import InferenceServerException
 
-from gateway.auth import hash_key
-from gateway.tritonserver import TritonServer, free_port
+from gateway.dev.tritonserver import TritonServer, free_port
+from gateway.shared.keyfiles import hash_key
 
 ADMIN = {"Authorization": "Bearer ops-secret"}
 OLD_LABELS = {"sports", "politics", "technology", "business", "health", "entertainment"}

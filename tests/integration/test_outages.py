@@ -14,7 +14,7 @@ import httpx
 from support import coffee_png
 from triton_fixtures import GatewayProcess
 
-from gateway.tritonserver import TritonServer
+from gateway.dev.tritonserver import TritonServer
 
 DEADLINE = 3.0
 

@@ -10,7 +10,7 @@ from load import run_load
 from support import chelsea_jpeg
 from triton_fixtures import GatewayProcess
 
-from gateway.tritonserver import TritonServer
+from gateway.dev.tritonserver import TritonServer
 
 CAP = 4
 

@@ -18,7 +18,7 @@ from support import ServedApp, chelsea_jpeg, running_prometheus
 from triton_fixtures import REPOSITORY, gateway_settings, start_triton
 
 from gateway.app import create_app
-from gateway.tritonserver import TritonServer
+from gateway.dev.tritonserver import TritonServer
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from load import LoadResult, run_load
 from support import chelsea_jpeg, coffee_png
 from triton_fixtures import GatewayProcess
 
-from gateway.tritonserver import TritonServer
+from gateway.dev.tritonserver import TritonServer
 
 
 def send_batch(client: httpx.AsyncClient) -> object:

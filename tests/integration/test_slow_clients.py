@@ -11,7 +11,7 @@ import httpx
 from support import coffee_png
 from triton_fixtures import GatewayProcess
 
-from gateway.tritonserver import TritonServer
+from gateway.dev.tritonserver import TritonServer
 
 SOCKETS = 500
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from soak import run_soak, traffic
 
-from gateway.tritonserver import TritonServer
+from gateway.dev.tritonserver import TritonServer
 
 EXPECTED = {"bad image": 415, "too many texts": 413}  # every other kind: 200
 

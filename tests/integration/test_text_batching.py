@@ -13,7 +13,7 @@ import numpy as np
 import tritonclient.grpc.aio as grpcclient
 from support import ServedApp
 
-from gateway.tritonserver import TritonServer
+from gateway.dev.tritonserver import TritonServer
 
 REQUESTS = 256
 CONCURRENCY = 32

@@ -20,9 +20,9 @@ from support import ServedApp, chelsea_jpeg, running_prometheus
 from triton_fixtures import REPOSITORY, triton_env
 
 from gateway.app import create_app
+from gateway.dev.tritonserver import TritonServer, free_port
+from gateway.observe.tracing import triton_trace_args
 from gateway.settings import Settings, TracingSettings, TritonSettings
-from gateway.tracing import triton_trace_args
-from gateway.tritonserver import TritonServer, free_port
 
 SERVER, CLIENT = 2, 3  # OTLP SpanKind
 

@@ -16,8 +16,8 @@ import httpx
 from support import jpeg_with_app_segments, png_with_private_chunks
 from triton_fixtures import GatewayProcess
 
+from gateway.dev.tritonserver import TritonServer
 from gateway.settings import MiB, Settings
-from gateway.tritonserver import TritonServer
 
 SECONDS = 10.0
 CLIENTS = 4

@@ -16,7 +16,7 @@ import pytest
 from support import tiny_classifier_onnx
 from triton_fixtures import REPOSITORY
 
-from gateway import pbtxt
+from gateway.triton import pbtxt
 
 SHIPPED = ("image_classifier", "image_preprocess", "image_model", "image_postprocess",
            "text_classifier", "text_postprocess", "text_labels")  # fmt: skip

@@ -9,11 +9,11 @@ import logging
 import pytest
 from support import FakeBackend, fake_repository
 
-from gateway.backend import ModelConfig
-from gateway.catalog import Catalog
 from gateway.errors import NotFoundError, WrongInputKindError
-from gateway.kinds import KINDS
+from gateway.serving.catalog import Catalog
+from gateway.serving.kinds import KINDS
 from gateway.settings import ImageLimits, Settings, TextLimits
+from gateway.triton.backend import ModelConfig
 
 
 def read(settings: Settings, backend: FakeBackend) -> Catalog:

@@ -14,7 +14,7 @@ from gateway.app import create_app
 from gateway.settings import Settings
 create_app(Settings())
 print(' '.join(sorted(m for m in sys.modules if m.startswith(('gateway.', 'tritonclient')))))
-import gateway.triton
+import gateway.triton.client
 print(' '.join(sorted(m for m in sys.modules if m.startswith('gateway.'))))
 """
 

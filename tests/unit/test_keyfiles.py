@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.auth import hash_key
-from gateway.keyfiles import KeyRing
+from gateway.shared.keyfiles import KeyRing, hash_key
 
 
 def line(key_id: str) -> str:

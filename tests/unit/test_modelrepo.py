@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from triton_fixtures import REPOSITORY
 
-from gateway.modelrepo import ModelRepositoryError, add_text_classifier, remove_model
+from gateway.modelrepo.repository import ModelRepositoryError, add_text_classifier, remove_model
 
 SHIPPED = ("text_classifier", "text_postprocess", "text_labels")
 

@@ -1,4 +1,4 @@
-"""The OIP codec (gateway/oip.py): binary and JSON tensors in and out, and a fuzzer that
+"""The OIP codec (gateway/http/oip.py): binary and JSON tensors in and out, and a fuzzer that
 throws arbitrary JSON headers and binary tails at the parser: only ClientErrors come out."""
 
 from __future__ import annotations
@@ -13,15 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.errors import ClientError
-from gateway.oip import (
-    Caps,
-    ModelSignature,
-    Tensor,
-    TensorSpec,
-    encode_infer_response,
-    parse_infer_request,
-    split_body,
-)
+from gateway.http.oip import Caps, Tensor, encode_infer_response, parse_infer_request, split_body
+from gateway.triton.backend import ModelSignature, TensorSpec
 
 SIGNATURE = ModelSignature(
     name="m",

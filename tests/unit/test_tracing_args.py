@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from gateway.observe.tracing import triton_trace_args
 from gateway.settings import TracingSettings
-from gateway.tracing import triton_trace_args
 
 
 def test_tracing_off_adds_no_flag_so_triton_traces_nothing() -> None:

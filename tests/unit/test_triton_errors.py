@@ -14,7 +14,7 @@ from gateway.errors import (
     TritonTimeoutError,
     TritonUnavailableError,
 )
-from gateway.triton import STATUS_ERRORS, map_status, map_triton_error, status_code
+from gateway.triton.client import STATUS_ERRORS, map_status, map_triton_error, status_code
 
 
 @pytest.mark.parametrize(

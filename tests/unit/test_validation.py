@@ -26,14 +26,14 @@ from gateway.errors import (
     PayloadTooLargeError,
     UnsupportedImageFormatError,
 )
-from gateway.settings import ImageLimits
-from gateway.validation import (
+from gateway.serving.validation import (
     decode_base64_image,
     inspect_image,
     parse_json_object,
     resolve_top_k,
     sniff_format,
 )
+from gateway.settings import ImageLimits
 
 LIMITS = ImageLimits()
 
@@ -206,7 +206,7 @@ def test_webp_encode_sanity() -> None:
 
 
 def test_normalize_text_rules() -> None:
-    from gateway.validation import normalize_text
+    from gateway.serving.validation import normalize_text
 
     assert normalize_text("e\u0301", 10) == "\u00e9"
     assert normalize_text("a\x00b\x1bc\x7fd\x85e", 10) == "abcde"
@@ -222,8 +222,8 @@ def test_normalize_text_rules() -> None:
 
 
 def test_normalize_labels_rules() -> None:
+    from gateway.serving.validation import normalize_labels
     from gateway.settings import TextLimits
-    from gateway.validation import normalize_labels
 
     limits = TextLimits(max_candidate_labels=3, max_label_chars=5)
     assert normalize_labels([" a ", "b"], limits) == ["a", "b"]

@@ -1,0 +1,148 @@
+"""Optional API keys with per-key rate limits, as one pure ASGI middleware.
+
+Keys are never stored: the keys file (a Kubernetes Secret, say) holds one line per client,
+``<id> <sha256 hex of the key> [<requests per second> [<burst>]]``; ``#`` starts a comment.
+``triton-gateway hash-key`` prints the hash of a key read from stdin. A request presents
+its key as ``Authorization: Bearer <key>`` or ``X-API-Key: <key>``; the hash is compared
+with every configured hash in constant time. No key, or an unknown one: 401 problem+json
+with ``WWW-Authenticate``. A known key past its rate: 429 with ``Retry-After`` and the IETF
+``RateLimit`` / ``RateLimit-Policy`` headers (draft-ietf-httpapi-ratelimit-headers), which
+every answer to a limited key carries. Metrics name the key's id, never the key.
+
+``/livez`` and ``/readyz`` are always open (probes carry no keys); ``/metrics`` and the
+docs are protected only when configured to be. ``/admin`` takes admin keys only (a keys
+file of its own), checked by its router: a client key never opens it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+from typing import TYPE_CHECKING
+
+from starlette.datastructures import MutableHeaders
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.errors import (
+    GatewayError,
+    RateLimitedError,
+    UnauthorizedError,
+)
+from gateway.http.problems import log_problem, problem_response
+from gateway.observe.metrics import GatewayMetrics
+from gateway.shared.keyfiles import ApiKey
+
+if TYPE_CHECKING:
+    from gateway.shared.keyfiles import KeyRing
+    from gateway.shared.ratelimit import RateLimiter
+
+ALWAYS_OPEN = frozenset({"/livez", "/readyz", "/v2/health/live", "/v2/health/ready"})
+DOCS_PREFIXES = ("/docs", "/redoc", "/openapi.json")
+ADMIN_PREFIX = "/admin/"
+
+
+def identify(keys: list[ApiKey], scope: Scope) -> ApiKey | None:
+    """The key a request presents (``Authorization: Bearer`` or ``X-API-Key``), if it is
+    one of ``keys``; every key is compared, in constant time, so timing tells nothing."""
+    presented = None
+    for name, value in scope.get("headers", []):
+        if name == b"authorization" and value[:7].lower() == b"bearer ":
+            presented = value[7:].strip()
+        elif name == b"x-api-key":
+            presented = value.strip()
+    if not presented:
+        return None
+    digest = hashlib.sha256(presented).digest()
+    found = None
+    for key in keys:
+        if hmac.compare_digest(digest, key.digest):
+            found = key
+    return found
+
+
+def missing_key_error() -> UnauthorizedError:
+    return UnauthorizedError(
+        "send a valid API key as 'Authorization: Bearer <key>' or 'X-API-Key: <key>'",
+        headers={"WWW-Authenticate": 'Bearer realm="triton-gateway"'},
+    )
+
+
+class AuthMiddleware:
+    """Checks keys and rate limits before anything else runs. The keys are the key ring's
+    current ones (a rotated file applies without a restart); the limits are the limiter's
+    (this process's buckets, or the replicas' shared ones)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        keys: KeyRing,
+        limiter: RateLimiter,
+        metrics: GatewayMetrics,
+        protect_metrics: bool,
+        protect_docs: bool,
+    ) -> None:
+        self.app = app
+        self.keys = keys
+        self.limiter = limiter
+        self.metrics = metrics
+        self.protect_metrics = protect_metrics
+        self.protect_docs = protect_docs
+
+    def _protected(self, path: str) -> bool:
+        if path in ALWAYS_OPEN or path.startswith(ADMIN_PREFIX):
+            return False  # /admin checks its own keys (gateway.http.routes.admin)
+        if path == "/metrics":
+            return self.protect_metrics
+        if path.startswith(DOCS_PREFIXES):
+            return self.protect_docs
+        return True
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, error: GatewayError) -> None:
+        self.metrics.rejections.labels(reason=error.slug).inc()
+        request = Request(scope)
+        log_problem(request, error)
+        await problem_response(error, request)(scope, receive, send)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self._protected(scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        key = identify(self.keys.keys, scope)
+        if key is None:
+            await self._refuse(scope, receive, send, missing_key_error())
+            return
+        scope.setdefault("state", {})["client"] = key.id
+        try:
+            verdict = await self.limiter.check(key)
+        except GatewayError as error:  # the shared store is down and its policy refuses
+            self.metrics.client_requests.labels(client=key.id, outcome="refused").inc()
+            await self._refuse(scope, receive, send, error)
+            return
+        if verdict is None:
+            self.metrics.client_requests.labels(client=key.id, outcome="allowed").inc()
+            await self.app(scope, receive, send)
+            return
+        rate, burst, tokens = verdict.rate, verdict.burst, max(0.0, verdict.tokens)
+        headers = {
+            "RateLimit-Policy": f'"default";q={int(burst)};w={max(1, math.ceil(burst / rate))}',
+            "RateLimit": f'"default";r={int(tokens)};t={math.ceil((burst - tokens) / rate)}',
+        }
+        if verdict.wait:
+            self.metrics.client_requests.labels(client=key.id, outcome="rate_limited").inc()
+            retry = str(max(1, math.ceil(verdict.wait)))
+            limited = RateLimitedError(
+                f"the rate for this key is {rate:g} requests a second",
+                headers={**headers, "Retry-After": retry},
+            )
+            await self._refuse(scope, receive, send, limited)
+            return
+        self.metrics.client_requests.labels(client=key.id, outcome="allowed").inc()
+
+        async def send_with_limits(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                MutableHeaders(scope=message).update(headers)
+            await send(message)
+
+        await self.app(scope, receive, send_with_limits)

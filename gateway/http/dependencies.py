@@ -1,0 +1,69 @@
+"""Typed access to what the lifespan built: settings, the inference backend and helpers.
+
+The getters are ``async def``: they do no I/O, and FastAPI would run a plain ``def``
+dependency in the thread pool (a thread hop per dependency per request)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, NotRequired, TypedDict, cast
+
+from fastapi import Depends, Request
+
+from gateway.observe.metrics import GatewayMetrics, TritonMetricsScraper
+from gateway.observe.tracing import Tracing
+from gateway.serving.admission import Admission
+from gateway.serving.catalog import Catalog
+from gateway.serving.plane import InferencePlane
+from gateway.serving.rollout import RolloutRunner
+from gateway.serving.workers import CheckWorkers
+from gateway.settings import Settings
+from gateway.triton.backend import InferenceBackend
+
+
+class GatewayState(TypedDict):
+    """The lifespan state every request sees as ``request.state``."""
+
+    settings: Settings
+    backend: InferenceBackend
+    metrics: GatewayMetrics
+    triton_metrics: TritonMetricsScraper
+    workers: CheckWorkers
+    admission: Admission
+    tracing: Tracing
+    catalog: Catalog
+    plane: InferencePlane
+    rollouts: RolloutRunner
+    # per request: set by the request-id middleware and the route
+    request_id: NotRequired[str]
+    model: NotRequired[str]
+
+
+def gateway_state(request: Request) -> GatewayState:
+    """The request's state as one typed dict, without dependency resolution (for the hot
+    path; routes elsewhere use the ``*Dep`` annotations below)."""
+    return cast(GatewayState, request.scope["state"])
+
+
+def _from_state(name: str) -> Callable[[Request], Awaitable[Any]]:
+    """A dependency returning ``request.state.<name>`` (what the lifespan or the request-id
+    middleware put there); ``async`` so FastAPI runs it on the loop, not in a thread."""
+
+    async def get(request: Request) -> Any:
+        return getattr(request.state, name)
+
+    get.__name__ = f"get_{name}"
+    return get
+
+
+SettingsDep = Annotated[Settings, Depends(_from_state("settings"))]
+BackendDep = Annotated[InferenceBackend, Depends(_from_state("backend"))]
+RequestIdDep = Annotated[str, Depends(_from_state("request_id"))]
+MetricsDep = Annotated[GatewayMetrics, Depends(_from_state("metrics"))]
+WorkersDep = Annotated[CheckWorkers, Depends(_from_state("workers"))]
+AdmissionDep = Annotated[Admission, Depends(_from_state("admission"))]
+TracingDep = Annotated[Tracing, Depends(_from_state("tracing"))]
+TritonMetricsDep = Annotated[TritonMetricsScraper, Depends(_from_state("triton_metrics"))]
+CatalogDep = Annotated[Catalog, Depends(_from_state("catalog"))]
+RolloutsDep = Annotated[RolloutRunner, Depends(_from_state("rollouts"))]
+PlaneDep = Annotated[InferencePlane, Depends(_from_state("plane"))]

@@ -1,0 +1,43 @@
+"""X-Request-ID: accepted when well-formed, generated otherwise, echoed on every response
+(by the one request middleware, gateway.http.telemetry).
+
+With it go the headers every answer carries: ``X-Content-Type-Options:
+nosniff`` and, unless the route chose its own caching, ``Cache-Control: no-store``
+(classifications and problems are per request, never for a shared cache); while the
+gateway drains, ``Connection: close``, so clients reconnect elsewhere."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from starlette.datastructures import MutableHeaders
+from starlette.types import Message, Scope
+
+HEADER = "X-Request-ID"
+# Safe to log and to pass to Triton: no spaces, quotes or control characters.
+_VALID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}")
+
+
+def accept_or_generate(candidate: str | None) -> str:
+    if candidate is not None and _VALID.fullmatch(candidate):
+        return candidate
+    return uuid.uuid4().hex
+
+
+def request_id_of_scope(scope: Scope) -> str:
+    """The caller's X-Request-ID if well-formed, else a new one."""
+    for name, value in scope.get("headers", []):
+        if name == b"x-request-id":
+            return accept_or_generate(value.decode("latin-1"))
+    return accept_or_generate(None)
+
+
+def add_response_headers(message: Message, request_id: str, draining: bool) -> None:
+    """The headers every answer carries (on its ``http.response.start`` message)."""
+    headers = MutableHeaders(scope=message)
+    headers[HEADER] = request_id
+    headers["X-Content-Type-Options"] = "nosniff"
+    headers.setdefault("Cache-Control", "no-store")
+    if draining:
+        headers["Connection"] = "close"  # draining: no new request on this connection

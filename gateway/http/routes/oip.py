@@ -1,0 +1,244 @@
+"""The Open Inference Protocol's HTTP routes (``/v2``), for the catalog's classifiers
+and the models named in ``GATEWAY_V2_MODELS``.
+
+Same path as ``/classify`` for everything that matters in production: the body is read
+with the same caps and timeout, checked before Triton (shapes, datatypes, element counts,
+byte caps, and, on a classifier's BYTES inputs, the same checks of its kind as on
+``/classify``), and sent through the same inference plane (admission, deadline, circuit
+breaker, metrics, tracing). A model loaded through ``/admin`` is reachable here as soon
+as the catalog has it, with no restart. Any other model is 404, as if it did not exist.
+Errors on these routes are ``application/json`` (the protocol's media type) and carry
+``error`` (the protocol's error shape, which ``tritonclient.http`` reads) besides the
+problem members.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Request
+from fastapi.responses import Response
+
+from gateway import __version__
+from gateway.errors import InvalidInputError, NotFoundError, TritonUnavailableError
+from gateway.http.bodies import limited_body
+from gateway.http.dependencies import BackendDep, CatalogDep, SettingsDep, gateway_state
+from gateway.http.oip import (
+    HEADER_LENGTH,
+    BytesCheck,
+    Caps,
+    encode_infer_response,
+    parse_infer_request,
+    split_body,
+)
+from gateway.http.problems import problem_responses as _problem_responses
+from gateway.serving.catalog import Catalog, CatalogEntry
+from gateway.settings import Settings
+from gateway.triton.backend import InferenceBackend
+from gateway.triton.tensors import Tensor
+
+
+def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """Errors here are application/json, the Open Inference Protocol's media type."""
+    return _problem_responses(*statuses, media_type="application/json")
+
+
+router = APIRouter(prefix="/v2", tags=["open inference protocol"])
+
+# Unconstrained on purpose: a name off the allow-list or a version that is not a number is
+# a model that does not exist (404), not a malformed request.
+ModelName = Annotated[str, Path(description="A model on the gateway's allow-list.")]
+ModelVersion = Annotated[str, Path(description="A version number.")]
+
+
+def allowed(catalog: Catalog, settings: Settings, name: str, version: str = "") -> CatalogEntry | None:
+    """The model's catalog entry (None for a model of GATEWAY_V2_MODELS); 404, exactly as
+    an unknown model, for anything else or a version that is not a number."""
+    entry = catalog.find(name)
+    known = entry is not None or name in settings.v2_models
+    if not known or not (version == "" or (version.isdigit() and len(version) <= 10)):
+        raise NotFoundError("there is no such model")
+    return entry
+
+
+@router.get("", summary="Server metadata (OIP)")
+async def server_metadata(backend: BackendDep) -> dict[str, Any]:
+    status = await backend.server_status()
+    return {
+        "name": "triton-gateway",
+        "version": __version__,
+        "triton_version": status.version,
+        "extensions": ["binary_tensor_data"],
+    }
+
+
+@router.get("/health/live", summary="Triton is live (OIP)", responses=problem_responses(503))
+async def health_live(backend: BackendDep) -> dict[str, bool]:
+    if not (await backend.server_status()).live:
+        raise TritonUnavailableError("Triton is not live", headers={"Retry-After": "1"})
+    return {"live": True}
+
+
+@router.get(
+    "/health/ready", summary="Every allow-listed model is ready (OIP)", responses=problem_responses(503)
+)
+async def health_ready(settings: SettingsDep, catalog: CatalogDep, backend: BackendDep) -> dict[str, bool]:
+    names = dict.fromkeys([*catalog.defaults().values(), *settings.v2_models])
+    statuses = await asyncio.gather(*(backend.model_status(m, catalog.version(m)) for m in names))
+    if not all(s.ready for s in statuses):
+        raise TritonUnavailableError("a model is not ready", headers={"Retry-After": "1"})
+    return {"ready": True}
+
+
+@router.get("/models/{model_name}", summary="Model metadata (OIP)", responses=problem_responses(404, 503))
+async def model_metadata(
+    model_name: ModelName, settings: SettingsDep, catalog: CatalogDep, backend: BackendDep
+) -> dict[str, Any]:
+    allowed(catalog, settings, model_name)
+    return (await backend.model_signature(model_name, "")).as_json()
+
+
+@router.get(
+    "/models/{model_name}/versions/{model_version}",
+    summary="Model metadata of one version (OIP)",
+    responses=problem_responses(404, 503),
+)
+async def model_version_metadata(
+    model_name: ModelName,
+    model_version: ModelVersion,
+    settings: SettingsDep,
+    catalog: CatalogDep,
+    backend: BackendDep,
+) -> dict[str, Any]:
+    allowed(catalog, settings, model_name, model_version)
+    return (await backend.model_signature(model_name, model_version)).as_json()
+
+
+async def _ready(
+    settings: Settings, catalog: Catalog, backend: InferenceBackend, name: str, version: str
+) -> dict[str, bool]:
+    allowed(catalog, settings, name, version)
+    if version:
+        await backend.model_signature(name, version)  # an unknown version is 404, not "not ready"
+    status = await backend.model_status(name, version)
+    if not status.ready:
+        raise TritonUnavailableError("the model is not ready", headers={"Retry-After": "1"})
+    return {"ready": True}
+
+
+@router.get(
+    "/models/{model_name}/ready", summary="Model readiness (OIP)", responses=problem_responses(404, 503)
+)
+async def model_ready(
+    model_name: ModelName, settings: SettingsDep, catalog: CatalogDep, backend: BackendDep
+) -> dict[str, bool]:
+    return await _ready(settings, catalog, backend, model_name, "")
+
+
+@router.get(
+    "/models/{model_name}/versions/{model_version}/ready",
+    summary="Readiness of one model version (OIP)",
+    responses=problem_responses(404, 503),
+)
+async def model_version_ready(
+    model_name: ModelName,
+    model_version: ModelVersion,
+    settings: SettingsDep,
+    catalog: CatalogDep,
+    backend: BackendDep,
+) -> dict[str, bool]:
+    return await _ready(settings, catalog, backend, model_name, model_version)
+
+
+def _bytes_checks(entry: CatalogEntry | None) -> BytesCheck:
+    """A classifier's BYTES inputs pass the checks of its kind, as on /classify (texts
+    normalised, images inspected, candidate labels capped and unrepeated); a model of
+    GATEWAY_V2_MODELS has no checks of the gateway's beyond the protocol's."""
+
+    def check(tensor: Tensor) -> Tensor:
+        if entry is not None and tensor.name in entry.kind.oip_inputs:
+            return entry.kind.check_tensor(tensor, entry.caps)
+        return tensor
+
+    return check
+
+
+def _check_top_k(entry: CatalogEntry | None, inputs: list[Tensor]) -> None:
+    if entry is None:
+        return
+    highest = entry.caps.max_top_k
+    for tensor in inputs:
+        if tensor.name == "TOP_K" and ((tensor.array < 1).any() or (tensor.array > highest).any()):
+            raise InvalidInputError(f"TOP_K must be between 1 and {highest}")
+
+
+def _caps(settings: Settings) -> Caps:
+    """What one /v2 request may hold: the largest image batch or text request the
+    gateway's caps allow, and the JSON body cap."""
+    return Caps(
+        max_tensor_bytes=max(
+            settings.image.max_bytes * settings.image.max_images, settings.max_text_body_bytes
+        ),
+        max_request_bytes=settings.max_json_body_bytes,
+        max_batch=max(settings.image.max_images, settings.text.max_texts),
+    )
+
+
+async def _infer(request: Request, name: str, version: str) -> Response:
+    state = gateway_state(request)
+    settings, tracing = state["settings"], state["tracing"]
+    entry = allowed(state["catalog"], settings, name, version)
+    request.state.model = name  # the metrics' model label: catalogued or allow-listed names only
+    with tracing.span("read body"):
+        body = await limited_body(request, settings.max_json_body_bytes, settings.server.body_timeout_seconds)
+    signature = await state["backend"].model_signature(name, version)
+    with tracing.span("validate tensors"):
+        header, binary = split_body(body, request.headers.get(HEADER_LENGTH))
+        parsed = await state["workers"].run(
+            len(body), parse_infer_request, header, binary, signature, _caps(settings), _bytes_checks(entry)
+        )
+        _check_top_k(entry, parsed.inputs)
+    answer = await state["plane"].infer(name, version, parsed.inputs, parsed.outputs, state["request_id"])
+    outputs = list(answer.outputs.values())
+    content, header_length = encode_infer_response(
+        name, answer.model_version, parsed.id, outputs, parsed.binary_outputs
+    )
+    if header_length is None:
+        return Response(content, media_type="application/json")
+    return Response(
+        content, media_type="application/octet-stream", headers={HEADER_LENGTH: str(header_length)}
+    )
+
+
+INFER_DOC = {
+    "requestBody": {
+        "required": True,
+        "description": "An OIP inference request: JSON, or with the binary tensor extension a JSON "
+        "header of Inference-Header-Content-Length bytes followed by the binary tensors.",
+        "content": {
+            "application/json": {"schema": {"type": "object", "required": ["inputs"]}},
+            "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+        },
+    }
+}
+
+
+@router.post(
+    "/models/{model_name}/infer",
+    summary="Inference (OIP)",
+    responses=problem_responses(400, 404, 408, 413, 422, 502, 503, 504),
+    openapi_extra=INFER_DOC,
+)
+async def infer(request: Request, model_name: ModelName) -> Response:
+    return await _infer(request, model_name, "")
+
+
+@router.post(
+    "/models/{model_name}/versions/{model_version}/infer",
+    summary="Inference on one model version (OIP)",
+    responses=problem_responses(400, 404, 408, 413, 422, 502, 503, 504),
+    openapi_extra=INFER_DOC,
+)
+async def infer_version(request: Request, model_name: ModelName, model_version: ModelVersion) -> Response:
+    return await _infer(request, model_name, model_version)

@@ -1,0 +1,201 @@
+"""How the gateway runs under uvicorn: limits, timeouts, and a drain on SIGTERM.
+
+- ``server_config`` builds the one uvicorn configuration every entry point uses: no
+  ``server`` banner, a connection cap (uvicorn's ``limit_concurrency``, the last
+  backstop), keep-alive and graceful-shutdown timeouts from the settings, and an HTTP
+  protocol that closes connections whose request head does not arrive in time
+  (uvicorn has no such timeout: 500 silent sockets would stay open forever).
+- With ``admin.port`` set, the gateway listens on two sockets: ``/admin`` is answered on
+  the admin listener only, and everything else on the main one only (404 elsewhere), so
+  a firewall, a Service or a loopback bind keeps model control private.
+- ``GatewayServer`` turns the first SIGTERM/SIGINT into a drain: ``/readyz`` answers 503
+  at once; after the drain delay (0 s unless set: the time a load balancer's health
+  checks need to take the replica out) new inference requests answer 503 too, requests
+  in flight finish (up to the grace period), and only then does uvicorn stop listening
+  and exit. A second signal exits now.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from types import FrameType
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI
+from starlette.requests import Request
+from starlette.types import ASGIApp, Receive, Scope, Send
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from gateway.errors import NotFoundError
+from gateway.http.auth import ADMIN_PREFIX
+from gateway.http.problems import problem_response
+from gateway.serving.admission import Admission
+from gateway.settings import Settings
+
+logger = logging.getLogger("gateway.server")
+
+
+class HeaderTimeoutProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, closing a connection whose request head is late.
+
+    A timer is armed when the connection opens and when the first bytes of a next request
+    arrive on a kept-alive connection (the parser's message-begin callback), and disarmed
+    once the head is complete; between requests uvicorn's keep-alive timeout applies.
+    """
+
+    header_timeout: float = 10.0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._head_timer: asyncio.TimerHandle | None = None
+        super().connection_made(transport)
+        self._arm()
+
+    def _arm(self) -> None:
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(self.header_timeout, self._head_late)
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_late(self) -> None:
+        self._head_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._arm()
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+
+def split_by_listener(app: ASGIApp, admin_port: int) -> ASGIApp:
+    """``/admin`` on the admin listener only, the rest on the main listener only."""
+
+    async def split(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            on_admin = scope.get("server", ("", 0))[1] == admin_port
+            if on_admin != scope["path"].startswith(ADMIN_PREFIX):
+                error = NotFoundError("there is no such route on this listener")
+                await problem_response(error, Request(scope))(scope, receive, send)
+                return
+        await app(scope, receive, send)
+
+    return split
+
+
+def listen_sockets(settings: Settings, host: str, port: int) -> list[socket.socket] | None:
+    """The main and the admin listeners when the admin surface has a port of its own;
+    None: uvicorn binds ``host:port`` itself."""
+    admin_port = settings.admin_listener_port
+    if admin_port is None:
+        return None
+    if admin_port == port:
+        raise ValueError("the admin port must differ from the main port")
+    return [
+        socket.create_server((address, number), family=socket.AF_INET6 if ":" in address else socket.AF_INET)
+        for address, number in ((host, port), (settings.admin.host, admin_port))
+    ]
+
+
+def server_config(app: FastAPI, settings: Settings, host: str, port: int) -> uvicorn.Config:
+    """The uvicorn configuration of the gateway (used by serve, local and the tests)."""
+    protocol = type(
+        "GatewayHttpProtocol",
+        (HeaderTimeoutProtocol,),
+        {"header_timeout": settings.server.header_timeout_seconds},
+    )
+    asgi: ASGIApp = app
+    if settings.admin_listener_port is not None:
+        asgi = split_by_listener(app, settings.admin_listener_port)
+    return uvicorn.Config(
+        asgi,
+        host=host,
+        port=port,
+        http=protocol,
+        log_config=None,
+        access_log=False,  # the gateway writes its own access log
+        server_header=False,
+        # The gateway reads no client address: no X-Forwarded-* rewriting layer per request.
+        proxy_headers=False,
+        limit_concurrency=settings.server.max_connections,
+        timeout_keep_alive=int(max(1, settings.server.keep_alive_seconds)),
+        # After the drain, only stragglers (e.g. slow uploads) are left.
+        timeout_graceful_shutdown=5,
+    )
+
+
+class GatewayServer(uvicorn.Server):
+    """uvicorn's server with a drain before shutdown (see the module docstring)."""
+
+    def __init__(
+        self, config: uvicorn.Config, admission: Admission, grace_seconds: float, delay_seconds: float = 0.0
+    ) -> None:
+        super().__init__(config)
+        self._admission = admission
+        self._grace = grace_seconds
+        self._delay = delay_seconds
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_task: asyncio.Task[None] | None = None
+        self._drain_requested = False
+
+    async def serve(self, sockets: Any = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._loop is None or self._drain_requested or self.should_exit:
+            super().handle_exit(sig, frame)  # a second signal: stop now
+            return
+        self._drain_requested = True
+        self._captured_signals.append(sig)
+        self._loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        self._drain_task = asyncio.ensure_future(self._drain())
+
+    async def _drain(self) -> None:
+        if self._delay:
+            self._admission.start_leaving()
+            logger.info("leaving: /readyz is 503; serving %.1f s more before the drain", self._delay)
+            await asyncio.sleep(self._delay)
+        logger.info("draining: %d request(s) in flight", self._admission.in_flight)
+        self._admission.start_draining()
+        try:
+            async with asyncio.timeout(self._grace):
+                await self._admission.wait_idle()
+        except TimeoutError:
+            logger.warning(
+                "%d request(s) still in flight after %.0f s", self._admission.in_flight, self._grace
+            )
+        # Linger: kept-alive clients sending now get 503 + Connection: close instead of a
+        # connection closed under their request when uvicorn shuts idle connections.
+        await asyncio.sleep(1.0)
+        self.should_exit = True
+
+
+def gateway_server(app: FastAPI, settings: Settings, host: str, port: int) -> GatewayServer:
+    """The gateway's server, with its drain as the settings say (serve and local both)."""
+    admission: Admission = app.state.admission
+    return GatewayServer(
+        server_config(app, settings, host, port),
+        admission,
+        settings.server.shutdown_grace_seconds,
+        settings.server.drain_delay_seconds,
+    )
+
+
+def run_server(app: FastAPI, settings: Settings, host: str, port: int) -> None:
+    """Serve until SIGTERM/SIGINT, then drain and exit."""
+    gateway_server(app, settings, host, port).run(sockets=listen_sockets(settings, host, port))

@@ -1,0 +1,76 @@
+"""Images: header-only checks, one Triton call per image, top-k answers.
+
+A model of this kind (``gateway_task: image-classification``) takes ``IMAGE`` (encoded
+bytes, BYTES [1]) and ``TOP_K`` (INT32 [1]) and answers ``LABELS``, ``SCORES`` and
+``CLASS_IDS``. Read from its configuration (the ensemble or the step that enforces it):
+``formats``, ``max_pixels``, ``max_side`` (image_preprocess) and ``max_top_k``
+(image_postprocess).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from gateway.errors import InvalidImageError, InvalidInputError
+from gateway.serving.kinds.base import Caps, CapsReader, Kind, classifications, top_k_tensor
+from gateway.serving.payload import RAW_IMAGE_TYPES, ClassifyInput
+from gateway.serving.validation import ACCEPTED_FORMATS, check_count, inspect_images
+from gateway.settings import Settings
+from gateway.triton.backend import Classification, InferResult, ModelConfig
+from gateway.triton.tensors import Tensor
+
+
+class ImageKind(Kind):
+    task = "image-classification"
+    noun = "image"
+    accepts = ("multipart/form-data", "application/json", *RAW_IMAGE_TYPES)
+    oip_inputs = frozenset({"IMAGE"})
+
+    def caps(self, config: ModelConfig, parameters: Mapping[str, str], settings: Settings) -> Caps:
+        read = CapsReader(config.name, parameters)
+        image = settings.image
+        limits = image.model_copy(
+            update={
+                "max_pixels": read.narrowed(
+                    "max_pixels", read.integer("max_pixels"), image, "max_pixels", "GATEWAY_IMAGE__MAX_PIXELS"
+                ),
+                "max_side": read.narrowed(
+                    "max_side", read.integer("max_side"), image, "max_side", "GATEWAY_IMAGE__MAX_SIDE"
+                ),
+            }
+        )
+        declared = {name.strip().upper() for name in parameters.get("formats", "").split(",") if name.strip()}
+        formats = [f for f in ACCEPTED_FORMATS if f in declared] if declared else list(ACCEPTED_FORMATS)
+        return read.caps(settings, limits.max_images, limits, {"formats": formats})
+
+    def count(self, payload: ClassifyInput) -> int:
+        return len(payload.images)
+
+    def payload_bytes(self, payload: ClassifyInput) -> int:
+        return sum(map(len, payload.images))
+
+    def check(self, payload: ClassifyInput, caps: Caps) -> None:
+        check_count(len(payload.images), caps.max_inputs, "images")
+        inspect_images(payload.images, caps.limits, tuple(caps.extra["formats"]))
+
+    def calls(self, payload: ClassifyInput, top_k: int) -> list[list[Tensor]]:
+        # One Triton request per image: Triton's dynamic batcher merges them into one
+        # batch, and a bad image fails only its own request, so the error names it.
+        return [
+            [Tensor("IMAGE", "BYTES", np.array([[data]], dtype=np.object_)), top_k_tensor(1, top_k)]
+            for data in payload.images
+        ]
+
+    def invalid(self) -> InvalidInputError:
+        return InvalidImageError("the model's preprocessing rejected the input (corrupt or truncated data)")
+
+    def results(self, answers: Sequence[InferResult]) -> list[Classification]:
+        return [classifications(answer)[0] for answer in answers]
+
+    def check_tensor(self, tensor: Tensor, caps: Caps) -> Tensor:
+        elements = list(tensor.array.reshape(-1))
+        check_count(len(elements), caps.max_inputs, "images")
+        inspect_images(elements, caps.limits, tuple(caps.extra["formats"]))
+        return tensor

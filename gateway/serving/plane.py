@@ -1,0 +1,148 @@
+"""The inference plane: the one path every inference route takes to Triton.
+
+Routes read, pick a model, call the plane and render (MLServer's ``DataPlane.infer`` is
+the model). Here, once: admission (an in-flight slot, or 503), the checks of the
+model's kind in the check workers, the metrics, the circuit breaker around the
+request's Triton calls, their fan-out and the collection of their answers (a bad input
+fails only itself; the client hears the most actionable error).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from time import perf_counter
+
+from gateway.errors import (
+    GatewayError,
+    InvalidInputError,
+    TritonFailureError,
+    TritonTimeoutError,
+    TritonUnavailableError,
+)
+from gateway.observe.metrics import GatewayMetrics
+from gateway.observe.tracing import Tracing
+from gateway.serving.admission import Admission
+from gateway.serving.catalog import CatalogEntry
+from gateway.serving.payload import ClassifyInput
+from gateway.serving.workers import CheckWorkers
+from gateway.triton.backend import Classification, InferenceBackend, InferResult
+from gateway.triton.tensors import Tensor
+
+# When several inputs fail differently, the client hears the most actionable error.
+_SEVERITY: dict[type[GatewayError], int] = {
+    TritonUnavailableError: 3,
+    TritonTimeoutError: 2,
+    TritonFailureError: 1,
+}
+
+
+def most_actionable(failures: Sequence[tuple[int, GatewayError]]) -> GatewayError:
+    """Of several inputs' errors (index, error), the one the client should hear: an
+    upstream failure before the inputs' own errors, which are then listed together."""
+    upstream = [(i, e) for i, e in failures if not isinstance(e, InvalidInputError)]
+    if upstream:
+        return max(upstream, key=lambda pair: _SEVERITY.get(type(pair[1]), 0))[1]
+    index, error = failures[0]
+    error.errors = [{"input_index": i, "detail": e.detail} for i, e in failures]
+    return error.at(index)
+
+
+@contextlib.asynccontextmanager
+async def _no_slot() -> AsyncIterator[None]:
+    yield
+
+
+class InferencePlane:
+    """Built once by the app's lifespan; shared by /classify, /models/... and /v2."""
+
+    def __init__(
+        self,
+        backend: InferenceBackend,
+        admission: Admission,
+        tracing: Tracing,
+        metrics: GatewayMetrics,
+        workers: CheckWorkers,
+    ) -> None:
+        self.backend = backend
+        self.admission = admission
+        self.tracing = tracing
+        self.metrics = metrics
+        self.workers = workers
+
+    async def classify(
+        self,
+        entry: CatalogEntry,
+        version: str,
+        payload: ClassifyInput,
+        top_k: int,
+        request_id: str,
+        started: float,
+        admitted: bool = True,
+    ) -> list[Classification]:
+        """One classification per input, in input order; raises GatewayError subclasses.
+        ``admitted=False`` (a rollout's shadow, bounded by its own cap) takes no slot."""
+        kind, model, tracing = entry.kind, entry.name, self.tracing
+        # the span covers the wait for an in-flight slot (the gateway's queue)
+        slot = self.admission.slot(waiting=tracing.span("admission")) if admitted else _no_slot()
+        async with slot:
+            with tracing.span(f"validate {kind.noun}s", {"gateway.inputs": kind.count(payload)}):
+                await self.workers.run(kind.payload_bytes(payload), kind.check, payload, entry.caps)
+            self.metrics.validation_duration.labels(model=model).observe(perf_counter() - started)
+            self.metrics.inputs.labels(model=model).observe(kind.count(payload))
+            calls = kind.calls(payload, top_k)
+            invalid = kind.invalid()
+            with self.backend.circuit(model):
+                if len(calls) == 1:
+                    answers = [
+                        await self.backend.infer(model, version, calls[0], request_id, invalid=invalid)
+                    ]
+                else:
+                    answers = await self._fan_out(model, version, calls, request_id, invalid)
+        return kind.results(answers)
+
+    async def _fan_out(
+        self,
+        model: str,
+        version: str,
+        calls: Sequence[Sequence[Tensor]],
+        request_id: str,
+        invalid: InvalidInputError,
+    ) -> list[InferResult]:
+        outcomes = await asyncio.gather(
+            *(self.backend.infer(model, version, inputs, request_id, invalid=invalid) for inputs in calls),
+            return_exceptions=True,
+        )
+        answers: list[InferResult] = []
+        failures: list[tuple[int, GatewayError]] = []
+        for index, outcome in enumerate(outcomes):
+            if isinstance(outcome, GatewayError):
+                failures.append((index, outcome))
+            elif isinstance(outcome, BaseException):
+                raise outcome
+            else:
+                answers.append(outcome)
+        if failures:
+            raise most_actionable(failures)
+        return answers
+
+    async def infer(
+        self,
+        model: str,
+        version: str,
+        inputs: Sequence[Tensor],
+        outputs: Sequence[str],
+        request_id: str,
+    ) -> InferResult:
+        """One inference on checked tensors (the Open Inference Protocol routes)."""
+        async with self.admission.slot(waiting=self.tracing.span("admission")):
+            with self.backend.circuit(model):
+                return await self.backend.infer(
+                    model,
+                    version,
+                    inputs,
+                    request_id,
+                    outputs,
+                    invalid=InvalidInputError("the model rejected the input"),
+                )

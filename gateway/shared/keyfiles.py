@@ -1,0 +1,144 @@
+"""Keys files watched while serving: a rotated key applies without a restart.
+
+A Kubernetes Secret volume swaps a symlink atomically; a plain file is rewritten in place.
+Either way the file's bytes change, so the ring reads the file every
+``auth.reload_seconds`` and compares a hash. A change that parses replaces the keys at
+once; one that does not (a half-written file, an empty one, a bad line) keeps the keys in
+force and logs an error, once per content: never an empty set that locks everyone out.
+A changed file is read twice, ``SETTLE_SECONDS`` apart, and taken only when both reads
+agree: a file caught mid-rewrite (truncated, or cut at a line) is left for the next check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from gateway.errors import ConfigurationError
+from gateway.observe.metrics import GatewayMetrics
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """One client: its id (for logs and metrics), the key's hash and its rate limit."""
+
+    id: str
+    digest: bytes
+    rate: float | None = None
+    burst: float | None = None
+
+
+def parse_keys(text: str, path: Path) -> list[ApiKey]:
+    """The keys of a keys file's text; ConfigurationError names the line that is wrong."""
+    keys: list[ApiKey] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        parts = line.split("#", 1)[0].split()
+        if not parts:
+            continue
+        try:
+            if len(parts) not in (2, 3, 4) or len(parts[1]) != 64:
+                raise ValueError
+            digest = bytes.fromhex(parts[1])
+            rate = float(parts[2]) if len(parts) > 2 else None
+            burst = float(parts[3]) if len(parts) > 3 else (rate if rate else None)
+            if rate is not None and (rate <= 0 or burst is None or burst < 1):
+                raise ValueError
+        except ValueError:
+            raise ConfigurationError(
+                f"{path}:{number}: expected '<id> <sha256 hex> [<rate per second> [<burst>]]'"
+            ) from None
+        keys.append(ApiKey(parts[0], digest, rate, burst))
+    if not keys:
+        raise ConfigurationError(f"{path} holds no API keys")
+    if len({k.id for k in keys}) != len(keys):
+        raise ConfigurationError(f"{path} repeats a key id")
+    return keys
+
+
+logger = logging.getLogger("gateway.keyfiles")
+SETTLE_SECONDS = 0.05
+
+
+class KeyRing:
+    """The keys of one file (``name``: api or admin), as last read successfully."""
+
+    def __init__(self, path: Path, name: str, metrics: GatewayMetrics | None = None) -> None:
+        self.path = path
+        self.name = name
+        self._metrics = metrics
+        text = self._read()
+        if text is None:
+            raise ConfigurationError(f"cannot read the {name} keys file {path}")
+        self.keys: list[ApiKey] = parse_keys(text.decode("utf-8", errors="replace"), path)
+        self._seen = hashlib.sha256(text).digest()
+        self._task: asyncio.Task[None] | None = None
+
+    def _read(self) -> bytes | None:
+        try:
+            return self.path.read_bytes()
+        except OSError:
+            return None
+
+    def changed(self) -> bytes | None:
+        """The file's bytes when they differ from the last ones taken, else None."""
+        text = self._read()
+        if text is None or hashlib.sha256(text).digest() == self._seen:
+            return None  # unchanged, or mid-swap / gone for a moment: the keys in force stay
+        return text
+
+    def check(self, expected: bytes | None = None) -> bool:
+        """Read the file again; True when new keys were applied. With ``expected`` (an
+        earlier read), nothing is taken unless the file still holds exactly that."""
+        text = self._read()
+        if text is None or (expected is not None and text != expected):
+            return False
+        digest = hashlib.sha256(text).digest()
+        if digest == self._seen:
+            return False
+        self._seen = digest
+        try:
+            keys = parse_keys(text.decode("utf-8"), self.path)
+        except (ConfigurationError, UnicodeDecodeError) as exc:
+            reason = exc.detail if isinstance(exc, ConfigurationError) else "not UTF-8"
+            logger.error(
+                "%s keys file changed but is not valid (%s): the previous keys stay", self.name, reason
+            )
+            self._count("refused")
+            return False
+        self.keys = keys
+        logger.info("%s keys file changed: %d keys in force", self.name, len(keys))
+        self._count("applied")
+        return True
+
+    def _count(self, outcome: str) -> None:
+        if self._metrics is not None:
+            self._metrics.key_reloads.labels(file=self.name, outcome=outcome).inc()
+
+    def start(self, interval: float) -> None:
+        self._task = asyncio.create_task(self._watch(interval), name=f"{self.name}-keys-watch")
+
+    async def _watch(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                first = self.changed()
+                if first is not None:
+                    await asyncio.sleep(SETTLE_SECONDS)
+                    self.check(expected=first)
+            except Exception:  # never let the watch die: the keys in force stay
+                logger.exception("checking the %s keys file failed", self.name)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None

@@ -1,0 +1,117 @@
+"""Per-key rate limits: token buckets in this process, or shared by every replica in Redis.
+
+With a shared store, a key's configured rate is its rate across all replicas. While the
+store does not answer, ``redis.on_failure`` decides:
+
+- ``local`` (default): each replica limits the key at rate/replicas (burst likewise, at
+  least 1): the total stays about right while every replica gets traffic;
+- ``refuse``: rate-limited keys get 503 ``shared-state-unavailable`` (keys without a
+  limit are not affected);
+- ``allow``: no limit at all until the store is back.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from gateway.errors import SharedStateUnavailableError
+from gateway.settings import RedisSettings
+
+if TYPE_CHECKING:
+    from gateway.observe.metrics import GatewayMetrics
+    from gateway.shared.keyfiles import ApiKey
+    from gateway.shared.store import SharedState
+
+
+@dataclass
+class TokenBucket:
+    """``rate`` tokens a second, holding at most ``burst``."""
+
+    rate: float
+    burst: float
+    tokens: float = field(init=False)
+    stamp: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        self.tokens = self.burst
+
+    def take(self, now: float) -> float:
+        """0 when a token was taken; else the seconds until one will be there."""
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return 0.0
+        return (1 - self.tokens) / self.rate
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A key's request: allowed or how long to wait, and the bucket it was judged by."""
+
+    wait: float
+    tokens: float
+    rate: float
+    burst: float
+
+
+class RateLimiter:
+    def __init__(
+        self, store: SharedState | None, settings: RedisSettings, metrics: GatewayMetrics | None = None
+    ) -> None:
+        self._store = store
+        self._settings = settings
+        self._metrics = metrics
+        self._local: dict[tuple[str, float, float], TokenBucket] = {}
+
+    def attach(self, store: SharedState | None) -> None:
+        """Share the limits through ``store`` (the lifespan builds it, on the server's loop)."""
+        self._store = store
+
+    def _bucket(self, key_id: str, rate: float, burst: float) -> TokenBucket:
+        # Keyed by the limit too: a rotated keys file that changes a key's rate starts afresh.
+        found = self._local.get((key_id, rate, burst))
+        if found is None:
+            found = self._local[(key_id, rate, burst)] = TokenBucket(rate, burst)
+        return found
+
+    def _local_verdict(self, key_id: str, rate: float, burst: float) -> Verdict:
+        bucket = self._bucket(key_id, rate, burst)
+        wait = bucket.take(time.monotonic())
+        return Verdict(wait, bucket.tokens, rate, burst)
+
+    async def check(self, key: ApiKey) -> Verdict | None:
+        """None for a key without a limit; else the verdict. Raises
+        SharedStateUnavailableError under the ``refuse`` policy while the store is down."""
+        if not key.rate or not key.burst:
+            return None
+        if self._store is None:
+            return self._local_verdict(key.id, key.rate, key.burst)
+        from gateway.shared.store import SharedStateDownError
+
+        try:
+            taken = await self._store.take_token(key.id, key.rate, key.burst)
+        except SharedStateDownError:
+            self._report(up=False)
+            policy = self._settings.on_failure
+            if policy == "refuse":
+                raise SharedStateUnavailableError(
+                    "rate limits cannot be checked now",
+                    headers={"Retry-After": str(max(1, round(self._settings.retry_seconds)))},
+                ) from None
+            if policy == "allow":
+                return Verdict(0.0, key.burst, key.rate, key.burst)
+            share = self._settings.replicas
+            return self._local_verdict(key.id, key.rate / share, max(1.0, key.burst / share))
+        self._report(up=True)
+        wait = 0.0 if taken.taken else max(taken.wait, 1e-6)
+        return Verdict(wait, taken.tokens, key.rate, key.burst)
+
+    def _report(self, up: bool) -> None:
+        if self._metrics is not None:
+            if self._metrics.shared_state_up is not None:
+                self._metrics.shared_state_up.set(1 if up else 0)
+            if not up:
+                self._metrics.shared_state_fallbacks.labels(policy=self._settings.on_failure).inc()

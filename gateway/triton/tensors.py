@@ -1,0 +1,127 @@
+"""Tensors and their one codec: datatypes, raw little-endian contents, BYTES elements.
+
+Used by both wire formats the gateway speaks, the Open Inference Protocol's binary
+extension (``gateway.http.oip``) and Triton's gRPC ``raw_input_contents`` /
+``raw_output_contents`` (``gateway.triton.client``): a BYTES tensor's raw form is each element
+as a little-endian uint32 length followed by its bytes; every other datatype is its
+elements, row-major, little-endian.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+# Datatypes (OIP and Triton names) -> numpy; BYTES are Python bytes in object arrays.
+DTYPES: dict[str, Any] = {
+    "BOOL": np.bool_,
+    "UINT8": np.uint8,
+    "UINT16": np.uint16,
+    "UINT32": np.uint32,
+    "UINT64": np.uint64,
+    "INT8": np.int8,
+    "INT16": np.int16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "FP16": np.float16,
+    "FP32": np.float32,
+    "FP64": np.float64,
+    "BYTES": np.object_,
+}
+
+
+# The wire's little-endian dtypes, made once: on the hot path (every answer's outputs are
+# decoded through them) building a dtype per tensor cost a measurable share.
+_WIRE: dict[str, np.dtype[Any]] = {
+    name: np.dtype(dtype).newbyteorder("<") for name, dtype in DTYPES.items() if name != "BYTES"
+}
+
+
+class TensorDataError(ValueError):
+    """Raw tensor contents that do not make the tensor they claim to be."""
+
+
+@dataclass
+class Tensor:
+    """A named tensor with its data (BYTES: an object array of ``bytes``)."""
+
+    name: str
+    datatype: str
+    array: np.ndarray[Any, Any]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.array.shape)
+
+    @property
+    def nbytes(self) -> int:
+        if self.datatype == "BYTES":
+            return sum(len(item) for item in self.array.reshape(-1))
+        return int(self.array.nbytes)
+
+    def raw(self) -> bytes:
+        """The tensor's contents on the wire."""
+        if self.datatype == "BYTES":
+            return encode_bytes([as_bytes(item) for item in self.array.reshape(-1)])
+        return np.ascontiguousarray(self.array, dtype=_WIRE[self.datatype]).tobytes()
+
+    def rows(self) -> list[Any]:
+        """A [batch, n] tensor as one list per row (BYTES elements as bytes)."""
+        if self.datatype == "BYTES":
+            return [list(row) for row in self.array]
+        return list(self.array.tolist())
+
+
+def as_bytes(item: Any) -> bytes:
+    return item if isinstance(item, bytes) else str(item).encode("utf-8")
+
+
+def encode_bytes(elements: Sequence[bytes]) -> bytes:
+    """A BYTES tensor's raw contents from its elements."""
+    return b"".join(len(element).to_bytes(4, "little") + element for element in elements)
+
+
+def decode_bytes(raw: bytes, count: int | None = None) -> list[bytes]:
+    """The elements of a BYTES tensor's raw contents; with ``count``, exactly that many and
+    nothing left over (TensorDataError otherwise)."""
+    elements: list[bytes] = []
+    at, end = 0, len(raw)
+    while at < end and (count is None or len(elements) < count):
+        if at + 4 > end:
+            raise TensorDataError("the binary BYTES data ends inside an element")
+        size = int.from_bytes(raw[at : at + 4], "little")
+        at += 4
+        if at + size > end:
+            raise TensorDataError("a binary BYTES element runs past its data")
+        elements.append(raw[at : at + size])
+        at += size
+    if count is not None and (len(elements) != count or at != end):
+        raise TensorDataError("the binary data does not hold exactly the elements its shape says")
+    return elements
+
+
+def from_raw(name: str, datatype: str, raw: bytes, shape: Sequence[int]) -> Tensor:
+    """A tensor from its raw contents and shape (TensorDataError when they disagree)."""
+    dims = tuple(int(d) for d in shape)
+    count = math.prod(dims)
+    if datatype == "BYTES":
+        array = np.array(decode_bytes(raw, count), dtype=np.object_)
+    else:
+        dtype = _WIRE.get(datatype)
+        if dtype is None:
+            raise TensorDataError(f"unknown datatype {datatype}")
+        if len(raw) != count * dtype.itemsize:
+            raise TensorDataError(f"{len(raw)} bytes do not make {count} {datatype} elements")
+        array = np.frombuffer(raw, dtype=dtype)
+        if not dtype.isnative:  # a big-endian host: to native order
+            array = array.astype(dtype.newbyteorder("="))
+    return Tensor(name, datatype, array.reshape(dims))
+
+
+def strings(items: Sequence[Any]) -> list[str]:
+    """BYTES elements (or anything) as text, undecodable bytes replaced."""
+    return [item.decode("utf-8", "replace") if isinstance(item, bytes) else str(item) for item in items]
