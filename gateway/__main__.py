@@ -9,6 +9,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from gateway.errors import ConfigurationError
+from gateway.names import TASKS, TEXT_TASK
 from gateway.settings import Settings
 
 # The --normalize presets (gateway.modelrepo.imageentry.PRESETS; not imported here to keep the
@@ -70,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     add.add_argument(
         "--task",
         required=True,
-        choices=["image-classification", "text-classification"],
+        choices=list(TASKS),
         help="what it classifies",
     )
     add.add_argument(
@@ -199,7 +200,7 @@ def _add_model(args: argparse.Namespace) -> list[str]:
 
     image_options = ("onnx", "normalize", "mean", "std", "input_size", "resize_short_side", "input_name",
                      "output_name", "max_batch", "max_top_k")  # fmt: skip
-    if args.task == "text-classification":
+    if args.task == TEXT_TASK:
         given = [
             f"--{name.replace('_name', '').replace('_', '-')}"
             for name in image_options

@@ -24,6 +24,8 @@ from gateway.observe.metrics import GatewayMetrics, TritonMetricsScraper
 from gateway.observe.tracing import Tracing
 from gateway.serving.admission import Admission
 from gateway.serving.catalog import Catalog
+from gateway.serving.control import ModelControl, RoutingControl
+from gateway.serving.dispatch import Dispatcher
 from gateway.serving.plane import InferencePlane
 from gateway.serving.rollout import RolloutRunner
 from gateway.serving.workers import CheckWorkers
@@ -132,6 +134,7 @@ def create_app(
         # not up yet is followed by the periodic refresh).
         await catalog.refresh()
         catalog.start()
+        plane = InferencePlane(backend, admission, tracing, metrics, workers)
         try:
             yield GatewayState(
                 settings=settings,
@@ -142,8 +145,11 @@ def create_app(
                 admission=admission,
                 tracing=tracing,
                 catalog=catalog,
-                plane=InferencePlane(backend, admission, tracing, metrics, workers),
+                plane=plane,
                 rollouts=rollouts,
+                dispatcher=Dispatcher(catalog, plane, rollouts, settings.v2_models),
+                model_control=ModelControl(backend, catalog),
+                routing_control=RoutingControl(backend, catalog, rollouts),
             )
         finally:
             await rollouts.stop()

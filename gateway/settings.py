@@ -13,12 +13,12 @@ from typing import Literal
 from pydantic import BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gateway.names import IMAGE_TASK, TEXT_TASK, VERSION
+
 MiB = 1024 * 1024
 # The most predictions a client may ever ask for; each model's own max_top_k (its
 # config.pbtxt) lowers it.
 TOP_K_CEILING = 1000
-IMAGE_TASK = "image-classification"
-TEXT_TASK = "text-classification"
 
 
 class TritonSettings(BaseModel):
@@ -285,14 +285,18 @@ class Settings(BaseSettings):
         "(other image classifiers stay reachable at /models/{model}/classify).",
     )
     image_model_version: str = Field(
-        "", pattern=r"^\d*$", description="Version pin of image_model at start; empty: Triton's latest."
+        "",
+        pattern=rf"^({VERSION})?$",
+        description="Version pin of image_model at start; empty: Triton's latest.",
     )
     text_model: str = Field(
         "text_classifier",
         description="The text classifier POST /classify uses; empty: /classify takes no texts.",
     )
     text_model_version: str = Field(
-        "", pattern=r"^\d*$", description="Version pin of text_model at start; empty: Triton's latest."
+        "",
+        pattern=rf"^({VERSION})?$",
+        description="Version pin of text_model at start; empty: Triton's latest.",
     )
     expose: list[str] = Field(
         default_factory=lambda: ["*"],

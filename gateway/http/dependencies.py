@@ -14,6 +14,8 @@ from gateway.observe.metrics import GatewayMetrics, TritonMetricsScraper
 from gateway.observe.tracing import Tracing
 from gateway.serving.admission import Admission
 from gateway.serving.catalog import Catalog
+from gateway.serving.control import ModelControl, RoutingControl
+from gateway.serving.dispatch import Dispatcher
 from gateway.serving.plane import InferencePlane
 from gateway.serving.rollout import RolloutRunner
 from gateway.serving.workers import CheckWorkers
@@ -34,6 +36,9 @@ class GatewayState(TypedDict):
     catalog: Catalog
     plane: InferencePlane
     rollouts: RolloutRunner
+    dispatcher: Dispatcher
+    model_control: ModelControl
+    routing_control: RoutingControl
     # per request: set by the request-id middleware and the route
     request_id: NotRequired[str]
     model: NotRequired[str]
@@ -67,3 +72,6 @@ TritonMetricsDep = Annotated[TritonMetricsScraper, Depends(_from_state("triton_m
 CatalogDep = Annotated[Catalog, Depends(_from_state("catalog"))]
 RolloutsDep = Annotated[RolloutRunner, Depends(_from_state("rollouts"))]
 PlaneDep = Annotated[InferencePlane, Depends(_from_state("plane"))]
+DispatcherDep = Annotated[Dispatcher, Depends(_from_state("dispatcher"))]
+ModelControlDep = Annotated[ModelControl, Depends(_from_state("model_control"))]
+RoutingControlDep = Annotated[RoutingControl, Depends(_from_state("routing_control"))]

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, create_model
 
+from gateway.names import MODEL_REF, VERSION
 from gateway.settings import TOP_K_CEILING
 from gateway.triton.backend import Classification
 
@@ -281,7 +282,7 @@ class PinRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     version: str = Field(
-        pattern=r"^\d{0,10}$", description="A version Triton has ready; empty: Triton's latest."
+        pattern=rf"^({VERSION})?$", description="A version Triton has ready; empty: Triton's latest."
     )
 
 
@@ -292,7 +293,7 @@ class Liveness(BaseModel):
 
 
 _TARGET = Field(
-    pattern=r"^[A-Za-z0-9_.\-]{1,128}(:\d{1,10})?$",
+    pattern=rf"^{MODEL_REF}$",
     description="A catalogued model of the same task, optionally `:version` (default: its served version).",
 )
 

@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.http as tritonhttp
 from support import GatewayProcess, chelsea_jpeg
 from triton_fixtures import REPOSITORY, ROOT, start_triton
 from tritonclient.utils import InferenceServerException
@@ -205,6 +207,21 @@ def _versions_of(traffic: Traffic, since: float = 0.0, until: float = float("inf
     return {body["model_version"] for sent, _, body in traffic.answers if since <= sent < until}
 
 
+def _v2_version(stack: Stack) -> str:
+    """The version that answers an unversioned /v2 inference (Triton's own HTTP client)."""
+    client = tritonhttp.InferenceServerClient(stack.gateway.url.removeprefix("http://"), network_timeout=60)
+    try:
+        image = tritonhttp.InferInput("IMAGE", [1, 1], "BYTES")
+        image.set_data_from_numpy(np.array([[chelsea_jpeg()]], dtype=np.object_))
+        k = tritonhttp.InferInput("TOP_K", [1, 1], "INT32")
+        k.set_data_from_numpy(np.full((1, 1), 1, dtype=np.int32))
+        answer = client.infer("image_classifier", [image, k]).get_response()
+    finally:
+        client.close()
+    assert answer["model_name"] == "image_classifier"
+    return str(answer["model_version"])
+
+
 def test_version_two_loads_beside_version_one_and_takes_traffic_when_pinned(stack: Stack) -> None:
     ensemble = stack.repository / "image_classifier"
     pinned = stack.admin("PUT", "/admin/served/image_classifier", json={"version": "1"})
@@ -224,11 +241,14 @@ def test_version_two_loads_beside_version_one_and_takes_traffic_when_pinned(stac
         }
         ready_2 = httpx.get(f"{stack.gateway.url}/v2/models/image_classifier/versions/2/ready", timeout=10)
         assert ready_2.status_code == 200
+        # Triton's latest is 2, but the pin holds /v2 to 1 as it holds /classify
+        assert _v2_version(stack) == "1"
         time.sleep(1.0)
         moved_at = time.monotonic()
         moved = stack.admin("PUT", "/admin/served/image_classifier", json={"version": "2"})
         settled = time.monotonic()
         assert moved.status_code == 200, moved.text
+    assert _v2_version(stack) == "2"
     assert traffic.failures() == [], traffic.failures()[:3]
     assert _versions_of(traffic, until=moved_at) == {"1"}
     assert _versions_of(traffic, since=settled) == {"2"}

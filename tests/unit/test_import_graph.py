@@ -1,12 +1,168 @@
-"""The serving import graph: the app and its Triton boundary load neither the local-stack
-launcher (tritonserver.py, local.py), nor add-model's repository writer (and its onnx
-and protobuf config boundaries), nor, until the lifespan builds the backend,
-tritonclient."""
+"""The package rules, held by reading every module's imports (type-only ones included:
+a circle through ``TYPE_CHECKING`` is still two modules that cannot be read apart).
+
+- http/ is the skin: it may use everything below it, nothing uses it but the app.
+- serving/ decides and runs inferences: never the HTTP skin, the model-repository
+  tooling or the local launcher.
+- triton/ and shared/ are boundaries (tritonclient and grpc; redis): they import nothing
+  above them, and nobody else imports those libraries.
+- observe/ (metrics, tracing, logs) and the leaves (errors, settings, names) sit under all.
+- No import circle between modules; no route module reads routing or rollout state.
+
+And at run time: building the app loads neither the launcher, nor add-model's writer,
+nor tritonclient (until the lifespan builds the backend).
+"""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "gateway"
+
+LEAVES = {"gateway", "gateway.errors", "gateway.names", "gateway.settings"}
+# package -> the packages (and leaves) its modules may import
+ALLOWED: dict[str, set[str]] = {
+    "gateway.names": set(),
+    "gateway.errors": set(),
+    "gateway.settings": {"gateway.names", "gateway.errors"},
+    "gateway.observe": LEAVES,
+    "gateway.triton": LEAVES | {"gateway.observe"},
+    "gateway.shared": LEAVES | {"gateway.observe"},
+    "gateway.serving": LEAVES | {"gateway.observe", "gateway.triton", "gateway.shared"},
+    "gateway.http": LEAVES | {"gateway.observe", "gateway.triton", "gateway.shared", "gateway.serving"},
+    "gateway.modelrepo": LEAVES | {"gateway.triton"},
+    "gateway.app": LEAVES
+    | {"gateway.observe", "gateway.triton", "gateway.shared", "gateway.serving", "gateway.http"},
+}
+# Foreign libraries and the one package allowed to import each.
+BOUNDARIES = {"tritonclient": "gateway.triton", "grpc": "gateway.triton", "redis": "gateway.shared"}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module ``path`` imports (absolute names), wherever the import stands."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            # `from gateway.modelrepo import labelfile` imports a module too
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+    return {name: {m for m in _imports(path) if m in modules} for name, path in modules.items()}
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 else module
+
+
+def test_every_module_belongs_to_a_package_with_rules() -> None:
+    unruled = {
+        m
+        for m in _graph()
+        if _package(m) not in ALLOWED and _package(m) not in {"gateway.dev", "gateway.__main__", "gateway"}
+    }
+    assert not unruled, f"modules outside the package rules: {sorted(unruled)}"
+
+
+def test_packages_import_only_what_their_rules_allow() -> None:
+    broken = []
+    for module, imported in _graph().items():
+        package = _package(module)
+        if package not in ALLOWED:
+            continue  # the launcher and the CLI may use anything
+        allowed = ALLOWED[package] | {package}
+        broken += [f"{module} -> {m}" for m in imported if _package(m) not in allowed and m not in allowed]
+    assert not broken, "imports against the package rules:\n" + "\n".join(sorted(broken))
+
+
+def test_foreign_libraries_have_one_boundary() -> None:
+    broken = []
+    for path in PACKAGE.rglob("*.py"):
+        module = _module_name(path)
+        for imported in _imports(path):
+            owner = BOUNDARIES.get(imported.split(".")[0])
+            if owner is not None and _package(module) != owner:
+                broken.append(f"{module} imports {imported} (only {owner} may)")
+    assert not broken, "\n".join(broken)
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_circle() -> None:
+    graph = _graph()
+    # a package's __init__ importing its own modules is not a circle of ideas
+    for module in graph:
+        graph[module] = {m for m in graph[module] if not module.startswith(m + ".")}
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_circle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "http" / "routes").glob("*.py")), ids=lambda p: p.name)
+def test_routes_never_touch_routing_state(path: Path) -> None:
+    """Which model, version, arm and top-k serve a request is decided beneath the routes."""
+    imported = _imports(path)
+    assert not {m for m in imported if m.startswith(("gateway.shared", "gateway.serving.rollout"))}
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    touched = {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and node.attr in {"routing", "rollouts", "canary_for", "shadowed"}
+    }
+    assert not touched, f"{path.name} reads routing state: {sorted(touched)}"
+
 
 PROBE = """
 import sys
@@ -23,10 +179,9 @@ def test_serving_does_not_import_the_launcher() -> None:
     run = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True)
     app_only, with_triton = (line.split() for line in run.stdout.splitlines())
     assert "gateway.app" in app_only
+    assert "gateway.serving.dispatch" in app_only
     assert not [m for m in app_only if m.startswith("tritonclient")]
     for loaded in (app_only, with_triton):
-        assert "gateway.tritonserver" not in loaded
-        assert "gateway.local" not in loaded
-        for writer in ("gateway.modelrepo", "gateway.imageentry", "gateway.onnxgraph", "gateway.pbtxt"):
-            assert writer not in loaded
-    assert "gateway.triton" in with_triton
+        assert not [m for m in loaded if m.startswith(("gateway.dev", "gateway.modelrepo"))]
+        assert "gateway.triton.pbtxt" not in loaded
+    assert "gateway.triton.client" in with_triton

@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
 from time import perf_counter
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response
 
-from gateway.errors import GatewayError, NotFoundError, WrongInputKindError
 from gateway.http.bodies import read_classify_input
-from gateway.http.dependencies import GatewayState, gateway_state
+from gateway.http.dependencies import gateway_state
 from gateway.http.problems import problem_responses
 from gateway.http.schemas import EXAMPLE_PNG_BASE64, ClassifyResponse, classify_response_json
-from gateway.serving.catalog import CatalogEntry
-from gateway.serving.kinds import kind_of
-from gateway.serving.payload import ClassifyInput
-from gateway.serving.validation import resolve_top_k
+from gateway.serving.dispatch import Call
 from gateway.settings import TOP_K_CEILING
-from gateway.shared.routing import Rollout
-from gateway.triton.backend import Classification
 
 router = APIRouter(tags=["classify"])
 
@@ -130,47 +123,7 @@ async def classify_with(request: Request, model: ModelName, top_k: TopK = None) 
 async def classify_with_version(
     request: Request, model: ModelName, version: ModelVersion, top_k: TopK = None
 ) -> Response:
-    if not (version.isdigit() and len(version) <= 10):
-        raise NotFoundError("there is no such model version")
     return await _classify(request, top_k, model, version)
-
-
-async def _classify(request: Request, top_k: int | None, model: str | None, version: str | None) -> Response:
-    # The hot path: the lifespan's state is read straight from the request (no dependency
-    # resolution), and the answer is serialised once, here (FastAPI does not re-validate a
-    # Response; `response_model` still documents it).
-    started = perf_counter()
-    state = gateway_state(request)
-    settings, catalog = state["settings"], state["catalog"]
-    # An unknown model is refused before its body is read.
-    entry = catalog.get(model) if model is not None else None
-    # The body is read before admission: a slot bounds work (checks, Triton), and a slow
-    # upload, bounded by the body timeout, never holds one. Refusing only once the body is
-    # in also spares a client still writing it a connection reset instead of the 503.
-    with state["tracing"].span("read body"):
-        payload = await read_classify_input(request, settings, state["workers"])  # texts normalised here
-    kind = kind_of(payload)
-    if entry is None:
-        entry = catalog.default(kind)
-    elif entry.kind is not kind:
-        raise WrongInputKindError(f"{entry.name} takes {entry.kind.noun}s ({entry.task}), not {kind.noun}s")
-    request_id = state["request_id"]
-    rollout = catalog.routing.rollout(entry.name)
-    if rollout is None or version is not None:  # a version named explicitly is never rerouted
-        state["model"] = entry.name  # the metrics' model label: catalogued names only
-        k = resolve_top_k(top_k, payload.top_k, entry.caps.default_top_k, entry.caps.max_top_k)
-        answers = await state["plane"].classify(
-            entry,
-            catalog.version(entry.name) if version is None else version,
-            payload,
-            k,
-            request_id,
-            started,
-        )
-        return Response(
-            classify_response_json(entry.name, request_id, answers), media_type="application/json"
-        )
-    return await _classify_in_rollout(request, state, entry, rollout, payload, top_k, started)
 
 
 def _client(request: Request) -> str | None:
@@ -179,45 +132,23 @@ def _client(request: Request) -> str | None:
     return client if client is not None else request.headers.get("x-rollout-key")
 
 
-async def _classify_in_rollout(
-    request: Request,
-    state: GatewayState,
-    entry: CatalogEntry,
-    rollout: Rollout,
-    payload: ClassifyInput,
-    top_k: int | None,
-    started: float,
-) -> Response:
-    catalog, plane, runner = state["catalog"], state["plane"], state["rollouts"]
-    request_id = state["request_id"]
-    served, arm = entry, "primary"
-    if rollout.canary is not None and rollout.canary_for(entry.name, _client(request)):
-        candidate = catalog.find(rollout.canary.model)
-        if candidate is not None and candidate.kind is entry.kind:
-            served, arm = candidate, "canary"
-    version = (rollout.canary.version if arm == "canary" and rollout.canary else "") or catalog.version(
-        served.name
-    )
-    state["model"] = served.name
-    k = resolve_top_k(top_k, payload.top_k, served.caps.default_top_k, served.caps.max_top_k)
-    began = perf_counter()
+async def _classify(request: Request, top_k: int | None, model: str | None, version: str | None) -> Response:
+    # The hot path: the lifespan's state is read straight from the request (no dependency
+    # resolution), and the answer is serialised once, here (FastAPI does not re-validate a
+    # Response; `response_model` still documents it).
+    state = gateway_state(request)
+    call = Call(state["request_id"], perf_counter(), _client(request))
+    dispatcher = state["dispatcher"]
+    dispatcher.check_model(model, version)  # an unknown model is refused before its body is read
+    # The body is read before admission: a slot bounds work (checks, Triton), and a slow
+    # upload, bounded by the body timeout, never holds one. Refusing only once the body is
+    # in also spares a client still writing it a connection reset instead of the 503.
+    with state["tracing"].span("read body"):
+        payload = await read_classify_input(request, state["settings"], state["workers"])
     try:
-        answers = await plane.classify(served, version, payload, k, request_id, started)
-    except GatewayError:
-        runner.record(entry.name, arm, perf_counter() - began, failed=True)
-        raise
-    runner.record(entry.name, arm, perf_counter() - began, failed=False)
-    shadow = rollout.shadow
-    if shadow is not None and rollout.shadowed():
-        target = catalog.find(shadow.model)
-        if target is not None and target.kind is entry.kind:
-            shadow_version = shadow.version or catalog.version(target.name)
-            shadow_k = min(k, target.caps.max_top_k)
-
-            def run() -> Awaitable[list[Classification]]:
-                return plane.classify(
-                    target, shadow_version, payload, shadow_k, request_id, perf_counter(), admitted=False
-                )
-
-            runner.shadow(entry.name, len(answers), run, answers, shadow)
-    return Response(classify_response_json(served.name, request_id, answers), media_type="application/json")
+        answer = await dispatcher.classify(payload, call, model=model, version=version, top_k=top_k)
+    finally:
+        if call.model is not None:
+            state["model"] = call.model  # the metrics' model label
+    body = classify_response_json(answer.model, call.request_id, answer.classifications)
+    return Response(body, media_type="application/json")

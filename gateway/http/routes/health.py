@@ -8,19 +8,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from gateway.errors import GatewayError, NotReadyError
-from gateway.http.dependencies import AdmissionDep, BackendDep, CatalogDep, SettingsDep
+from gateway.http.dependencies import AdmissionDep, BackendDep, CatalogDep, DispatcherDep, SettingsDep
 from gateway.http.problems import problem_response, problem_responses
 from gateway.http.schemas import ComposingModel, Liveness, ModelInfo, ModelsResponse, Readiness, TritonInfo
 from gateway.serving.catalog import Catalog, CatalogEntry
 from gateway.triton.backend import InferenceBackend, ModelStatus
 
 router = APIRouter(tags=["health"])
-
-
-async def default_statuses(backend: InferenceBackend, catalog: Catalog) -> list[ModelStatus]:
-    """The default models as Triton sees them now (at their pinned versions)."""
-    names = list(dict.fromkeys(catalog.defaults().values()))
-    return list(await asyncio.gather(*(backend.model_status(n, catalog.version(n)) for n in names)))
 
 
 @router.get("/livez", summary="The process is up (never calls Triton)")
@@ -57,6 +51,7 @@ async def readyz(
     request: Request,
     settings: SettingsDep,
     catalog: CatalogDep,
+    dispatcher: DispatcherDep,
     backend: BackendDep,
     admission: AdmissionDep,
 ) -> Response:
@@ -64,7 +59,7 @@ async def readyz(
     if admission.leaving:
         checks = {"accepting": False}
     else:
-        server, statuses = await asyncio.gather(backend.server_status(), default_statuses(backend, catalog))
+        server, statuses = await asyncio.gather(backend.server_status(), dispatcher.served_statuses())
         # only a live Triton unloads a model on purpose (and a dead one is not asked twice)
         unloaded = await unloaded_models(backend, statuses) if server.live else set()
         checks = {"accepting": True, "triton_live": server.live}

@@ -14,16 +14,16 @@ problem members.
 
 from __future__ import annotations
 
-import asyncio
+from time import perf_counter
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import Response
 
 from gateway import __version__
-from gateway.errors import InvalidInputError, NotFoundError, TritonUnavailableError
+from gateway.errors import InvalidInputError, TritonUnavailableError
 from gateway.http.bodies import limited_body
-from gateway.http.dependencies import BackendDep, CatalogDep, SettingsDep, gateway_state
+from gateway.http.dependencies import BackendDep, DispatcherDep, gateway_state
 from gateway.http.oip import (
     HEADER_LENGTH,
     BytesCheck,
@@ -33,7 +33,8 @@ from gateway.http.oip import (
     split_body,
 )
 from gateway.http.problems import problem_responses as _problem_responses
-from gateway.serving.catalog import Catalog, CatalogEntry
+from gateway.serving.catalog import CatalogEntry
+from gateway.serving.dispatch import Call, Dispatcher
 from gateway.settings import Settings
 from gateway.triton.backend import InferenceBackend
 from gateway.triton.tensors import Tensor
@@ -50,16 +51,6 @@ router = APIRouter(prefix="/v2", tags=["open inference protocol"])
 # a model that does not exist (404), not a malformed request.
 ModelName = Annotated[str, Path(description="A model on the gateway's allow-list.")]
 ModelVersion = Annotated[str, Path(description="A version number.")]
-
-
-def allowed(catalog: Catalog, settings: Settings, name: str, version: str = "") -> CatalogEntry | None:
-    """The model's catalog entry (None for a model of GATEWAY_V2_MODELS); 404, exactly as
-    an unknown model, for anything else or a version that is not a number."""
-    entry = catalog.find(name)
-    known = entry is not None or name in settings.v2_models
-    if not known or not (version == "" or (version.isdigit() and len(version) <= 10)):
-        raise NotFoundError("there is no such model")
-    return entry
 
 
 @router.get("", summary="Server metadata (OIP)")
@@ -83,9 +74,8 @@ async def health_live(backend: BackendDep) -> dict[str, bool]:
 @router.get(
     "/health/ready", summary="Every allow-listed model is ready (OIP)", responses=problem_responses(503)
 )
-async def health_ready(settings: SettingsDep, catalog: CatalogDep, backend: BackendDep) -> dict[str, bool]:
-    names = dict.fromkeys([*catalog.defaults().values(), *settings.v2_models])
-    statuses = await asyncio.gather(*(backend.model_status(m, catalog.version(m)) for m in names))
+async def health_ready(dispatcher: DispatcherDep) -> dict[str, bool]:
+    statuses = await dispatcher.served_statuses(v2_models=True)
     if not all(s.ready for s in statuses):
         raise TritonUnavailableError("a model is not ready", headers={"Retry-After": "1"})
     return {"ready": True}
@@ -93,9 +83,9 @@ async def health_ready(settings: SettingsDep, catalog: CatalogDep, backend: Back
 
 @router.get("/models/{model_name}", summary="Model metadata (OIP)", responses=problem_responses(404, 503))
 async def model_metadata(
-    model_name: ModelName, settings: SettingsDep, catalog: CatalogDep, backend: BackendDep
+    model_name: ModelName, dispatcher: DispatcherDep, backend: BackendDep
 ) -> dict[str, Any]:
-    allowed(catalog, settings, model_name)
+    dispatcher.oip_target(model_name)  # 404 for a model that is not exposed
     return (await backend.model_signature(model_name, "")).as_json()
 
 
@@ -105,23 +95,19 @@ async def model_metadata(
     responses=problem_responses(404, 503),
 )
 async def model_version_metadata(
-    model_name: ModelName,
-    model_version: ModelVersion,
-    settings: SettingsDep,
-    catalog: CatalogDep,
-    backend: BackendDep,
+    model_name: ModelName, model_version: ModelVersion, dispatcher: DispatcherDep, backend: BackendDep
 ) -> dict[str, Any]:
-    allowed(catalog, settings, model_name, model_version)
+    dispatcher.oip_target(model_name, model_version)
     return (await backend.model_signature(model_name, model_version)).as_json()
 
 
 async def _ready(
-    settings: Settings, catalog: Catalog, backend: InferenceBackend, name: str, version: str
+    dispatcher: Dispatcher, backend: InferenceBackend, name: str, version: str
 ) -> dict[str, bool]:
-    allowed(catalog, settings, name, version)
-    if version:
-        await backend.model_signature(name, version)  # an unknown version is 404, not "not ready"
-    status = await backend.model_status(name, version)
+    target = dispatcher.oip_target(name, version)  # unversioned: the pinned version's readiness
+    if target.version:
+        await backend.model_signature(name, target.version)  # an unknown version is 404, not "not ready"
+    status = await backend.model_status(name, target.version)
     if not status.ready:
         raise TritonUnavailableError("the model is not ready", headers={"Retry-After": "1"})
     return {"ready": True}
@@ -131,9 +117,9 @@ async def _ready(
     "/models/{model_name}/ready", summary="Model readiness (OIP)", responses=problem_responses(404, 503)
 )
 async def model_ready(
-    model_name: ModelName, settings: SettingsDep, catalog: CatalogDep, backend: BackendDep
+    model_name: ModelName, dispatcher: DispatcherDep, backend: BackendDep
 ) -> dict[str, bool]:
-    return await _ready(settings, catalog, backend, model_name, "")
+    return await _ready(dispatcher, backend, model_name, "")
 
 
 @router.get(
@@ -142,13 +128,9 @@ async def model_ready(
     responses=problem_responses(404, 503),
 )
 async def model_version_ready(
-    model_name: ModelName,
-    model_version: ModelVersion,
-    settings: SettingsDep,
-    catalog: CatalogDep,
-    backend: BackendDep,
+    model_name: ModelName, model_version: ModelVersion, dispatcher: DispatcherDep, backend: BackendDep
 ) -> dict[str, bool]:
-    return await _ready(settings, catalog, backend, model_name, model_version)
+    return await _ready(dispatcher, backend, model_name, model_version)
 
 
 def _bytes_checks(entry: CatalogEntry | None) -> BytesCheck:
@@ -187,19 +169,26 @@ def _caps(settings: Settings) -> Caps:
 
 async def _infer(request: Request, name: str, version: str) -> Response:
     state = gateway_state(request)
-    settings, tracing = state["settings"], state["tracing"]
-    entry = allowed(state["catalog"], settings, name, version)
-    request.state.model = name  # the metrics' model label: catalogued or allow-listed names only
+    settings, tracing, dispatcher = state["settings"], state["tracing"], state["dispatcher"]
+    target = dispatcher.oip_target(name, version)  # the pin applies to an unversioned call
+    state["model"] = name  # the metrics' model label: catalogued or allow-listed names only
     with tracing.span("read body"):
         body = await limited_body(request, settings.max_json_body_bytes, settings.server.body_timeout_seconds)
-    signature = await state["backend"].model_signature(name, version)
+    signature = await dispatcher.signature(target)
     with tracing.span("validate tensors"):
         header, binary = split_body(body, request.headers.get(HEADER_LENGTH))
         parsed = await state["workers"].run(
-            len(body), parse_infer_request, header, binary, signature, _caps(settings), _bytes_checks(entry)
+            len(body),
+            parse_infer_request,
+            header,
+            binary,
+            signature,
+            _caps(settings),
+            _bytes_checks(target.entry),
         )
-        _check_top_k(entry, parsed.inputs)
-    answer = await state["plane"].infer(name, version, parsed.inputs, parsed.outputs, state["request_id"])
+        _check_top_k(target.entry, parsed.inputs)
+    call = Call(state["request_id"], perf_counter())
+    answer = await dispatcher.infer(target, parsed.inputs, parsed.outputs, call)
     outputs = list(answer.outputs.values())
     content, header_length = encode_infer_response(
         name, answer.model_version, parsed.id, outputs, parsed.binary_outputs

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from gateway.errors import InvalidImageError, InvalidInputError
+from gateway.names import IMAGE_TASK
 from gateway.serving.kinds.base import Caps, CapsReader, Kind, classifications, top_k_tensor
 from gateway.serving.payload import RAW_IMAGE_TYPES, ClassifyInput
 from gateway.serving.validation import ACCEPTED_FORMATS, check_count, inspect_images
@@ -23,7 +24,7 @@ from gateway.triton.tensors import Tensor
 
 
 class ImageKind(Kind):
-    task = "image-classification"
+    task = IMAGE_TASK
     noun = "image"
     accepts = ("multipart/form-data", "application/json", *RAW_IMAGE_TYPES)
     oip_inputs = frozenset({"IMAGE"})

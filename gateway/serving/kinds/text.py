@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from gateway.errors import InvalidInputError
+from gateway.names import TEXT_TASK
 from gateway.serving.kinds.base import Caps, CapsReader, Kind, classifications, top_k_tensor
 from gateway.serving.payload import ClassifyInput
 from gateway.serving.validation import check_count, normalize_labels, normalize_text
@@ -33,7 +34,7 @@ def _text(element: bytes, what: str) -> str:
 
 
 class TextKind(Kind):
-    task = "text-classification"
+    task = TEXT_TASK
     noun = "text"
     accepts = ("application/json",)
     oip_inputs = frozenset({"TEXT", CANDIDATE_LABELS})

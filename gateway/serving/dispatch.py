@@ -1,0 +1,204 @@
+"""What serves a request, decided once for every route.
+
+The routes read a body and render an answer; everything between is here: which model
+(the one named, or the default of the input's kind), which version (the one named, else
+the pin), which rollout arm (canary or primary) and its version, how many predictions
+(top-k), the model the metrics name, the shadow after the answer, and the inference
+plane that runs it (admission, checks, breaker, fan-out). MLServer's
+``DataPlane.infer``, resolving the model inside the plane, is the model.
+
+The Open Inference Protocol routes (``/v2``) go through :meth:`Dispatcher.oip_target`:
+a pin applies to an unversioned call there exactly as on ``/models/{model}/classify``;
+rollouts do not (a ``/v2`` client addresses one model's tensors by name, and its answer
+names the model and the version that produced it, so a canary of another model would
+answer for a model it was not asked). A version named in the path overrides the pin,
+on every route.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
+from time import perf_counter
+
+from gateway.errors import GatewayError, NotFoundError, WrongInputKindError
+from gateway.names import is_version
+from gateway.serving.catalog import Catalog, CatalogEntry
+from gateway.serving.kinds import kind_of
+from gateway.serving.payload import ClassifyInput
+from gateway.serving.plane import InferencePlane
+from gateway.serving.rollout import RolloutRunner
+from gateway.serving.validation import resolve_top_k
+from gateway.shared.routing import Rollout
+from gateway.triton.backend import Classification, InferResult, ModelSignature, ModelStatus
+from gateway.triton.tensors import Tensor
+
+
+@dataclass
+class Call:
+    """One request as the serving side sees it. ``model`` is written back by the
+    dispatcher as soon as it is known (the metrics' model label: catalogued names only,
+    set before the inference so a failure is labelled too)."""
+
+    request_id: str
+    started: float
+    client: str | None = None  # who a canary assignment sticks to (key id, X-Rollout-Key)
+    model: str | None = None
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The classifications, in input order, and the model that produced them."""
+
+    model: str
+    classifications: list[Classification]
+
+
+@dataclass(frozen=True)
+class OipTarget:
+    """What an Open Inference Protocol call goes to: a catalogued classifier (its checks
+    apply) or a model of ``GATEWAY_V2_MODELS`` (``entry`` None), and the version ("":
+    Triton's latest) after the pin."""
+
+    name: str
+    version: str
+    entry: CatalogEntry | None
+
+
+class Dispatcher:
+    """Built once by the app's lifespan; every inference route calls it."""
+
+    def __init__(
+        self, catalog: Catalog, plane: InferencePlane, rollouts: RolloutRunner, v2_models: Sequence[str]
+    ) -> None:
+        self.catalog = catalog
+        self.plane = plane
+        self.rollouts = rollouts
+        self.v2_models = frozenset(v2_models)
+
+    # -- /classify and /models/{model}[/versions/{v}]/classify ------------------------
+    def check_model(self, model: str | None, version: str | None = None) -> None:
+        """Refuse an unknown model or version before its body is read (404)."""
+        if version is not None and not is_version(version):
+            raise NotFoundError("there is no such model version")
+        if model is not None:
+            self.catalog.get(model)
+
+    async def classify(
+        self,
+        payload: ClassifyInput,
+        call: Call,
+        *,
+        model: str | None = None,
+        version: str | None = None,
+        top_k: int | None = None,
+    ) -> Answer:
+        """Classify ``payload`` with ``model`` (None: the default of its kind), ``version``
+        (None: the pin, or the rollout's arm)."""
+        self.check_model(model, version)
+        kind = kind_of(payload)
+        entry = self.catalog.default(kind) if model is None else self.catalog.get(model)
+        if entry.kind is not kind:
+            raise WrongInputKindError(
+                f"{entry.name} takes {entry.kind.noun}s ({entry.task}), not {kind.noun}s"
+            )
+        rollout = self.catalog.routing.rollout(entry.name)
+        if rollout is None or version is not None:  # a version named explicitly is never rerouted
+            call.model = entry.name
+            chosen = self.catalog.version(entry.name) if version is None else version
+            answers = await self._run(entry, chosen, payload, self._top_k(entry, payload, top_k), call)
+            return Answer(entry.name, answers)
+        return await self._in_rollout(entry, rollout, payload, top_k, call)
+
+    @staticmethod
+    def _top_k(entry: CatalogEntry, payload: ClassifyInput, top_k: int | None) -> int:
+        caps = entry.caps
+        return resolve_top_k(top_k, payload.top_k, caps.default_top_k, caps.max_top_k)
+
+    async def _run(
+        self,
+        entry: CatalogEntry,
+        version: str,
+        payload: ClassifyInput,
+        top_k: int,
+        call: Call,
+        admitted: bool = True,
+    ) -> list[Classification]:
+        return await self.plane.classify(
+            entry, version, payload, top_k, call.request_id, call.started, admitted=admitted
+        )
+
+    async def _in_rollout(
+        self, entry: CatalogEntry, rollout: Rollout, payload: ClassifyInput, top_k: int | None, call: Call
+    ) -> Answer:
+        served, arm, version = entry, "primary", ""
+        canary = rollout.canary
+        if canary is not None and rollout.canary_for(entry.name, call.client):
+            candidate = self.catalog.find(canary.model)
+            if candidate is not None and candidate.kind is entry.kind:
+                served, arm, version = candidate, "canary", canary.version
+        call.model = served.name
+        k = self._top_k(served, payload, top_k)  # once per request, for the arm that serves it
+        began = perf_counter()
+        try:
+            answers = await self._run(served, version or self.catalog.version(served.name), payload, k, call)
+        except GatewayError:
+            self.rollouts.record(entry.name, arm, perf_counter() - began, failed=True)
+            raise
+        self.rollouts.record(entry.name, arm, perf_counter() - began, failed=False)
+        self._shadow(entry, rollout, payload, k, call, answers)
+        return Answer(served.name, answers)
+
+    def _shadow(
+        self,
+        entry: CatalogEntry,
+        rollout: Rollout,
+        payload: ClassifyInput,
+        top_k: int,
+        call: Call,
+        answers: list[Classification],
+    ) -> None:
+        shadow = rollout.shadow
+        if shadow is None or not rollout.shadowed():
+            return
+        target = self.catalog.find(shadow.model)
+        if target is None or target.kind is not entry.kind:
+            return
+        version = shadow.version or self.catalog.version(target.name)
+        k = min(top_k, target.caps.max_top_k)
+
+        def run() -> Awaitable[list[Classification]]:
+            # outside admission: the shadow has its own cap (the rollout runner's)
+            return self._run(target, version, payload, k, Call(call.request_id, perf_counter()), False)
+
+        self.rollouts.shadow(entry.name, len(answers), run, answers, shadow)
+
+    # -- readiness --------------------------------------------------------------------
+    async def served_statuses(self, *, v2_models: bool = False) -> list[ModelStatus]:
+        """The default models (and with ``v2_models`` the allow-listed ones) as Triton sees
+        them now, at the versions requests go to (their pins)."""
+        names = list(self.catalog.defaults().values())
+        if v2_models:
+            names.extend(sorted(self.v2_models))
+        backend = self.plane.backend
+        unique = dict.fromkeys(names)
+        return list(await asyncio.gather(*(backend.model_status(n, self.catalog.version(n)) for n in unique)))
+
+    # -- /v2 --------------------------------------------------------------------------
+    def oip_target(self, name: str, version: str = "") -> OipTarget:
+        """The model and version an OIP call goes to; 404, exactly as an unknown model,
+        for a model neither catalogued nor allow-listed or a version that is not one."""
+        entry = self.catalog.find(name)
+        if (entry is None and name not in self.v2_models) or (version and not is_version(version)):
+            raise NotFoundError("there is no such model")
+        return OipTarget(name, version or self.catalog.version(name), entry)
+
+    async def signature(self, target: OipTarget) -> ModelSignature:
+        return await self.plane.backend.model_signature(target.name, target.version)
+
+    async def infer(
+        self, target: OipTarget, inputs: Sequence[Tensor], outputs: Sequence[str], call: Call
+    ) -> InferResult:
+        call.model = target.name
+        return await self.plane.infer(target.name, target.version, inputs, outputs, call.request_id)
