@@ -9,7 +9,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from gateway.errors import ConfigurationError
-from gateway.names import TASKS, TEXT_TASK
+from gateway.names import ACTIVATIONS, DEFAULT_ACTIVATION, TASKS, TEXT_TASK
 from gateway.settings import Settings
 
 # The --normalize presets (gateway.modelrepo.imageentry.PRESETS; not imported here to keep the
@@ -61,9 +61,11 @@ def _parser() -> argparse.ArgumentParser:
         "add-model",
         help="write a classifier into a model repository (then load it through /admin: the catalog serves it)",
         description="Write a classifier into a Triton model repository, checked before anything is "
-        "written: an image classifier from your ONNX file and its labels (with the GPU config, "
-        "its TensorRT profile and the CPU twin), or a zero-shot text classifier of your own labels "
-        "on the shipped sentence encoder. Then POST /admin/models/NAME/load.",
+        "written: an image classifier from your ONNX file and its labels, a fine-tuned text "
+        "classifier from your ONNX file, its tokenizer.json and its labels (each with the GPU "
+        "config, its TensorRT profile and the CPU twin), or a zero-shot text classifier of your "
+        "own labels on the shipped sentence encoder (--labels without --onnx). "
+        "Then POST /admin/models/NAME/load.",
     )
     add.add_argument(
         "name", help="the model's name (its ensemble; its own steps are named NAME_<step> beside it)"
@@ -74,18 +76,49 @@ def _parser() -> argparse.ArgumentParser:
         choices=list(TASKS),
         help="what it classifies",
     )
-    add.add_argument(
+    labels = add.add_mutually_exclusive_group(required=True)
+    labels.add_argument(
         "--labels",
         type=Path,
-        required=True,
-        help="images: one class name a line, line n = class n - 1; texts: `label` or `label: prompt` a line",
+        help="with --onnx: one class name a line, line n = class n - 1; zero-shot texts (no --onnx): "
+        "`label` or `label: prompt` a line",
+    )
+    labels.add_argument(
+        "--labels-from",
+        type=Path,
+        help="with --onnx: a Hugging Face config.json whose id2label names the classes",
     )
     add.add_argument("--repository", type=Path, default=Path("model_repository"))
     add.add_argument("--replace", action="store_true", help="overwrite a model of that name")
-    image = add.add_argument_group("image classifiers (--task image-classification)")
-    image.add_argument(
-        "--onnx", type=Path, help="the network: one image input, one output of batch x classes"
+    network = add.add_argument_group("your own network (--onnx; images and fine-tuned texts)")
+    network.add_argument(
+        "--onnx",
+        type=Path,
+        help="the network: images: one image input; texts: input_ids, attention_mask (and "
+        "token_type_ids); one output of batch x classes",
     )
+    network.add_argument(
+        "--activation",
+        choices=list(ACTIVATIONS),
+        default=DEFAULT_ACTIVATION,
+        help="how its outputs become scores: softmax (logits, one label per input; default), "
+        "sigmoid (multi-label: each label on its own), none (it already outputs probabilities)",
+    )
+    network.add_argument("--output", dest="output_name", help="the output tensor, when the file has several")
+    network.add_argument(
+        "--max-batch",
+        type=int,
+        help="batch cap (default 32 images, 64 texts; 1 when the ONNX batch axis is fixed at 1)",
+    )
+    network.add_argument("--max-top-k", type=int, help="the largest top_k it answers (default 20)")
+    text = add.add_argument_group("fine-tuned text classifiers (--task text-classification --onnx)")
+    text.add_argument("--tokenizer", type=Path, help="the model's Hugging Face tokenizer.json")
+    text.add_argument(
+        "--max-length",
+        type=int,
+        help="truncate texts to this many tokens (default: what the position embeddings allow, else 512)",
+    )
+    image = add.add_argument_group("image classifiers (--task image-classification)")
     image.add_argument(
         "--normalize",
         choices=sorted(PRESET_NAMES),
@@ -106,11 +139,6 @@ def _parser() -> argparse.ArgumentParser:
     image.add_argument(
         "--input", dest="input_name", help="the input tensor (default: the ONNX file's only one)"
     )
-    image.add_argument("--output", dest="output_name", help="the output tensor, when the file has several")
-    image.add_argument(
-        "--max-batch", type=int, help="batch cap (default 32; 1 when the ONNX batch axis is fixed at 1)"
-    )
-    image.add_argument("--max-top-k", type=int, help="the largest top_k it answers (default 20)")
     remove = commands.add_parser(
         "remove-model", help="remove a classifier written by add-model (unload it first)"
     )
@@ -194,24 +222,68 @@ def _repository_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _refuse_options(args: argparse.Namespace, names: tuple[str, ...], what: str) -> None:
+    from gateway.modelrepo.repository import ModelRepositoryError
+
+    given = [
+        f"--{name.removesuffix('_name').replace('_', '-')}"
+        for name in names
+        if getattr(args, name) is not None
+    ]
+    if given:
+        raise ModelRepositoryError(f"{', '.join(given)}: for {what} only")
+
+
 def _add_model(args: argparse.Namespace) -> list[str]:
     from gateway.modelrepo.imageentry import ImageOptions
-    from gateway.modelrepo.repository import ModelRepositoryError, add_image_classifier, add_text_classifier
+    from gateway.modelrepo.repository import (
+        ModelRepositoryError,
+        add_finetuned_text_classifier,
+        add_image_classifier,
+        add_text_classifier,
+    )
+    from gateway.modelrepo.textentry import TextOptions
 
-    image_options = ("onnx", "normalize", "mean", "std", "input_size", "resize_short_side", "input_name",
-                     "output_name", "max_batch", "max_top_k")  # fmt: skip
+    image_only = ("normalize", "mean", "std", "input_size", "resize_short_side", "input_name")
+    text_only = ("tokenizer", "max_length")
+    network = ("onnx", "output_name", "max_batch", "max_top_k", "labels_from")
+    labels = args.labels if args.labels is not None else args.labels_from
     if args.task == TEXT_TASK:
-        given = [
-            f"--{name.replace('_name', '').replace('_', '-')}"
-            for name in image_options
-            if getattr(args, name) is not None
-        ]
-        if given or args.channel_order != "RGB":
-            raise ModelRepositoryError(f"{', '.join(given) or '--channel-order'}: for image classifiers only")
-        return add_text_classifier(args.repository, args.name, args.labels, replace=args.replace)
+        _refuse_options(args, image_only, "image classifiers")
+        if args.channel_order != "RGB":
+            raise ModelRepositoryError("--channel-order: for image classifiers only")
+        if args.onnx is None:  # a zero-shot label set on the shipped encoder
+            _refuse_options(args, text_only + network, "your own network (--onnx)")
+            if args.activation != DEFAULT_ACTIVATION:
+                raise ModelRepositoryError("--activation: for your own network (--onnx) only")
+            return add_text_classifier(args.repository, args.name, labels, replace=args.replace)
+        if args.tokenizer is None:
+            raise ModelRepositoryError(
+                "a fine-tuned text classifier needs its tokenizer: --tokenizer tokenizer.json"
+            )
+        options = TextOptions(
+            max_length=args.max_length,
+            activation=args.activation,
+            output_name=args.output_name,
+            max_batch=args.max_batch,
+            max_top_k=args.max_top_k,
+        )
+        return add_finetuned_text_classifier(
+            args.repository,
+            args.name,
+            args.onnx,
+            args.tokenizer,
+            labels,
+            options,
+            labels_from_config=args.labels_from is not None,
+            replace=args.replace,
+        )
+    _refuse_options(args, text_only, "fine-tuned text classifiers")
     if args.onnx is None:
         raise ModelRepositoryError("an image classifier needs its network: --onnx FILE")
-    options = ImageOptions(
+    if args.labels_from is not None:
+        raise ModelRepositoryError("--labels-from: for fine-tuned text classifiers; give images --labels")
+    image_options = ImageOptions(
         normalize=args.normalize,
         mean=args.mean,
         std=args.std,
@@ -222,9 +294,10 @@ def _add_model(args: argparse.Namespace) -> list[str]:
         output_name=args.output_name,
         max_batch=args.max_batch,
         max_top_k=args.max_top_k,
+        activation=args.activation,
     )
     return add_image_classifier(
-        args.repository, args.name, args.onnx, args.labels, options, replace=args.replace
+        args.repository, args.name, args.onnx, labels, image_options, replace=args.replace
     )
 
 

@@ -14,9 +14,35 @@ MODEL_NAME = r"[A-Za-z0-9_.\-]{1,128}"
 # A model reference with an optional version: "model" or "model:3".
 MODEL_REF = rf"{MODEL_NAME}(:{VERSION})?"
 
+# The models the repository ships, by part; add-model builds on them and never overwrites one.
+SHIPPED_MODELS = {
+    "image": {
+        "ensemble": "image_classifier",
+        "preprocess": "image_preprocess",
+        "model": "image_model",
+        "postprocess": "image_postprocess",
+    },
+    "text": {
+        "ensemble": "text_classifier",
+        "tokenize": "text_tokenize",
+        "model": "text_model",
+        "postprocess": "text_postprocess",
+        "labels": "text_labels",
+        "embedder": "text_embedder",
+    },
+}
+DEFAULT_IMAGE_MODEL = SHIPPED_MODELS["image"]["ensemble"]
+DEFAULT_TEXT_MODEL = SHIPPED_MODELS["text"]["ensemble"]
+
 IMAGE_TASK = "image-classification"
 TEXT_TASK = "text-classification"
 TASKS = (IMAGE_TASK, TEXT_TASK)
+
+# How a classifier's network outputs become scores (its postprocess's `activation`):
+# softmax (logits, one label per input), sigmoid (multi-label: each label on its own),
+# none (the network already outputs scores, e.g. it ends in a softmax).
+ACTIVATIONS = ("softmax", "sigmoid", "none")
+DEFAULT_ACTIVATION = "softmax"
 
 _VERSION = re.compile(rf"^{VERSION}$")
 

@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from gateway.names import IMAGE_TASK, TEXT_TASK, VERSION
+from gateway.names import DEFAULT_IMAGE_MODEL, DEFAULT_TEXT_MODEL, IMAGE_TASK, TEXT_TASK, VERSION
 
 MiB = 1024 * 1024
 # The most predictions a client may ever ask for; each model's own max_top_k (its
@@ -280,7 +280,7 @@ class Settings(BaseSettings):
     host: str = Field("0.0.0.0", description="Address `triton-gateway serve` listens on.")
     port: int = Field(8080, ge=1, le=65535, description="Port `triton-gateway serve` listens on.")
     image_model: str = Field(
-        "image_classifier",
+        DEFAULT_IMAGE_MODEL,
         description="The image classifier POST /classify uses; empty: /classify takes no images "
         "(other image classifiers stay reachable at /models/{model}/classify).",
     )
@@ -290,7 +290,7 @@ class Settings(BaseSettings):
         description="Version pin of image_model at start; empty: Triton's latest.",
     )
     text_model: str = Field(
-        "text_classifier",
+        DEFAULT_TEXT_MODEL,
         description="The text classifier POST /classify uses; empty: /classify takes no texts.",
     )
     text_model_version: str = Field(

@@ -158,7 +158,7 @@ def parse_json_input(body: bytes, settings: Settings) -> ClassifyInput:
         except (MalformedRequestError, PayloadTooLargeError) as exc:
             exc.at(index)
             raise
-    return ClassifyInput(images=images, top_k=parsed.top_k)
+    return ClassifyInput(images=images, top_k=parsed.top_k, threshold=parsed.threshold)
 
 
 def _texts_from(parsed: ClassifyJSONRequest, settings: Settings) -> ClassifyInput:
@@ -174,7 +174,7 @@ def _texts_from(parsed: ClassifyJSONRequest, settings: Settings) -> ClassifyInpu
     labels = None
     if parsed.candidate_labels is not None:
         labels = normalize_labels(parsed.candidate_labels, settings.text)
-    return ClassifyInput(texts=texts, candidate_labels=labels, top_k=parsed.top_k)
+    return ClassifyInput(texts=texts, candidate_labels=labels, top_k=parsed.top_k, threshold=parsed.threshold)
 
 
 async def read_classify_input(request: Request, settings: Settings, workers: CheckWorkers) -> ClassifyInput:

@@ -6,7 +6,7 @@ import json
 from functools import cache
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, create_model
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, create_model
 
 from gateway.names import MODEL_REF, VERSION
 from gateway.settings import TOP_K_CEILING
@@ -46,6 +46,14 @@ class ClassifyJSONRequest(BaseModel):
     )
     top_k: StrictInt | None = Field(
         None, ge=1, le=TOP_K_CEILING, description="Predictions per input (also a query parameter)."
+    )
+    threshold: StrictFloat | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Only labels scoring at least this, best first (also a query parameter): at most "
+        "top_k of them when top_k is given, else at most the model's max_top_k; possibly none. "
+        "For multi-label (sigmoid) models, the labels that apply.",
     )
 
 

@@ -25,14 +25,10 @@ from typing import Any
 
 from gateway.errors import ConfigurationError
 from gateway.modelrepo.onnxgraph import OnnxGraph, TensorInfo
+from gateway.names import ACTIVATIONS, DEFAULT_ACTIVATION, SHIPPED_MODELS
 from gateway.triton import pbtxt
 
-SHIPPED = {
-    "ensemble": "image_classifier",
-    "preprocess": "image_preprocess",
-    "model": "image_model",
-    "postprocess": "image_postprocess",
-}
+SHIPPED = SHIPPED_MODELS["image"]
 # mean and std per channel, in RGB order and the 0..255 scale the preprocess works in.
 PRESETS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
     # torchvision and most PyTorch models: mean (0.485, 0.456, 0.406), std (0.229, 0.224, 0.225) of 0..1
@@ -68,6 +64,7 @@ class ImageOptions:
     output_name: str | None = None
     max_batch: int | None = None
     max_top_k: int | None = None
+    activation: str = DEFAULT_ACTIVATION
 
 
 @dataclass(frozen=True)
@@ -86,6 +83,7 @@ class ImageSpec:
     std: tuple[float, ...]
     channel_order: str
     max_top_k: int
+    activation: str = DEFAULT_ACTIVATION
 
     def pixels_dims(self) -> list[int]:
         if self.layout == "NCHW":
@@ -224,6 +222,7 @@ def image_spec(graph: OnnxGraph, labels: list[str], labels_file: Path, options: 
     if not 1 <= max_top_k <= classes:
         raise ImageModelError(f"--max-top-k must be 1..{classes} (the classes), not {max_top_k}")
     mean, std = _normalisation(options)
+    check_activation(options.activation)
     return ImageSpec(
         input_name=tensor.name,
         output_name=output.name,
@@ -237,7 +236,13 @@ def image_spec(graph: OnnxGraph, labels: list[str], labels_file: Path, options: 
         std=std,
         channel_order=options.channel_order,
         max_top_k=max_top_k,
+        activation=options.activation,
     )
+
+
+def check_activation(activation: str) -> None:
+    if activation not in ACTIVATIONS:
+        raise ImageModelError(f"--activation must be one of {', '.join(ACTIVATIONS)}, not {activation!r}")
 
 
 def parts(name: str) -> dict[str, str]:
@@ -282,7 +287,7 @@ def stage_image(
         f"Written by `triton-gateway add-model {name}` from {onnx_file.name} (sha256 {digest}...):\n"
         f"{spec.layout} {spec.height}x{spec.width} {spec.channel_order}, resize short side "
         f"{spec.resize_short_side}, mean {_floats(spec.mean)}, std {_floats(spec.std)}, "
-        f"{spec.classes} classes, batch <= {spec.max_batch}."
+        f"{spec.classes} classes ({spec.activation}), batch <= {spec.max_batch}."
     )
 
     ensemble = pbtxt.read_config(shipped["ensemble"] / "config.pbtxt")
@@ -343,6 +348,7 @@ def stage_image(
     pbtxt.set_tensor(post.input, "LOGITS", "LOGITS", [spec.classes])
     pbtxt.set_parameter(post, "labels_file", "labels.txt")
     pbtxt.set_parameter(post, "max_top_k", str(spec.max_top_k))
+    pbtxt.set_parameter(post, "activation", spec.activation)
     (staging / names["postprocess"] / "config.pbtxt").write_text(pbtxt.render(post, origin))
     (staging / names["postprocess"] / "labels.txt").write_text("".join(f"{label}\n" for label in labels))
     _link_code(staging, repository, names["postprocess"], SHIPPED["postprocess"])

@@ -59,3 +59,34 @@ def read_class_labels(path: Path) -> list[str]:
     if len(names) < 2:
         raise LabelFileError(f"{path}: at least two labels are needed, found {len(names)}")
     return names
+
+
+def read_id2label(path: Path) -> list[str]:
+    """A Hugging Face model directory's ``config.json`` labels (``id2label``), in class id
+    order: ids 0..n-1, each once, each name once and not empty."""
+    import json
+
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise LabelFileError(f"{path}: cannot be read as JSON ({exc.__class__.__name__})") from exc
+    mapping = config.get("id2label") if isinstance(config, dict) else None
+    if not isinstance(mapping, dict) or not mapping:
+        raise LabelFileError(
+            f"{path} has no id2label (a fine-tuned classifier's config.json lists its labels there)"
+        )
+    try:
+        ids = sorted(int(key) for key in mapping)
+    except ValueError:
+        raise LabelFileError(f"{path}: id2label's keys must be class ids (0, 1, ...)") from None
+    if ids != list(range(len(ids))):
+        raise LabelFileError(f"{path}: id2label's ids must be 0..{len(ids) - 1}, each once; found {ids[:10]}")
+    names = [str(mapping[str(i)] if str(i) in mapping else mapping[i]).strip() for i in ids]
+    if any(not name for name in names):
+        raise LabelFileError(f"{path}: id2label has an empty label")
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise LabelFileError(f"{path}: id2label names {', '.join(map(repr, repeated))} more than once")
+    if len(names) < 2:
+        raise LabelFileError(f"{path}: at least two labels are needed, found {len(names)}")
+    return names

@@ -35,6 +35,10 @@ class OnnxGraph:
     path: Path
     inputs: tuple[TensorInfo, ...]
     outputs: tuple[TensorInfo, ...]
+    # The rows of a transformer's embedding tables, where the graph names them as Hugging
+    # Face exports do (``...word_embeddings.weight``, ``...position_embeddings.weight``).
+    vocabulary_rows: int | None = None
+    position_rows: int | None = None
 
 
 def read_graph(path: Path) -> OnnxGraph:
@@ -80,8 +84,14 @@ def read_graph(path: Path) -> OnnxGraph:
         )
         return TensorInfo(value.name, element, dims)
 
+    def rows(suffix: str) -> int | None:
+        found = [t.dims[0] for t in model.graph.initializer if t.name.endswith(suffix) and len(t.dims) == 2]
+        return int(found[0]) if len(found) == 1 else None
+
     return OnnxGraph(
         path=path,
         inputs=tuple(info(v) for v in inferred.graph.input if v.name not in weights),
         outputs=tuple(info(v) for v in inferred.graph.output),
+        vocabulary_rows=rows("word_embeddings.weight"),
+        position_rows=rows("position_embeddings.weight"),
     )

@@ -4,7 +4,11 @@
 An image classifier is a user's ONNX network with the shipped pre- and postprocess code
 (gateway.modelrepo.imageentry: the checks against the file and the four directories).
 
-A text classifier is a new label set on the shipped sentence encoder: its own ensemble
+A fine-tuned text classifier is a user's ONNX network and tokenizer.json with the shipped
+tokenize and postprocess code (gateway.modelrepo.textentry: the checks and the four
+directories).
+
+A zero-shot text classifier is a new label set on the shipped sentence encoder: its own ensemble
 (``NAME``: text_tokenize -> text_model -> ``NAME_postprocess``), its own postprocess
 (``NAME_postprocess``, the shipped ``text_postprocess`` code through a symlink, with the
 label set written beside it) and its own label-listing model (``NAME_labels``). The
@@ -25,16 +29,19 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gateway.errors import ConfigurationError
-from gateway.modelrepo import imageentry
+from gateway.modelrepo import imageentry, textentry
 from gateway.modelrepo.imageentry import ImageModelError, ImageOptions
-from gateway.modelrepo.labelfile import LabelFileError, read_class_labels, read_label_file
+from gateway.modelrepo.labelfile import LabelFileError, read_class_labels, read_id2label, read_label_file
 from gateway.modelrepo.onnxgraph import OnnxFileError, read_graph
+from gateway.modelrepo.textentry import TextModelError, TextOptions
+from gateway.modelrepo.tokenizerfile import TokenizerFileError, read_tokenizer
+from gateway.names import SHIPPED_MODELS
 from gateway.triton import pbtxt
 
-# The shipped models a text classifier is made from.
-TEXT_TEMPLATE = "text_classifier"
-TEXT_POSTPROCESS = "text_postprocess"
-TEXT_LABELS = "text_labels"
+# The shipped models a zero-shot text classifier is made from.
+TEXT_TEMPLATE = SHIPPED_MODELS["text"]["ensemble"]
+TEXT_POSTPROCESS = SHIPPED_MODELS["text"]["postprocess"]
+TEXT_LABELS = SHIPPED_MODELS["text"]["labels"]
 # Written into every ensemble this module adds: remove-model removes only those.
 MANAGED_PARAMETER = "gateway_added_by"
 NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]{0,63}$")
@@ -42,13 +49,6 @@ NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]{0,63}$")
 
 class ModelRepositoryError(ConfigurationError):
     """The model cannot be added or removed as asked (the message says why); nothing changed."""
-
-
-def _renamed_config(source: Path, renames: dict[str, str]) -> str:
-    config = source.read_text(encoding="utf-8")
-    for old, new in renames.items():
-        config = config.replace(f'"{old}"', f'"{new}"')
-    return config
 
 
 def _parts(name: str) -> dict[str, str]:
@@ -60,11 +60,9 @@ def _check_name(repository: Path, name: str) -> None:
         raise ModelRepositoryError(
             f"{name!r} is not a model name: a letter, then letters, digits, _ or -, at most 64"
         )
-    shipped = {
-        TEXT_TEMPLATE, TEXT_POSTPROCESS, TEXT_LABELS, "text_tokenize", "text_model", "text_embedder",
-        *imageentry.SHIPPED.values(),
-    }  # fmt: skip
-    if ({name} | set(_parts(name).values()) | set(imageentry.parts(name).values())) & shipped:
+    shipped = {model for models in SHIPPED_MODELS.values() for model in models.values()}
+    own = {name, *_parts(name).values(), *imageentry.parts(name).values(), *textentry.parts(name).values()}
+    if own & shipped:
         raise ModelRepositoryError(f"{name!r} would overwrite a shipped model")
     if not repository.is_dir():
         raise ModelRepositoryError(f"{repository} is not a model repository (no such directory)")
@@ -79,30 +77,32 @@ def _stage_text(repository: Path, name: str, labels: list[tuple[str, str]], stag
             raise ModelRepositoryError(
                 f"{repository} has no {shipped}: add-model builds on the shipped models"
             )
+    origin = f"Written by `triton-gateway add-model {name}`: a zero-shot label set on the shipped encoder."
     ensemble = staging / parts["ensemble"]
     (ensemble / "1").mkdir(parents=True)
-    config = _renamed_config(
-        repository / TEXT_TEMPLATE / "config.pbtxt",
-        {TEXT_TEMPLATE: name, TEXT_POSTPROCESS: parts["postprocess"], TEXT_LABELS: parts["labels"]},
-    )
-    marker = f'  {{ key: "{MANAGED_PARAMETER}" value: {{ string_value: "add-model" }} }},\n'
-    config = config.replace("parameters [\n", "parameters [\n" + marker, 1)
-    (ensemble / "config.pbtxt").write_text(f"# Written by `triton-gateway add-model {name}`.\n" + config)
+    config = pbtxt.read_config(repository / TEXT_TEMPLATE / "config.pbtxt")
+    config.name = name
+    for step in config.ensemble_scheduling.step:
+        if step.model_name == TEXT_POSTPROCESS:
+            step.model_name = parts["postprocess"]
+    pbtxt.set_parameter(config, "labels_model", parts["labels"])
+    pbtxt.set_parameter(config, MANAGED_PARAMETER, "add-model")
+    (ensemble / "config.pbtxt").write_text(pbtxt.render(config, origin))
 
     post = staging / parts["postprocess"]
     (post / "1").mkdir(parents=True)
-    config = _renamed_config(
-        repository / TEXT_POSTPROCESS / "config.pbtxt", {TEXT_POSTPROCESS: parts["postprocess"]}
-    )
-    (post / "config.pbtxt").write_text(config)
+    config = pbtxt.read_config(repository / TEXT_POSTPROCESS / "config.pbtxt")
+    config.name = parts["postprocess"]
+    (post / "config.pbtxt").write_text(pbtxt.render(config, origin))
     (post / "1" / "model.py").symlink_to(Path("..") / ".." / TEXT_POSTPROCESS / "1" / "model.py")
     with (post / "1" / "label_set.npz").open("wb") as out:
         np.savez(out, names=np.array([n for n, _ in labels]), prompts=np.array([p for _, p in labels]))
 
     listing = staging / parts["labels"]
     (listing / "1").mkdir(parents=True)
-    config = _renamed_config(repository / TEXT_LABELS / "config.pbtxt", {TEXT_LABELS: parts["labels"]})
-    (listing / "config.pbtxt").write_text(config)
+    config = pbtxt.read_config(repository / TEXT_LABELS / "config.pbtxt")
+    config.name = parts["labels"]
+    (listing / "config.pbtxt").write_text(pbtxt.render(config, origin))
     (listing / "1" / "model.py").symlink_to(Path("..") / ".." / TEXT_LABELS / "1" / "model.py")
     (listing / "1" / "label_set.npz").symlink_to(
         Path("..") / ".." / parts["postprocess"] / "1" / "label_set.npz"
@@ -183,6 +183,43 @@ def add_text_classifier(
         raise ModelRepositoryError(str(exc)) from exc
     names = list(_parts(name).values())
     _write(repository, name, names, replace, lambda staging: _stage_text(repository, name, labels, staging))
+    return names
+
+
+def add_finetuned_text_classifier(
+    repository: Path,
+    name: str,
+    onnx_file: Path,
+    tokenizer_file: Path,
+    labels_file: Path,
+    options: TextOptions,
+    *,
+    labels_from_config: bool = False,
+    replace: bool = False,
+) -> list[str]:
+    """Write text classifier ``name`` (the user's fine-tuned network and its tokenizer,
+    with the shipped tokenize and postprocess code) into the repository, after checking
+    the files, the labels and the options against each other; returns the directories
+    written. ``labels_from_config``: ``labels_file`` is a config.json with id2label."""
+    _check_name(repository, name)
+    try:
+        labels = read_id2label(labels_file) if labels_from_config else read_class_labels(labels_file)
+        tokenizer = read_tokenizer(tokenizer_file)
+        spec = textentry.text_spec(read_graph(onnx_file), tokenizer, labels, labels_file, options)
+    except LabelFileError as exc:
+        raise ModelRepositoryError(str(exc)) from exc
+    except (OnnxFileError, TokenizerFileError, TextModelError) as exc:
+        raise ModelRepositoryError(exc.detail) from exc
+    names = list(textentry.parts(name).values())
+    marker = (MANAGED_PARAMETER, "add-model")
+
+    def stage(staging: Path) -> None:
+        try:
+            textentry.stage_text(repository, name, spec, onnx_file, tokenizer_file, labels, staging, marker)
+        except TextModelError as exc:
+            raise ModelRepositoryError(exc.detail) from exc
+
+    _write(repository, name, names, replace, stage)
     return names
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from time import perf_counter
 
 from gateway.errors import GatewayError, NotFoundError, WrongInputKindError
@@ -29,7 +29,7 @@ from gateway.serving.kinds import kind_of
 from gateway.serving.payload import ClassifyInput
 from gateway.serving.plane import InferencePlane
 from gateway.serving.rollout import RolloutRunner
-from gateway.serving.validation import resolve_top_k
+from gateway.serving.validation import resolve_threshold, resolve_top_k
 from gateway.shared.routing import Rollout
 from gateway.triton.backend import Classification, InferResult, ModelSignature, ModelStatus
 from gateway.triton.tensors import Tensor
@@ -66,6 +66,16 @@ class OipTarget:
     entry: CatalogEntry | None
 
 
+def at_least(answers: list[Classification], threshold: float | None) -> list[Classification]:
+    """Each input's predictions scoring at least ``threshold`` (all of them: None)."""
+    if threshold is None:
+        return answers
+    return [
+        replace(answer, predictions=[p for p in answer.predictions if p.score >= threshold])
+        for answer in answers
+    ]
+
+
 class Dispatcher:
     """Built once by the app's lifespan; every inference route calls it."""
 
@@ -93,9 +103,11 @@ class Dispatcher:
         model: str | None = None,
         version: str | None = None,
         top_k: int | None = None,
+        threshold: float | None = None,
     ) -> Answer:
         """Classify ``payload`` with ``model`` (None: the default of its kind), ``version``
-        (None: the pin, or the rollout's arm)."""
+        (None: the pin, or the rollout's arm); ``top_k`` and ``threshold`` are the query's
+        (the body may carry them too, never with other values)."""
         self.check_model(model, version)
         kind = kind_of(payload)
         entry = self.catalog.default(kind) if model is None else self.catalog.get(model)
@@ -103,18 +115,25 @@ class Dispatcher:
             raise WrongInputKindError(
                 f"{entry.name} takes {entry.kind.noun}s ({entry.task}), not {kind.noun}s"
             )
+        cut = resolve_threshold(threshold, payload.threshold)
         rollout = self.catalog.routing.rollout(entry.name)
         if rollout is None or version is not None:  # a version named explicitly is never rerouted
             call.model = entry.name
             chosen = self.catalog.version(entry.name) if version is None else version
-            answers = await self._run(entry, chosen, payload, self._top_k(entry, payload, top_k), call)
-            return Answer(entry.name, answers)
-        return await self._in_rollout(entry, rollout, payload, top_k, call)
+            k = self._top_k(entry, payload, top_k, cut)
+            answers = await self._run(entry, chosen, payload, k, call)
+            return Answer(entry.name, at_least(answers, cut))
+        return await self._in_rollout(entry, rollout, payload, top_k, cut, call)
 
     @staticmethod
-    def _top_k(entry: CatalogEntry, payload: ClassifyInput, top_k: int | None) -> int:
+    def _top_k(
+        entry: CatalogEntry, payload: ClassifyInput, top_k: int | None, threshold: float | None
+    ) -> int:
+        """The predictions to ask for: top_k as asked; with a threshold and no top_k, as
+        many as the model answers (the threshold then decides)."""
         caps = entry.caps
-        return resolve_top_k(top_k, payload.top_k, caps.default_top_k, caps.max_top_k)
+        default = caps.max_top_k if threshold is not None else caps.default_top_k
+        return resolve_top_k(top_k, payload.top_k, default, caps.max_top_k)
 
     async def _run(
         self,
@@ -130,7 +149,13 @@ class Dispatcher:
         )
 
     async def _in_rollout(
-        self, entry: CatalogEntry, rollout: Rollout, payload: ClassifyInput, top_k: int | None, call: Call
+        self,
+        entry: CatalogEntry,
+        rollout: Rollout,
+        payload: ClassifyInput,
+        top_k: int | None,
+        threshold: float | None,
+        call: Call,
     ) -> Answer:
         served, arm, version = entry, "primary", ""
         canary = rollout.canary
@@ -139,7 +164,7 @@ class Dispatcher:
             if candidate is not None and candidate.kind is entry.kind:
                 served, arm, version = candidate, "canary", canary.version
         call.model = served.name
-        k = self._top_k(served, payload, top_k)  # once per request, for the arm that serves it
+        k = self._top_k(served, payload, top_k, threshold)  # once per request, for the arm that serves it
         began = perf_counter()
         try:
             answers = await self._run(served, version or self.catalog.version(served.name), payload, k, call)
@@ -147,8 +172,8 @@ class Dispatcher:
             self.rollouts.record(entry.name, arm, perf_counter() - began, failed=True)
             raise
         self.rollouts.record(entry.name, arm, perf_counter() - began, failed=False)
-        self._shadow(entry, rollout, payload, k, call, answers)
-        return Answer(served.name, answers)
+        self._shadow(entry, rollout, payload, k, call, answers)  # compared before any threshold
+        return Answer(served.name, at_least(answers, threshold))
 
     def _shadow(
         self,

@@ -18,3 +18,4 @@ class ClassifyInput:
     texts: list[str] = field(default_factory=list)
     candidate_labels: list[str] | None = None
     top_k: int | None = None
+    threshold: float | None = None  # only labels scoring at least this (0 < t <= 1)

@@ -242,6 +242,14 @@ def resolve_top_k(query: int | None, body: int | None, default: int, maximum: in
     return top_k
 
 
+def resolve_threshold(query: float | None, body: float | None) -> float | None:
+    """threshold may come from the query or the JSON body, not both with different values
+    (each is checked to be in (0, 1] where it is read)."""
+    if query is not None and body is not None and query != body:
+        raise InvalidInputError("threshold is given twice, with different values")
+    return query if query is not None else body
+
+
 # C0 and C1 control characters (Unicode category Cc) except tab, line feed, carriage return.
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 

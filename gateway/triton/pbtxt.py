@@ -50,3 +50,27 @@ def set_tensor(tensors: Any, old: str, name: str, dims: list[int]) -> None:
     tensor.name = name
     del tensor.dims[:]
     tensor.dims.extend(dims)
+
+
+def data_type(name: str) -> int:
+    """The enum value of a Triton data type name (``TYPE_INT64``)."""
+    return int(model_config_pb2.DataType.Value(name))
+
+
+def add_tensor(tensors: Any, name: str, type_name: str, dims: list[int]) -> None:
+    """Append an input or output ``name`` of ``type_name`` (``TYPE_FP32``) and ``dims``."""
+    tensor = tensors.add()
+    tensor.name = name
+    tensor.data_type = data_type(type_name)
+    tensor.dims.extend(dims)
+
+
+def remove_tensor(tensors: Any, name: str) -> None:
+    """Remove input or output ``name`` from the list, if it is there."""
+    kept = [t for t in tensors if t.name != name]
+    if len(kept) != len(tensors):
+        copies = [type(t)() for t in kept]
+        for copy, tensor in zip(copies, kept, strict=True):
+            copy.CopyFrom(tensor)
+        del tensors[:]
+        tensors.extend(copies)

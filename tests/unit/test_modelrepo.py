@@ -14,6 +14,7 @@ import pytest
 from triton_fixtures import REPOSITORY
 
 from gateway.modelrepo.repository import ModelRepositoryError, add_text_classifier, remove_model
+from gateway.triton import pbtxt
 
 SHIPPED = ("text_classifier", "text_postprocess", "text_labels")
 
@@ -47,13 +48,14 @@ def test_a_text_classifier_is_written_sharing_the_shipped_code(repository: Path,
         repository, "sentiment", labels(tmp_path, "positive: I am happy.\nnegative\n")
     )
     assert written == ["sentiment", "sentiment_postprocess", "sentiment_labels"]
-    config = (repository / "sentiment" / "config.pbtxt").read_text()
-    assert 'name: "sentiment"' in config
-    assert '{ string_value: "text-classification" }' in config
-    assert '"sentiment_postprocess"' in config
-    assert '"sentiment_labels"' in config
-    assert '"text_tokenize"' in config
-    assert '"text_model"' in config
+    config = pbtxt.read_config(repository / "sentiment" / "config.pbtxt")
+    assert config.name == "sentiment"
+    assert pbtxt.parameters(config)["gateway_task"] == "text-classification"
+    assert pbtxt.parameters(config)["labels_model"] == "sentiment_labels"
+    steps = [step.model_name for step in config.ensemble_scheduling.step]
+    assert steps == ["text_tokenize", "text_model", "sentiment_postprocess"]
+    for part in ("sentiment_postprocess", "sentiment_labels"):
+        assert pbtxt.read_config(repository / part / "config.pbtxt").name == part
     code = repository / "sentiment_postprocess" / "1" / "model.py"
     assert code.is_symlink()
     assert code.resolve() == (repository / "text_postprocess" / "1" / "model.py").resolve()

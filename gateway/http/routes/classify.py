@@ -74,6 +74,15 @@ TopK = Annotated[
         description="Predictions per input (default 5; at most the model's max_top_k).",
     ),
 ]
+Threshold = Annotated[
+    float | None,
+    Query(
+        gt=0,
+        le=1,
+        description="Only labels scoring at least this, best first: at most top_k of them when top_k "
+        "is given, else at most the model's max_top_k; possibly none.",
+    ),
+]
 ModelName = Annotated[str, Path(description="A classifier of the catalog (GET /models).")]
 ModelVersion = Annotated[str, Path(description="A version number of that model.")]
 
@@ -93,8 +102,8 @@ ModelVersion = Annotated[str, Path(description="A version number of that model."
     responses=_RESPONSES,
     openapi_extra={"requestBody": REQUEST_BODY},
 )
-async def classify(request: Request, top_k: TopK = None) -> Response:
-    return await _classify(request, top_k, None, None)
+async def classify(request: Request, top_k: TopK = None, threshold: Threshold = None) -> Response:
+    return await _classify(request, top_k, threshold, None, None)
 
 
 @router.post(
@@ -107,8 +116,10 @@ async def classify(request: Request, top_k: TopK = None) -> Response:
     responses=_RESPONSES,
     openapi_extra={"requestBody": REQUEST_BODY},
 )
-async def classify_with(request: Request, model: ModelName, top_k: TopK = None) -> Response:
-    return await _classify(request, top_k, model, None)
+async def classify_with(
+    request: Request, model: ModelName, top_k: TopK = None, threshold: Threshold = None
+) -> Response:
+    return await _classify(request, top_k, threshold, model, None)
 
 
 @router.post(
@@ -121,9 +132,9 @@ async def classify_with(request: Request, model: ModelName, top_k: TopK = None) 
     openapi_extra={"requestBody": REQUEST_BODY},
 )
 async def classify_with_version(
-    request: Request, model: ModelName, version: ModelVersion, top_k: TopK = None
+    request: Request, model: ModelName, version: ModelVersion, top_k: TopK = None, threshold: Threshold = None
 ) -> Response:
-    return await _classify(request, top_k, model, version)
+    return await _classify(request, top_k, threshold, model, version)
 
 
 def _client(request: Request) -> str | None:
@@ -132,7 +143,9 @@ def _client(request: Request) -> str | None:
     return client if client is not None else request.headers.get("x-rollout-key")
 
 
-async def _classify(request: Request, top_k: int | None, model: str | None, version: str | None) -> Response:
+async def _classify(
+    request: Request, top_k: int | None, threshold: float | None, model: str | None, version: str | None
+) -> Response:
     # The hot path: the lifespan's state is read straight from the request (no dependency
     # resolution), and the answer is serialised once, here (FastAPI does not re-validate a
     # Response; `response_model` still documents it).
@@ -146,7 +159,9 @@ async def _classify(request: Request, top_k: int | None, model: str | None, vers
     with state["tracing"].span("read body"):
         payload = await read_classify_input(request, state["settings"], state["workers"])
     try:
-        answer = await dispatcher.classify(payload, call, model=model, version=version, top_k=top_k)
+        answer = await dispatcher.classify(
+            payload, call, model=model, version=version, top_k=top_k, threshold=threshold
+        )
     finally:
         if call.model is not None:
             state["model"] = call.model  # the metrics' model label

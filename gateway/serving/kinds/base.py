@@ -18,6 +18,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from gateway.errors import ConfigurationError, InvalidInputError
+from gateway.names import ACTIVATIONS, DEFAULT_ACTIVATION
 from gateway.serving.payload import ClassifyInput
 from gateway.settings import Settings
 from gateway.triton.backend import Classification, InferResult, ModelConfig, ScoredLabel
@@ -86,12 +87,17 @@ class CapsReader:
         max_top_k = self.narrowed(
             "max_top_k", self.integer("max_top_k"), settings, "max_top_k", "GATEWAY_MAX_TOP_K"
         )
+        activation = self.parameters.get("activation", DEFAULT_ACTIVATION)
+        if activation not in ACTIVATIONS:
+            raise ConfigurationError(
+                f"{self.model}: parameter activation={activation!r} is none of {', '.join(ACTIVATIONS)}"
+            )
         return Caps(
             max_top_k=max_top_k,
             default_top_k=min(settings.default_top_k, max_top_k),
             max_inputs=max_inputs,
             limits=limits,
-            extra=extra,
+            extra={**extra, "activation": activation},
             notes=tuple(self.notes),
         )
 
