@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-
 ACTIVATIONS = ("softmax", "sigmoid", "none")
 
 

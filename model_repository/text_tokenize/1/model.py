@@ -99,6 +99,8 @@ class TritonPythonModel:
                 ),
             ]
             if self.token_types:
-                tensors.append(pb_utils.Tensor("TOKEN_TYPE_IDS", self._pad([e.type_ids for e in encodings], 0)))
+                tensors.append(
+                    pb_utils.Tensor("TOKEN_TYPE_IDS", self._pad([e.type_ids for e in encodings], 0))
+                )
             responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
         return responses
