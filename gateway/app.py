@@ -62,12 +62,15 @@ def _triton_backend(settings: Settings, metrics: GatewayMetrics, tracing: Tracin
     return TritonBackend(settings.triton, metrics, tracing, max_send_bytes=max_send)
 
 
-def _shared_state(settings: Settings) -> SharedState | None:
+def _shared_state(settings: Settings, metrics: GatewayMetrics) -> SharedState | None:
     if settings.redis.url is None:
         return None
     from gateway.shared.store import SharedState
 
-    return SharedState(settings.redis)
+    gauge = metrics.shared_state_up
+    return SharedState(
+        settings.redis, on_health=None if gauge is None else lambda up: gauge.set(1 if up else 0)
+    )
 
 
 def _url_kind(url: str) -> str:
@@ -115,20 +118,21 @@ def create_app(
         backend = make_backend(settings, metrics, tracing)
         scraper = TritonMetricsScraper(settings.triton.metrics_url, settings.triton.metrics_timeout_seconds)
         workers = CheckWorkers(settings.check_threads)
-        store = _shared_state(settings)
+        store = _shared_state(settings, metrics)
         limiter.attach(store)
         routing.attach(store)
         if store is not None:
-            # The shared pins before the first request (a restarted replica keeps them).
-            if await routing.sync():
-                metrics.shared_state_up.set(1)  # type: ignore[union-attr]
-            else:
-                metrics.shared_state_up.set(0)  # type: ignore[union-attr]
+            # The shared pins before the first request (a restarted replica keeps them);
+            # the read-back every poll period keeps the store's health, and its gauge,
+            # true with no traffic at all.
+            await routing.sync()
             routing.start(settings.redis.routing_poll_seconds)
         rings = [ring for ring in (api_keys, admin_keys) if ring is not None]
         for ring in rings:
             ring.start(settings.auth.reload_seconds)
-        catalog = Catalog(settings, backend, routing)
+        catalog = Catalog(
+            settings, backend, routing, on_refresh=metrics.catalog_refreshed.set_to_current_time
+        )
         rollouts = RolloutRunner(routing, metrics, admission, settings.shadow_in_flight)
         # The first read before serving (bounded by the health timeout; a Triton that is
         # not up yet is followed by the periodic refresh).

@@ -189,6 +189,13 @@ class GatewayMetrics:
             states=["closed", "open", "half_open"],
             registry=registry,
         )
+        self.catalog_refreshed = Gauge(
+            "gateway_catalog_last_refresh_timestamp_seconds",
+            "When the model catalog was last read from Triton (Unix time): it moves every "
+            "catalog refresh period while Triton answers, with no traffic; `time() - this` is "
+            "the catalog's age.",
+            registry=registry,
+        )
         self.build = Info("gateway_build", "Gateway version and configuration.", registry=registry)
 
     @contextmanager

@@ -24,7 +24,7 @@ import contextlib
 import fnmatch
 import logging
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from gateway.errors import (
@@ -117,7 +117,13 @@ def _matches(name: str, patterns: Iterable[str]) -> bool:
 class Catalog:
     """The exposed classifiers, their defaults per task, and their version pins."""
 
-    def __init__(self, settings: Settings, backend: InferenceBackend, routing: Routing | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        backend: InferenceBackend,
+        routing: Routing | None = None,
+        on_refresh: Callable[[], None] | None = None,
+    ) -> None:
         self._settings = settings
         self._backend = backend
         self._entries: dict[str, CatalogEntry] = {}
@@ -128,6 +134,7 @@ class Catalog:
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._noted: set[str] = set()
+        self._on_refresh = on_refresh or (lambda: None)  # a read that reached Triton
 
     # -- reading ---------------------------------------------------------------------
     def entries(self) -> list[CatalogEntry]:
@@ -208,6 +215,7 @@ class Catalog:
                     "its key?): the catalog holds the default models and those it knew only",
                 )
             self._entries = await self._read(index, configs)
+            self._on_refresh()
 
     async def _index_from_configs(self, configs: dict[str, ModelConfig | None]) -> _Index:
         """An index of the default (and already known) models and their steps, each READY

@@ -110,8 +110,6 @@ class RateLimiter:
         return Verdict(wait, taken.tokens, key.rate, key.burst)
 
     def _report(self, up: bool) -> None:
-        if self._metrics is not None:
-            if self._metrics.shared_state_up is not None:
-                self._metrics.shared_state_up.set(1 if up else 0)
-            if not up:
-                self._metrics.shared_state_fallbacks.labels(policy=self._settings.on_failure).inc()
+        # the up gauge is the store's (fed by every command): here, only the fallbacks
+        if self._metrics is not None and not up:
+            self._metrics.shared_state_fallbacks.labels(policy=self._settings.on_failure).inc()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -65,7 +65,11 @@ class Taken:
 
 
 class SharedState:
-    def __init__(self, settings: RedisSettings) -> None:
+    """The Redis boundary. Its health (``up``) is decided by every command, whoever
+    sends it; ``on_health`` hears each outcome, so a gauge fed from it is true at rest as
+    long as something polls (the routing read-back does, every ``routing_poll_seconds``)."""
+
+    def __init__(self, settings: RedisSettings, on_health: Callable[[bool], None] | None = None) -> None:
         import redis.asyncio as redis
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
@@ -94,6 +98,7 @@ class SharedState:
         self._errors = (redis.RedisError, OSError, TimeoutError)
         self._down_until = 0.0
         self.up = True
+        self._on_health = on_health or (lambda up: None)
         self._routing_key = f"{settings.prefix}:routing"
 
     def _key(self, *parts: str) -> str:
@@ -116,12 +121,14 @@ class SharedState:
         if not self.up:
             logger.info("shared state (Redis) answers again")
         self.up = True
+        self._on_health(True)
         return result
 
     def _mark_down(self, what: str, exc: BaseException) -> None:
         if self.up:
             logger.error("shared state (Redis) failed on %s (%s): policy applies", what, type(exc).__name__)
         self.up = False
+        self._on_health(False)
         self._down_until = time.monotonic() + self._settings.retry_seconds
 
     async def take_token(self, key_id: str, rate: float, burst: float) -> Taken:

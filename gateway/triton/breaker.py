@@ -3,7 +3,7 @@
 States (exported as ``gateway_triton_circuit_state``)::
 
     closed ──probe fails──▶ open ──probe succeeds──▶ half_open ──trial succeeds──▶ closed
-      ▲                      ▲                          │
+      ▲                      ▲                          │  └──or, with no trial, the next probe succeeds──▶ closed
       └──────────────────────┴────trial fails───────────┘
 
 A background probe (Triton's liveness, every ``probe_interval``) feeds it, and so do
@@ -11,7 +11,8 @@ calls: a call failing as *unavailable* or *timed out* wakes the probe at once ra
 opening the circuit by itself, because Triton also answers UNAVAILABLE for a full queue
 (a healthy server under load must not trip it). While open, requests fail at once with
 503; when the probe sees Triton live again, one trial request goes through, and its
-success closes the circuit. This module holds only the state machine (no I/O); whoever
+success closes the circuit. With no traffic there is no trial: the next successful probe
+closes it then (two live probes in a row), so the state is true at rest too. This module holds only the state machine (no I/O); whoever
 exports the state passes ``on_change``, called on transitions only (not per request).
 """
 
@@ -65,6 +66,9 @@ class CircuitBreaker:
             self._trial_in_flight = False
         elif self.state is CircuitState.OPEN:
             self.state = CircuitState.HALF_OPEN
+        elif self.state is CircuitState.HALF_OPEN and not self._trial_in_flight:
+            # live twice in a row and no request to try it with: at rest, the probe is the trial
+            self.state = CircuitState.CLOSED
 
     def on_success(self) -> None:
         self._trial_in_flight = False

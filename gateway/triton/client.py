@@ -198,6 +198,16 @@ class TritonBackend:
                 "Triton is unavailable", headers={"Retry-After": str(self._settings.retry_after_seconds)}
             )
 
+    def _refuse_when_open(self, model: str) -> None:
+        """Metadata calls (the catalog's, /v2's signatures) fail fast while the circuit is
+        open, but never take the half-open trial: only an inference, whose outcome the
+        breaker hears, may (a catalog refresh that took it left the circuit half-open)."""
+        if self._breaker.state is CircuitState.OPEN:
+            self._metrics.triton_failures.labels(model=model, code="CIRCUIT_OPEN").inc()
+            raise TritonUnavailableError(
+                "Triton is unavailable", headers={"Retry-After": str(self._settings.retry_after_seconds)}
+            )
+
     @contextlib.contextmanager
     def circuit(self, model: str) -> Iterator[None]:
         """Around one request's Triton calls: refused at once while the circuit is open;
@@ -296,7 +306,7 @@ class TritonBackend:
         now = asyncio.get_running_loop().time()
         if cached is not None and cached[0] > now:
             return cached[1]
-        self._admit(model)
+        self._refuse_when_open(model)
         try:
             metadata = await self._client.get_model_metadata(
                 model, version, client_timeout=self._settings.health_timeout_seconds
@@ -348,7 +358,7 @@ class TritonBackend:
         )
 
     async def repository_index(self) -> list[RepositoryModel]:
-        self._admit("")  # known down: refused at once
+        self._refuse_when_open("")  # known down: refused at once
         try:
             index = await self._client.get_model_repository_index(
                 headers=self._repository_headers, client_timeout=self._settings.health_timeout_seconds

@@ -237,3 +237,34 @@ def test_a_rollout_set_through_one_replica_applies_on_the_other_and_after_a_rest
         )
         assert third.delete("/admin/models/image_classifier/rollout", headers=admin).status_code == 200
         assert third.get("/admin/models/image_classifier/rollout", headers=admin).status_code == 404
+
+
+def _gauge(client: TestClient) -> str:
+    line = next(
+        line
+        for line in client.get("/metrics").text.splitlines()
+        if line.startswith("gateway_shared_state_up ")
+    )
+    return line.split()[1]
+
+
+def _until_gauge(client: TestClient, value: str, seconds: float, what: str) -> float:
+    started = time.monotonic()
+    while _gauge(client) != value:
+        assert time.monotonic() - started < seconds, what
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+def test_the_shared_state_gauge_is_true_at_rest(tmp_path: Path, redis: RedisServer) -> None:
+    """No request touches Redis here (/metrics does not): the gauge follows Redis down and
+    back within the routing poll (0.2 s) and the retry period (0.5 s). It stayed at 0 on
+    an idle replica before the store owned it."""
+    for clients in replicas(tmp_path, count=1, redis=redis, routing_poll_seconds=0.2):
+        (client,) = clients
+        _until_gauge(client, "1.0", 3, "up at start")
+        redis.kill()
+        down = _until_gauge(client, "0.0", 3, "the gauge did not see Redis go")
+        redis.start()  # the same port
+        back = _until_gauge(client, "1.0", 3, "the gauge did not see Redis come back")
+        print(f"shared-state gauge at rest: down after {down:.2f} s, up again after {back:.2f} s")

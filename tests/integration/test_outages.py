@@ -11,9 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
-from support import coffee_png
-from triton_fixtures import GatewayProcess
+from prometheus_client import CollectorRegistry
+from support import ServedApp, coffee_png
+from triton_fixtures import GatewayProcess, gateway_settings
 
+from gateway.app import create_app
 from gateway.dev.tritonserver import TritonServer
 
 DEADLINE = 3.0
@@ -105,3 +107,57 @@ def test_kill_restart_and_hang_recover_without_restarting_the_gateway(
     assert not_ready is not None
     assert not_ready <= 2.0
     assert traffic.first(200, resumed) <= 2.0
+
+
+def _sample(registry: CollectorRegistry, name: str, labels: dict[str, str] | None = None) -> float:
+    value = registry.get_sample_value(name, labels or {})
+    assert value is not None, name
+    return value
+
+
+def test_health_signals_are_true_at_rest(faults_triton: TritonServer) -> None:
+    """Triton killed and restarted while nobody sends a request (the registry is read
+    directly, not through /metrics): the circuit opens and closes, the catalog's refresh
+    time stops and moves again, each within its own poll period."""
+    registry = CollectorRegistry()
+    settings = gateway_settings(faults_triton, catalog_refresh_seconds=0.5)
+    settings = settings.model_copy(
+        update={"triton": settings.triton.model_copy(update={"probe_interval_seconds": 0.5})}
+    )
+    served = ServedApp(create_app(settings, registry=registry)).start()
+    open_ = {"gateway_triton_circuit_state": "open"}
+    closed = {"gateway_triton_circuit_state": "closed"}
+    try:
+        first = _sample(registry, "gateway_catalog_last_refresh_timestamp_seconds")
+        time.sleep(1.2)
+        assert _sample(registry, "gateway_catalog_last_refresh_timestamp_seconds") > first  # moves at rest
+        assert _sample(registry, "gateway_triton_circuit_state", closed) == 1
+        faults_triton.send_signal(signal.SIGKILL)
+        faults_triton.wait_exited()
+        killed = time.monotonic()
+        while _sample(registry, "gateway_triton_circuit_state", open_) != 1:
+            assert time.monotonic() - killed < 5, "the circuit did not open at rest"
+            time.sleep(0.05)
+        opened = time.monotonic() - killed
+        stale = _sample(registry, "gateway_catalog_last_refresh_timestamp_seconds")
+        time.sleep(1.2)
+        assert _sample(registry, "gateway_catalog_last_refresh_timestamp_seconds") == stale  # Triton is gone
+        faults_triton.start()
+        faults_triton.wait_ready(timeout=120)
+        ready = time.monotonic()
+        while _sample(registry, "gateway_triton_circuit_state", closed) != 1 or (
+            _sample(registry, "gateway_catalog_last_refresh_timestamp_seconds") == stale
+        ):
+            assert time.monotonic() - ready < 5, (
+                "the circuit or the catalog did not recover at rest",
+                {
+                    s: _sample(registry, "gateway_triton_circuit_state", {"gateway_triton_circuit_state": s})
+                    for s in ("closed", "open", "half_open")
+                },
+                _sample(registry, "gateway_catalog_last_refresh_timestamp_seconds") - stale,
+            )
+            time.sleep(0.05)
+        print(f"at rest: circuit open {opened:.2f} s after the kill, closed and catalog fresh "
+              f"{time.monotonic() - ready:.2f} s after Triton was ready")  # fmt: skip
+    finally:
+        served.stop()

@@ -56,3 +56,24 @@ def test_on_change_hears_transitions_only() -> None:
     assert breaker.allow()
     breaker.on_success()
     assert heard == [CircuitState.CLOSED, CircuitState.OPEN, CircuitState.HALF_OPEN, CircuitState.CLOSED]
+
+
+def test_with_no_traffic_the_next_live_probe_closes_it() -> None:
+    """At rest there is no trial request: half-open must not last until traffic comes."""
+    breaker = CircuitBreaker()
+    breaker.on_probe(ready=False)
+    breaker.on_probe(ready=True)
+    assert breaker.state is CircuitState.HALF_OPEN
+    breaker.on_probe(ready=True)
+    assert breaker.state is CircuitState.CLOSED
+
+
+def test_a_trial_in_flight_is_not_overtaken_by_the_probe() -> None:
+    breaker = CircuitBreaker()
+    breaker.on_probe(ready=False)
+    breaker.on_probe(ready=True)
+    assert breaker.allow()  # the trial goes
+    breaker.on_probe(ready=True)
+    assert breaker.state is CircuitState.HALF_OPEN  # its outcome decides
+    breaker.on_unreachable()
+    assert breaker.state is CircuitState.OPEN
