@@ -6,6 +6,12 @@ only the gateway holds; with OpenTelemetry tracing to the same collector when th
 gateway's tracing is on) from the Triton environment, waits
 until every model is loaded, points the gateway at it, serves, and on Ctrl-C or
 SIGTERM shuts the gateway down gracefully and then Triton.
+
+Nothing is left behind: Triton runs under a keeper (:mod:`gateway.dev.keeper`) that takes
+its stubs and their shared memory with it, and dies with this process, SIGKILL included.
+When Triton dies under a running launcher, the launcher reaps it, says so, stops the
+gateway and exits with status 1 (the rule: restart the pair, `make run` again or the
+service manager, rather than serve a gateway with no Triton behind it).
 """
 
 from __future__ import annotations
@@ -42,7 +48,31 @@ def _say(message: str) -> None:
     print(f"[triton-gateway] {message}", file=sys.stderr, flush=True)
 
 
-async def _serve(server: GatewayServer, options: LocalOptions, settings: Settings) -> None:
+async def _watch(triton: TritonServer, server: GatewayServer, died: list[int]) -> None:
+    """A Triton that dies (an OOM kill, a crash) is reaped at once and said so; the
+    launcher then stops the gateway and exits non-zero, for whoever runs it to restart
+    the pair (its keeper has already cleared Triton's stubs and their memory)."""
+    while triton.running:  # noqa: ASYNC110 - a child process to poll, no event to await
+        await asyncio.sleep(0.5)
+    died.append(triton.exit_code or 0)
+    _say(f"tritonserver exited unexpectedly ({_how(died[0])}): stopping the gateway")
+    server.should_exit = True
+
+
+def _how(code: int) -> str:
+    if code > 128:
+        try:
+            return f"killed by {signal.Signals(code - 128).name}"
+        except ValueError:
+            pass
+    return f"exit status {code}"
+
+
+async def _serve(
+    server: GatewayServer, options: LocalOptions, settings: Settings, triton: TritonServer
+) -> int:
+    died: list[int] = []
+    watcher = asyncio.create_task(_watch(triton, server, died))
     task = asyncio.create_task(server.serve(listen_sockets(settings, options.host, options.port)))
     # uvicorn exposes readiness only as a flag; poll it briefly.
     while not server.started and not task.done():  # noqa: ASYNC110
@@ -57,6 +87,8 @@ async def _serve(server: GatewayServer, options: LocalOptions, settings: Setting
             where = f"{settings.admin.host}:{settings.admin.port}" if settings.admin.port else "the same port"
             _say(f"model control: /admin on {where}, admin keys from {settings.admin.keys_file}")
     await task
+    watcher.cancel()
+    return 1 if died else 0
 
 
 class _StopRequestedError(Exception):
@@ -93,13 +125,13 @@ def run_local(settings: Settings, options: LocalOptions) -> int:
         }
         settings = settings.model_copy(update={"triton": settings.triton.model_copy(update=local_triton)})
         server = gateway_server(create_app(settings), settings, options.host, options.port)
-        asyncio.run(_serve(server, options, settings))
+        status = asyncio.run(_serve(server, options, settings, triton))
     except _StopRequestedError:
-        pass
+        status = 0
     finally:
         _say("stopping tritonserver")
         triton.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     _say("stopped")
-    return 0
+    return status

@@ -200,8 +200,12 @@ class TritonServer:
             command.append(f"--cache-config=local,size={self.response_cache_bytes}")
         command.extend(self.extra_args)
         log = self.log_file.open("ab")
+        self.pid_file.unlink(missing_ok=True)
+        # Triton runs under its keeper (gateway.dev.keeper): whatever Triton starts goes
+        # when Triton goes or when this process goes, SIGKILL included.
+        keeper = [sys.executable, "-m", "gateway.dev.keeper", str(self.pid_file), "--"]
         self._process = subprocess.Popen(
-            [*_die_with_parent(), *command],
+            [*_die_with_parent(), *keeper, *command],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -236,16 +240,34 @@ class TritonServer:
             return "(no log)"
         return "\n".join(text.splitlines()[-lines:])
 
+    @property
+    def pid_file(self) -> Path:
+        return self.workdir / "tritonserver.pid"
+
+    def _server_pid(self, timeout: float = 10.0) -> int:
+        """tritonserver's own PID (the keeper writes it once it has started it)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return int(self.pid_file.read_text())
+            except (OSError, ValueError):
+                if time.monotonic() > deadline:
+                    raise ConfigurationError(
+                        f"tritonserver's PID never appeared in {self.pid_file}"
+                    ) from None
+                time.sleep(0.05)
+
     def send_signal(self, sig: int, *, group: bool = True) -> None:
-        """Signal the server and its Python-backend stubs (its process group), or with
-        ``group=False`` the server alone: tests use SIGKILL (a crash, which must not leave
-        stubs behind), and SIGSTOP/SIGCONT of the server (a hung Triton)."""
+        """Signal the server, its keeper and its Python-backend stubs (their process
+        group), or with ``group=False`` the server alone: tests use SIGKILL of both (a
+        crash, which must not leave stubs behind), and SIGSTOP/SIGCONT of the server (a
+        hung Triton)."""
         if self._process is None:
             return
         if group:
             os.killpg(self._process.pid, sig)
         else:
-            self._process.send_signal(sig)
+            os.kill(self._server_pid(), sig)
 
     def wait_exited(self, timeout: float = 30.0) -> None:
         """After SIGKILL: wait for the PID to exit (its ports are free after), then forget it."""
@@ -255,15 +277,21 @@ class TritonServer:
 
     @property
     def pid(self) -> int | None:
-        """The server's PID (its stubs are its children), while it runs."""
-        return self._process.pid if self.running and self._process is not None else None
+        """The server's own PID (its stubs are its children), while it runs."""
+        return self._server_pid() if self.running else None
+
+    @property
+    def exit_code(self) -> int | None:
+        """How the server (its keeper) ended: None while it runs; 128 + signal when killed."""
+        return None if self._process is None else self._process.poll()
 
     @property
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
     def stop(self, timeout: float = 15.0) -> None:
-        """SIGTERM, wait for the PID to exit (the ports are free after), SIGKILL if it hangs."""
+        """SIGINT to the keeper (Triton stops gracefully, then the keeper clears what is
+        left), wait for it to exit (the ports are free after), SIGKILL of all if it hangs."""
         process, self._process = self._process, None
         if process is None or process.poll() is not None:
             return

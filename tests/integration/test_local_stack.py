@@ -25,10 +25,12 @@ def _tritonservers_in(workdir: Path) -> list[int]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if text in (entry / "cmdline").read_bytes().decode(errors="replace"):
-                    found.append(int(entry.name))
+                argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
             except OSError:
                 continue
+            # the server itself (its keeper carries the same arguments after its own)
+            if argv[0].endswith("tritonserver") and text in argv:
+                found.append(int(entry.name))
     return found
 
 
@@ -111,6 +113,106 @@ def test_local_command_serves_and_shuts_down_cleanly(
             process.kill()
             process.wait()
         log.close()
+
+
+def _processes_in(workdir: Path) -> dict[int, str]:
+    """Every process of this workdir, whatever it is (keeper, tritonserver, Python-backend
+    stubs: the workdir is on each one's command line), by PID, with its command line."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                command = (entry / "cmdline").read_bytes().decode(errors="replace").replace("\0", " ")
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if str(workdir) in command and state != "Z":
+                found[int(entry.name)] = command
+    return found
+
+
+def _stubs(processes: dict[int, str]) -> dict[int, str]:
+    return {pid: command for pid, command in processes.items() if "triton_python_backend_stub" in command}
+
+
+def _shm_regions(processes: dict[int, str]) -> set[str]:
+    return {word for command in processes.values() for word in command.split()
+            if word.startswith("triton_python_backend_shm_region_")}  # fmt: skip
+
+
+def _gone(workdir: Path, seconds: float) -> dict[int, str]:
+    deadline = time.monotonic() + seconds
+    while (left := _processes_in(workdir)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def _local(
+    workdir: Path, triton_python_env: Path, model_repository: Path, log: Path
+) -> subprocess.Popen[bytes]:
+    command = [
+        sys.executable, "-m", "gateway", "local",
+        "--port", str(free_port()),
+        "--triton-env", str(triton_python_env),
+        "--model-repository", str(model_repository),
+        "--workdir", str(workdir),
+    ]  # fmt: skip
+    with log.open("wb") as sink:
+        return subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
+
+
+def test_a_launcher_killed_while_models_load_leaves_nothing_behind(
+    tmp_path: Path, triton_python_env: Path, model_repository: Path
+) -> None:
+    """SIGKILL (no cleanup code runs in the launcher) as soon as the first Python-backend
+    stub runs: every process of the workdir goes, stubs included, and so does their shared
+    memory. (Before the keeper, 1 to 4 stubs outlived such a kill, parented to init.)"""
+    workdir = tmp_path / "orphan-check"
+    process = _local(workdir, triton_python_env, model_repository, tmp_path / "local.log")
+    try:
+        deadline = time.monotonic() + 120
+        while not _stubs(_processes_in(workdir)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        seen = _processes_in(workdir)
+        assert _stubs(seen), "no Python-backend stub ever started"
+    finally:
+        process.kill()
+        process.wait()
+    left = _gone(workdir, 30)
+    assert left == {}, left
+    regions = _shm_regions(seen)
+    assert regions
+    assert not [name for name in regions if (Path("/dev/shm") / name).exists()]
+
+
+def test_a_triton_killed_under_the_launcher_is_reaped_said_and_cleared(
+    tmp_path: Path, triton_python_env: Path, model_repository: Path
+) -> None:
+    """SIGKILL of tritonserver alone (an OOM kill, a crash) under a running launcher: its
+    stubs and their shared memory go, the launcher says so and exits 1 (the documented
+    rule). (Before: eight stubs lived on holding 1.2 GiB, Triton a zombie, the gateway up.)"""
+    workdir = tmp_path / "crash-check"
+    log = tmp_path / "local.log"
+    process = _local(workdir, triton_python_env, model_repository, log)
+    try:
+        deadline = time.monotonic() + 180
+        while "ready: API" not in log.read_text() and time.monotonic() < deadline:
+            assert process.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.2)
+        assert "ready: API" in log.read_text(), log.read_text()[-3000:]
+        running = _processes_in(workdir)
+        assert len(_stubs(running)) >= 8, running  # every Python-backend model loaded
+        (server,) = _tritonservers_in(workdir)
+        os.kill(server, signal.SIGKILL)
+        assert process.wait(timeout=60) == 1
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert "tritonserver exited unexpectedly (killed by SIGKILL)" in log.read_text()
+    left = _gone(workdir, 15)
+    assert left == {}, left
+    assert not [name for name in _shm_regions(running) if (Path("/dev/shm") / name).exists()]
 
 
 def test_killed_gateway_takes_triton_down(
