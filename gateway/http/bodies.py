@@ -43,6 +43,11 @@ ACCEPTED_TYPES = ("multipart/form-data", "application/json", *RAW_IMAGE_TYPES)
 _MAX_PARTS = 1000
 
 
+def expects_continue(request: Request) -> bool:
+    """Whether the client waits for ``100 Continue`` before it sends its body."""
+    return request.headers.get("expect", "").strip().lower() == "100-continue"
+
+
 def media_type(request: Request) -> str:
     return request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
 

@@ -18,11 +18,12 @@ on every route.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from time import perf_counter
 
-from gateway.errors import GatewayError, NotFoundError, WrongInputKindError
+from gateway.errors import GatewayError, NotFoundError, ServiceUnavailableError, WrongInputKindError
 from gateway.names import is_version
 from gateway.serving.catalog import Catalog, CatalogEntry
 from gateway.serving.kinds import kind_of
@@ -45,6 +46,7 @@ class Call:
     started: float
     client: str | None = None  # who a canary assignment sticks to (key id, X-Rollout-Key)
     model: str | None = None
+    admitted: bool = False  # holds its in-flight slot already (admitted before its body)
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,31 @@ class Dispatcher:
         self.plane = plane
         self.rollouts = rollouts
         self.v2_models = frozenset(v2_models)
+
+    # -- admission before the body ------------------------------------------------------
+    @asynccontextmanager
+    async def admission_before_body(self, call: Call, expects_continue: bool) -> AsyncIterator[None]:
+        """A request that declared ``Expect: 100-continue`` takes its in-flight slot before
+        its body is read, and holds it until it is answered: when the gateway cannot admit
+        it (no slot within the queue wait, or draining) the 503 goes out before the body
+        is sent (the server sends ``100 Continue`` only when the body is first read), with
+        ``Connection: close``, as HTTP/1.1 asks of a server that leaves a body unread.
+        Any other request is admitted after its body, as before (a slow upload then never
+        holds a slot)."""
+        if not expects_continue:
+            yield
+            return
+        admission = self.plane.admission
+        try:
+            await admission.acquire()
+        except ServiceUnavailableError as exc:
+            exc.headers = {**exc.headers, "Connection": "close"}
+            raise
+        call.admitted = True
+        try:
+            yield
+        finally:
+            admission.release()
 
     # -- /classify and /models/{model}[/versions/{v}]/classify ------------------------
     def check_model(self, model: str | None, version: str | None = None) -> None:
@@ -145,7 +172,13 @@ class Dispatcher:
         admitted: bool = True,
     ) -> list[Classification]:
         return await self.plane.classify(
-            entry, version, payload, top_k, call.request_id, call.started, admitted=admitted
+            entry,
+            version,
+            payload,
+            top_k,
+            call.request_id,
+            call.started,
+            admitted=admitted and not call.admitted,
         )
 
     async def _in_rollout(
@@ -226,4 +259,6 @@ class Dispatcher:
         self, target: OipTarget, inputs: Sequence[Tensor], outputs: Sequence[str], call: Call
     ) -> InferResult:
         call.model = target.name
-        return await self.plane.infer(target.name, target.version, inputs, outputs, call.request_id)
+        return await self.plane.infer(
+            target.name, target.version, inputs, outputs, call.request_id, admitted=not call.admitted
+        )

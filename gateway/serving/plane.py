@@ -82,7 +82,8 @@ class InferencePlane:
         admitted: bool = True,
     ) -> list[Classification]:
         """One classification per input, in input order; raises GatewayError subclasses.
-        ``admitted=False`` (a rollout's shadow, bounded by its own cap) takes no slot."""
+        ``admitted=False`` takes no slot: a rollout's shadow (bounded by its own cap), or
+        a request whose slot is held already (taken before its body)."""
         kind, model, tracing = entry.kind, entry.name, self.tracing
         # the span covers the wait for an in-flight slot (the gateway's queue)
         slot = self.admission.slot(waiting=tracing.span("admission")) if admitted else _no_slot()
@@ -134,9 +135,12 @@ class InferencePlane:
         inputs: Sequence[Tensor],
         outputs: Sequence[str],
         request_id: str,
+        admitted: bool = True,
     ) -> InferResult:
-        """One inference on checked tensors (the Open Inference Protocol routes)."""
-        async with self.admission.slot(waiting=self.tracing.span("admission")):
+        """One inference on checked tensors (the Open Inference Protocol routes);
+        ``admitted=False``: its slot is held already (taken before its body)."""
+        slot = self.admission.slot(waiting=self.tracing.span("admission")) if admitted else _no_slot()
+        async with slot:
             with self.backend.circuit(model):
                 return await self.backend.infer(
                     model,

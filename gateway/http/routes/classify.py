@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response
 
-from gateway.http.bodies import read_classify_input
+from gateway.http.bodies import expects_continue, read_classify_input
 from gateway.http.dependencies import gateway_state
 from gateway.http.problems import problem_responses
 from gateway.http.schemas import EXAMPLE_PNG_BASE64, ClassifyResponse, classify_response_json
@@ -155,15 +155,17 @@ async def _classify(
     dispatcher.check_model(model, version)  # an unknown model is refused before its body is read
     # The body is read before admission: a slot bounds work (checks, Triton), and a slow
     # upload, bounded by the body timeout, never holds one. Refusing only once the body is
-    # in also spares a client still writing it a connection reset instead of the 503.
-    with state["tracing"].span("read body"):
-        payload = await read_classify_input(request, state["settings"], state["workers"])
-    try:
-        answer = await dispatcher.classify(
-            payload, call, model=model, version=version, top_k=top_k, threshold=threshold
-        )
-    finally:
-        if call.model is not None:
-            state["model"] = call.model  # the metrics' model label
+    # in also spares a client still writing it a connection reset instead of the 503. A
+    # client that asked `Expect: 100-continue` is admitted first, and refused unsent.
+    async with dispatcher.admission_before_body(call, expects_continue(request)):
+        with state["tracing"].span("read body"):
+            payload = await read_classify_input(request, state["settings"], state["workers"])
+        try:
+            answer = await dispatcher.classify(
+                payload, call, model=model, version=version, top_k=top_k, threshold=threshold
+            )
+        finally:
+            if call.model is not None:
+                state["model"] = call.model  # the metrics' model label
     body = classify_response_json(answer.model, call.request_id, answer.classifications)
     return Response(body, media_type="application/json")

@@ -22,7 +22,7 @@ from fastapi.responses import Response
 
 from gateway import __version__
 from gateway.errors import InvalidInputError, TritonUnavailableError
-from gateway.http.bodies import limited_body
+from gateway.http.bodies import expects_continue, limited_body
 from gateway.http.dependencies import BackendDep, DispatcherDep, gateway_state
 from gateway.http.oip import (
     HEADER_LENGTH,
@@ -172,23 +172,26 @@ async def _infer(request: Request, name: str, version: str) -> Response:
     settings, tracing, dispatcher = state["settings"], state["tracing"], state["dispatcher"]
     target = dispatcher.oip_target(name, version)  # the pin applies to an unversioned call
     state["model"] = name  # the metrics' model label: catalogued or allow-listed names only
-    with tracing.span("read body"):
-        body = await limited_body(request, settings.max_json_body_bytes, settings.server.body_timeout_seconds)
-    signature = await dispatcher.signature(target)
-    with tracing.span("validate tensors"):
-        header, binary = split_body(body, request.headers.get(HEADER_LENGTH))
-        parsed = await state["workers"].run(
-            len(body),
-            parse_infer_request,
-            header,
-            binary,
-            signature,
-            _caps(settings),
-            _bytes_checks(target.entry),
-        )
-        _check_top_k(target.entry, parsed.inputs)
     call = Call(state["request_id"], perf_counter())
-    answer = await dispatcher.infer(target, parsed.inputs, parsed.outputs, call)
+    async with dispatcher.admission_before_body(call, expects_continue(request)):
+        with tracing.span("read body"):
+            body = await limited_body(
+                request, settings.max_json_body_bytes, settings.server.body_timeout_seconds
+            )
+        signature = await dispatcher.signature(target)
+        with tracing.span("validate tensors"):
+            header, binary = split_body(body, request.headers.get(HEADER_LENGTH))
+            parsed = await state["workers"].run(
+                len(body),
+                parse_infer_request,
+                header,
+                binary,
+                signature,
+                _caps(settings),
+                _bytes_checks(target.entry),
+            )
+            _check_top_k(target.entry, parsed.inputs)
+        answer = await dispatcher.infer(target, parsed.inputs, parsed.outputs, call)
     outputs = list(answer.outputs.values())
     content, header_length = encode_infer_response(
         name, answer.model_version, parsed.id, outputs, parsed.binary_outputs
