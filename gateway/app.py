@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from gateway import __version__
 from gateway.http.auth import AuthMiddleware
+from gateway.http.compression import OipCompression
 from gateway.http.dependencies import GatewayState
 from gateway.http.docs import install_docs
 from gateway.http.problems import install_error_handlers
@@ -182,6 +183,7 @@ def create_app(
     app.state.settings = settings
     app.state.routing = routing  # run-time routing (pins, rollouts): what /admin changes
     # Added last = outermost: the request id and telemetry wrap everything else.
+    app.add_middleware(OipCompression)  # innermost: compresses /v2 answers only
     if api_keys is not None:
         # Inside the request id and telemetry layer, so refusals are counted and logged.
         app.add_middleware(

@@ -306,6 +306,32 @@ class FakeBackend:
         steps = [ModelStatus(name=n, ready=self.ready, versions=["1"]) for n in self.models[model].steps]
         return ModelStatus(name=model, ready=self.ready, versions=["1"], platform="ensemble", composing=steps)
 
+    async def model_config_document(self, model: str, version: str) -> dict[str, Any]:
+        config = self.models.get(model)
+        if config is None or model in self.unloaded or version not in self.ready_versions:
+            raise NotFoundError("there is no such model version")
+        document: dict[str, Any] = {
+            "name": model,
+            "platform": config.platform,
+            "max_batch_size": config.max_batch_size,
+            "input": [{"name": name, "data_type": "TYPE_STRING", "dims": [1]} for name in config.inputs],
+            "output": [{"name": "LABELS", "data_type": "TYPE_STRING", "dims": [-1]}],
+            "parameters": {key: {"string_value": value} for key, value in config.parameters.items()},
+        }
+        if config.steps:
+            document["ensemble_scheduling"] = {
+                "step": [{"model_name": step, "model_version": -1} for step in config.steps]
+            }
+        return document
+
+    async def statistics(self, model: str, version: str) -> dict[str, Any]:
+        names = [model] if model else list(self.models)
+        if model and model not in self.models:
+            raise NotFoundError("there is no such model version")
+        return {
+            "model_stats": [{"name": name, "version": version or "1", "inference_count": 3} for name in names]
+        }
+
     async def repository_index(self) -> list[RepositoryModel]:
         if not self.live:
             raise TritonUnavailableError("down")

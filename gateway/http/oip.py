@@ -28,6 +28,53 @@ from gateway.triton.backend import ModelSignature, TensorSpec
 from gateway.triton.tensors import DTYPES, Tensor, TensorDataError, from_raw, strings
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
+
+# Parameters of the protocol and its extensions: the ones the gateway honours, and why it
+# refuses the others (a parameter is never dropped in silence). docs/how-to/v2.md lists them.
+_STATELESS = "the sequence extension is not served: the gateway's models are stateless classifiers"
+_SHARED_MEMORY = "shared memory is not served: it is Triton's host's memory; send the tensor in the body"
+REQUEST_PARAMETERS = frozenset({"binary_data_output"})
+INPUT_PARAMETERS = frozenset({"binary_data_size"})
+OUTPUT_PARAMETERS = frozenset({"binary_data"})
+REFUSED_PARAMETERS = {
+    "sequence_id": _STATELESS,
+    "sequence_start": _STATELESS,
+    "sequence_end": _STATELESS,
+    "priority": "request priorities are not passed on to Triton",
+    "timeout": "the gateway owns the deadline (GATEWAY_TRITON__TIMEOUT_SECONDS)",
+    "classification": "the classification extension is not served: the gateway's classifiers answer "
+    "LABELS, SCORES and CLASS_IDS, top-k by TOP_K",
+    "shared_memory_region": _SHARED_MEMORY,
+    "shared_memory_byte_size": _SHARED_MEMORY,
+    "shared_memory_offset": _SHARED_MEMORY,
+}
+
+
+def check_parameters(parameters: Any, honoured: frozenset[str], where: str) -> dict[str, Any]:
+    """``parameters`` (an object) when every key is one the gateway honours here; else a
+    400 that names the parameter and says why it is not passed on."""
+    if parameters is None:
+        return {}
+    if not isinstance(parameters, dict):
+        raise InvalidInputError(f"{where}'parameters' must be an object")
+    for key in parameters:
+        if key in honoured:
+            continue
+        reason = REFUSED_PARAMETERS.get(key)
+        if reason is not None:
+            raise MalformedRequestError(f"{where}parameter {key!r} is refused: {reason}")
+        # the key is the client's input: named only when it is short and plain
+        shown = (
+            repr(key)
+            if isinstance(key, str) and len(key) <= 40 and key.replace("_", "").isalnum()
+            else "a parameter"
+        )
+        raise MalformedRequestError(
+            f"{where}{shown} is not a parameter the gateway passes on; it passes none"
+        )
+    return parameters
+
+
 MAX_TENSORS = 64  # inputs or outputs named in one request
 MAX_DIMS = 8
 
@@ -168,9 +215,7 @@ def parse_infer_request(
         shape = [_integer(d, f"input {name!r}: a dimension") for d in shape]
         _check_shape(spec, shape, caps)
         count = math.prod(shape)
-        parameters = item.get("parameters") or {}
-        if not isinstance(parameters, dict):
-            raise InvalidInputError(f"input {name!r}: 'parameters' must be an object")
+        parameters = check_parameters(item.get("parameters"), INPUT_PARAMETERS, f"input {name!r}: ")
         if "binary_data_size" in parameters:
             size = _integer(parameters["binary_data_size"], f"input {name!r}: binary_data_size")
             if size < 0 or offset + size > len(binary):
@@ -213,9 +258,7 @@ def parse_infer_request(
 
 def _requested_outputs(header: dict[str, Any], signature: ModelSignature) -> tuple[list[str], set[str]]:
     known = [spec.name for spec in signature.outputs]
-    parameters = header.get("parameters") or {}
-    if not isinstance(parameters, dict):
-        raise InvalidInputError("'parameters' must be an object")
+    parameters = check_parameters(header.get("parameters"), REQUEST_PARAMETERS, "")
     all_binary = parameters.get("binary_data_output") is True
     raw = header.get("outputs")
     if raw is None:
@@ -229,9 +272,7 @@ def _requested_outputs(header: dict[str, Any], signature: ModelSignature) -> tup
             raise InvalidInputError(f"unknown output; the model's outputs are {known}")
         name = str(item["name"])
         names.append(name)
-        options = item.get("parameters") or {}
-        if not isinstance(options, dict):
-            raise InvalidInputError(f"output {name!r}: 'parameters' must be an object")
+        options = check_parameters(item.get("parameters"), OUTPUT_PARAMETERS, f"output {name!r}: ")
         if options.get("binary_data", all_binary) is True:
             binary.add(name)
     return names, binary

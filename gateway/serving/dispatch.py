@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from time import perf_counter
+from typing import Any
 
 from gateway.errors import GatewayError, NotFoundError, ServiceUnavailableError, WrongInputKindError
 from gateway.names import is_version
@@ -76,6 +77,31 @@ def at_least(answers: list[Classification], threshold: float | None) -> list[Cla
         replace(answer, predictions=[p for p in answer.predictions if p.score >= threshold])
         for answer in answers
     ]
+
+
+# Fields of Triton's model configuration a /v2 client never sees.
+PRIVATE_FIELDS = frozenset({"ensemble_scheduling", "default_model_filename", "cc_model_filenames",
+                            "model_warmup", "model_repository_agents", "metric_tags"})  # fmt: skip
+_PRIVATE_PARAMETER_SUFFIXES = ("_file", "_filename", "_path", "_dir", "_model", "_models")
+
+
+def public_configuration(document: dict[str, Any]) -> dict[str, Any]:
+    """``document`` without :data:`PRIVATE_FIELDS` and without parameters that name files
+    or models (by their key, or a value that is a path). An ensemble keeps an empty
+    ``ensemble_scheduling``: its platform says ensemble, and clients that read one
+    (perf_analyzer crashes without it) then see no steps to reach."""
+    public = {key: value for key, value in document.items() if key not in PRIVATE_FIELDS}
+    if "ensemble_scheduling" in document:
+        public["ensemble_scheduling"] = {"step": []}
+    parameters = public.get("parameters")
+    if isinstance(parameters, dict):
+        public["parameters"] = {
+            key: value
+            for key, value in parameters.items()
+            if not key.endswith(_PRIVATE_PARAMETER_SUFFIXES)
+            and "/" not in str(value.get("string_value", "") if isinstance(value, dict) else value)
+        }
+    return public
 
 
 class Dispatcher:
@@ -251,6 +277,27 @@ class Dispatcher:
         if (entry is None and name not in self.v2_models) or (version and not is_version(version)):
             raise NotFoundError("there is no such model")
         return OipTarget(name, version or self.catalog.version(name), entry)
+
+    def exposed(self) -> set[str]:
+        """The models /v2 shows: the catalog's classifiers and GATEWAY_V2_MODELS."""
+        return {entry.name for entry in self.catalog.entries()} | set(self.v2_models)
+
+    async def configuration(self, name: str, version: str) -> dict[str, Any]:
+        """A model's configuration as Triton's JSON, less what stays private: an ensemble's
+        steps and their wiring, file names, and parameters naming files or other models
+        (an ensemble then looks like one model, which is what its clients call)."""
+        self.oip_target(name, version)
+        document = await self.plane.backend.model_config_document(name, version)
+        return public_configuration(document)
+
+    async def statistics(self, name: str | None, version: str = "") -> dict[str, Any]:
+        """Triton's inference statistics of one exposed model (all its versions unless one
+        is named), or of every exposed model (``name`` None); hidden steps never appear."""
+        if name is not None:
+            self.oip_target(name, version)
+        document = await self.plane.backend.statistics(name or "", version)
+        shown = self.exposed()
+        return {"model_stats": [s for s in document.get("model_stats", []) if s.get("name") in shown]}
 
     async def signature(self, target: OipTarget) -> ModelSignature:
         return await self.plane.backend.model_signature(target.name, target.version)

@@ -160,6 +160,16 @@ class InferenceBackend(Protocol):
         """The loaded model's configuration; NotFoundError when it is not loaded."""
         ...
 
+    async def model_config_document(self, model: str, version: str) -> dict[str, Any]:
+        """The model's configuration as Triton's HTTP protocol answers it (JSON, numbers as
+        numbers); NotFoundError for a model or version Triton has not loaded."""
+        ...
+
+    async def statistics(self, model: str, version: str) -> dict[str, Any]:
+        """Triton's inference statistics (``{"model_stats": [...]}``, as its HTTP protocol
+        answers them) of ``model`` ("": every model) and ``version`` ("": every version)."""
+        ...
+
     async def repository_index(self) -> list[RepositoryModel]:
         """Every model in Triton's repository, loaded or not; raises GatewayError subclasses."""
         ...

@@ -20,6 +20,7 @@ from typing import Any
 
 import grpc
 import tritonclient.grpc.aio as grpcclient
+from google.protobuf import json_format
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
@@ -137,6 +138,39 @@ def channel_options(settings: TritonSettings, max_send_bytes: int) -> list[tuple
         ("grpc.keepalive_permit_without_calls", 0),
         ("grpc.http2.max_pings_without_data", 0),
     ]
+
+
+# Fields whose text must stay text though it may look like a number.
+_TEXT_FIELDS = frozenset(
+    {"name", "version", "string_value", "platform", "backend", "key", "model_name", "label_filename"}
+)
+
+
+def http_json(message: Any) -> dict[str, Any]:
+    """A protobuf message as Triton's HTTP protocol writes it: field names as in the proto,
+    and 64-bit integers as numbers (protobuf's JSON mapping writes them as text, which
+    perf_analyzer and tritonclient do not expect)."""
+
+    def numbers(value: Any, key: str = "") -> Any:
+        if isinstance(value, dict):
+            return {k: numbers(v, k) for k, v in value.items()}
+        if isinstance(value, list):
+            return [numbers(v, key) for v in value]
+        if isinstance(value, str) and key not in _TEXT_FIELDS and value.lstrip("-").isdigit():
+            return int(value)
+        return value
+
+    try:  # every field, zeros included, as Triton's HTTP endpoint writes them
+        document = json_format.MessageToDict(
+            message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+        )
+    except TypeError:  # protobuf < 5.26 names the option differently
+        document = json_format.MessageToDict(
+            message,
+            preserving_proto_field_name=True,
+            including_default_value_fields=True,  # type: ignore[call-arg]
+        )
+    return dict(numbers(document))
 
 
 class TritonBackend:
@@ -356,6 +390,30 @@ class TritonBackend:
             optional_inputs=tuple(item.name for item in config.input if item.optional),
             steps=tuple(step.model_name for step in config.ensemble_scheduling.step),
         )
+
+    async def model_config_document(self, model: str, version: str) -> dict[str, Any]:
+        self._refuse_when_open(model)
+        try:
+            answer = await self._client.get_model_config(
+                model, version, client_timeout=self._settings.health_timeout_seconds
+            )
+        except InferenceServerException as exc:
+            if status_code(exc) in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
+                raise NotFoundError("there is no such model version") from exc
+            raise self._client_error(exc, f"configuration of {model}", logging.DEBUG) from exc
+        return http_json(answer.config)
+
+    async def statistics(self, model: str, version: str) -> dict[str, Any]:
+        self._refuse_when_open(model)
+        try:
+            answer = await self._client.get_inference_statistics(
+                model, version, client_timeout=self._settings.health_timeout_seconds
+            )
+        except InferenceServerException as exc:
+            if status_code(exc) in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
+                raise NotFoundError("there is no such model version") from exc
+            raise self._client_error(exc, f"statistics of {model or 'every model'}", logging.DEBUG) from exc
+        return http_json(answer)
 
     async def repository_index(self) -> list[RepositoryModel]:
         self._refuse_when_open("")  # known down: refused at once

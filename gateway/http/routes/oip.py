@@ -47,6 +47,9 @@ def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 router = APIRouter(prefix="/v2", tags=["open inference protocol"])
 
+# The protocol's extensions the gateway serves, exactly (docs/how-to/v2.md: the others, and why).
+EXTENSIONS = ("binary_tensor_data", "model_configuration", "statistics")
+
 # Unconstrained on purpose: a name off the allow-list or a version that is not a number is
 # a model that does not exist (404), not a malformed request.
 ModelName = Annotated[str, Path(description="A model on the gateway's allow-list.")]
@@ -60,7 +63,7 @@ async def server_metadata(backend: BackendDep) -> dict[str, Any]:
         "name": "triton-gateway",
         "version": __version__,
         "triton_version": status.version,
-        "extensions": ["binary_tensor_data"],
+        "extensions": list(EXTENSIONS),
     }
 
 
@@ -79,6 +82,56 @@ async def health_ready(dispatcher: DispatcherDep) -> dict[str, bool]:
     if not all(s.ready for s in statuses):
         raise TritonUnavailableError("a model is not ready", headers={"Retry-After": "1"})
     return {"ready": True}
+
+
+@router.get(
+    "/models/stats",
+    summary="Inference statistics of every exposed model (OIP statistics extension)",
+    responses=problem_responses(503),
+)
+async def all_statistics(dispatcher: DispatcherDep) -> dict[str, Any]:
+    return await dispatcher.statistics(None)
+
+
+@router.get(
+    "/models/{model_name}/config",
+    summary="Model configuration (OIP model configuration extension), as Triton's JSON less "
+    "what stays private (an ensemble's steps, file names)",
+    responses=problem_responses(404, 503),
+)
+async def model_configuration(model_name: ModelName, dispatcher: DispatcherDep) -> dict[str, Any]:
+    return await dispatcher.configuration(model_name, "")
+
+
+@router.get(
+    "/models/{model_name}/versions/{model_version}/config",
+    summary="Configuration of one model version (OIP model configuration extension)",
+    responses=problem_responses(404, 503),
+)
+async def model_version_configuration(
+    model_name: ModelName, model_version: ModelVersion, dispatcher: DispatcherDep
+) -> dict[str, Any]:
+    return await dispatcher.configuration(model_name, model_version)
+
+
+@router.get(
+    "/models/{model_name}/stats",
+    summary="Inference statistics of a model, every version (OIP statistics extension)",
+    responses=problem_responses(404, 503),
+)
+async def model_statistics(model_name: ModelName, dispatcher: DispatcherDep) -> dict[str, Any]:
+    return await dispatcher.statistics(model_name)
+
+
+@router.get(
+    "/models/{model_name}/versions/{model_version}/stats",
+    summary="Inference statistics of one model version (OIP statistics extension)",
+    responses=problem_responses(404, 503),
+)
+async def model_version_statistics(
+    model_name: ModelName, model_version: ModelVersion, dispatcher: DispatcherDep
+) -> dict[str, Any]:
+    return await dispatcher.statistics(model_name, model_version)
 
 
 @router.get("/models/{model_name}", summary="Model metadata (OIP)", responses=problem_responses(404, 503))
