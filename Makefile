@@ -91,8 +91,10 @@ clean:
 
 # The gateway side by side with Triton direct (trivial and real models; own Triton and
 # gateway; wrk as the HTTP load generator): table, .reports/bench.json and .reports/bench.png.
+# BENCH_OPTIONS=--perf-analyzer adds NVIDIA's perf_analyzer, Triton's HTTP against /v2.
+BENCH_OPTIONS ?=
 bench: test-system-deps install models
-	$(VENV)/bin/triton-gateway bench --out .reports/bench
+	$(VENV)/bin/triton-gateway bench --out .reports/bench $(BENCH_OPTIONS)
 
 # The documentation site (mkdocs.yml, docs/): built offline into site/, or served.
 docs: $(VENV)/.installed

@@ -47,6 +47,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
@@ -492,6 +493,59 @@ def plot(rows: list[Row], path: Path) -> None:
     figure.savefig(path, dpi=90)
 
 
+def perf_analyzer_rows(stack: Stack, workdir: Path, concurrencies: list[int]) -> list[dict[str, Any]]:
+    """NVIDIA's perf_analyzer on both shipped models, Triton direct (HTTP) and then the
+    gateway's /v2, at each concurrency: throughput and p50/p99 as it reports them."""
+    import perfanalyzer
+
+    jpeg = photo_jpeg()
+    inputs = {
+        "image_classifier": {"IMAGE": perfanalyzer.bytes_input(jpeg), "TOP_K": [5]},
+        "text_classifier": {"TEXT": perfanalyzer.bytes_input(SENTENCE.encode()), "TOP_K": [5]},
+    }
+    rows: list[dict[str, Any]] = []
+    for model, row in inputs.items():
+        data = perfanalyzer.input_data(workdir / f"pa-{model}.json", [row])
+        for concurrency in concurrencies:
+            for target, url in (("direct", f"127.0.0.1:{stack.triton.http_port}"),
+                                ("gateway", stack.gateway.url.removeprefix("http://"))):  # fmt: skip
+                report = workdir / f"pa-{model}-{target}-{concurrency}.csv"
+                command = [*perfanalyzer.command(), "-m", model, "-u", url, "-i", "http", "--input-data", str(data),
+                           "--concurrency-range", str(concurrency), "--measurement-interval", "3000",
+                           "--stability-percentage", "100", "--max-trials", "6", "--percentile", "99", "-f", str(report)]  # fmt: skip
+                done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+                if done.returncode != 0:
+                    raise SystemExit(f"perf_analyzer failed on {target} {model}:\n{done.stdout[-2000:]}")
+                header, values = report.read_text().splitlines()[:2]
+                fields = dict(zip(header.split(","), values.split(","), strict=False))
+                rows.append({"model": model, "target": target, "concurrency": concurrency,
+                             "throughput": float(fields["Inferences/Second"]),
+                             "p50_us": float(fields["p50 latency"]), "p99_us": float(fields["p99 latency"])})  # fmt: skip
+    return rows
+
+
+def perf_analyzer_table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "perf_analyzer (HTTP): Triton direct vs the gateway's /v2",
+        f"{'model':18} {'c':>3} {'direct/s':>9} {'gateway/s':>10} {'ratio':>6} {'p99 direct':>11} {'p99 gateway':>12}",
+    ]
+    for direct in (r for r in rows if r["target"] == "direct"):
+        gateway = next(
+            r
+            for r in rows
+            if r["target"] == "gateway"
+            and r["model"] == direct["model"]
+            and r["concurrency"] == direct["concurrency"]
+        )
+        ratio = gateway["throughput"] / max(direct["throughput"], 1e-9)
+        lines.append(
+            f"{direct['model']:18} {direct['concurrency']:>3} {direct['throughput']:9.1f} "
+            f"{gateway['throughput']:10.1f} {ratio:6.2f} {direct['p99_us'] / 1000:9.1f}ms "
+            f"{gateway['p99_us'] / 1000:10.1f}ms"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -520,6 +574,12 @@ def main(argv: list[str] | None = None) -> int:
         "with a limit; the base keeps its buckets in its own memory)",
     )
     parser.add_argument("--pin", action="store_true", help=PINNED)
+    parser.add_argument(
+        "--perf-analyzer",
+        action="store_true",
+        help="also NVIDIA's perf_analyzer on the real models, Triton's HTTP endpoint against the "
+        "gateway's /v2 (installed on first use: tests/perfanalyzer.py)",
+    )
     options = parser.parse_args(argv)
     variant_env = dict(item.split("=", 1) for item in options.variant)
     base_env: dict[str, str] = {}
@@ -531,6 +591,7 @@ def main(argv: list[str] | None = None) -> int:
         if not options.scenarios or any(s.name.startswith(n) for n in options.scenarios)
     ]
     measures: list[Measure] = []
+    analysed: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-") as folder, OtlpReceiver() as receiver:
         if options.tracing:
             variant_env.update(
@@ -563,6 +624,8 @@ def main(argv: list[str] | None = None) -> int:
                         measure(stack, name, scenario, "reference", 1, 1, workdir)
                     for target in gateways:
                         measure(stack, name, scenario, target, 1, 1, workdir)
+                if options.perf_analyzer and name == "real":
+                    analysed.extend(perf_analyzer_rows(stack, workdir, options.concurrency))
                 for _ in range(options.rounds):
                     for scenario in chosen:
                         for concurrency in options.concurrency:
@@ -587,6 +650,8 @@ def main(argv: list[str] | None = None) -> int:
     if options.shared_state:
         label = f"rate limits in Redis (both with an API key) {label}".strip()
     print(table(rows, label))
+    if analysed:
+        print(perf_analyzer_table(analysed))
     options.out.parent.mkdir(parents=True, exist_ok=True)
     options.out.with_suffix(".json").write_text(
         json.dumps(
@@ -603,6 +668,7 @@ def main(argv: list[str] | None = None) -> int:
                 },
                 "spans_received": len(receiver.spans),
                 "rows": [{**asdict(r), "cpu_vs_reference": r.cpu_vs_reference} for r in rows],
+                "perf_analyzer": analysed,
                 "measures": [{**asdict(m), "rps": m.rps} for m in measures],
             },
             indent=1,
