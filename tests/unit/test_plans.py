@@ -163,3 +163,39 @@ def test_a_repository_without_profiles_is_refused(monkeypatch: pytest.MonkeyPatc
     (tmp_path / "empty").mkdir()
     with pytest.raises(SystemExit, match="nothing to build"):
         run(monkeypatch, tmp_path, tmp_path / "empty", 101300, ["NVIDIA L4, 8.9"])
+
+
+def test_a_fine_tuned_text_classifier_gets_a_plan_over_batch_and_sequence(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, repository: Path
+) -> None:
+    """The text entry's profile covers every token input over batch 1..max and sequence
+    1..max-length, with the same shape for each input, as TensorRT needs."""
+    from test_add_text_model import text_onnx, tokenizer_file
+
+    for name in ("text_classifier", "text_tokenize", "text_postprocess", "text_labels", "image_postprocess"):
+        shutil.copytree(ROOT / "model_repository" / name, repository / name,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.npz", "tokenizer.json"), symlinks=True)  # fmt: skip
+    for source_name in ("image_model", "text_model"):
+        for part in ("config.pbtxt", "configs", "1/model.py"):
+            source = ROOT / "model_repository" / source_name / part
+            if (repository / source_name / part).exists():
+                continue
+            copy = shutil.copytree if source.is_dir() else shutil.copyfile
+            copy(source, repository / source_name / part)
+    labels = tmp_path / "labels.txt"
+    labels.write_text("a\nb\nc\n")
+    added = subprocess.run(
+        [sys.executable, "-m", "gateway", "add-model", "reviews", "--task", "text-classification",
+         "--onnx", str(text_onnx(tmp_path / "net.onnx", positions=128)),
+         "--tokenizer", str(tokenizer_file(tmp_path / "tokenizer.json")), "--labels", str(labels),
+         "--max-batch", "32", "--max-length", "96", "--repository", str(repository)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    builds = run(monkeypatch, tmp_path, repository, 101300, ["NVIDIA L4, 8.9"])
+    (reviews,) = [args for args in builds if any("reviews_model" in arg for arg in args)]
+    tokens = ("input_ids", "attention_mask", "token_type_ids")
+    assert "--minShapes=" + ",".join(f"{t}:1x1" for t in tokens) in reviews
+    assert "--optShapes=" + ",".join(f"{t}:8x64" for t in tokens) in reviews
+    assert "--maxShapes=" + ",".join(f"{t}:32x96" for t in tokens) in reviews
+    assert (repository / "reviews_model" / "1" / "model.plan").exists()
