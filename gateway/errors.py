@@ -39,6 +39,7 @@ reason to the operator who asked for the load.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
 from typing import Any
 
@@ -65,12 +66,16 @@ class GatewayError(Exception):
         errors: list[dict[str, Any]] | None = None,
         headers: dict[str, str] | None = None,
         extensions: dict[str, Any] | None = None,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(detail)
         self.detail = detail
         self.input_index = input_index
         self.errors = errors
         self.headers = headers or {}
+        if retry_after is not None:
+            # the one place Retry-After is written: whole seconds, at least 1 (RFC 9110)
+            self.headers["Retry-After"] = str(max(1, math.ceil(retry_after)))
         self.extensions = extensions or {}  # RFC 9457 extension members (say, /readyz's checks)
 
     def at(self, index: int) -> GatewayError:

@@ -158,45 +158,43 @@ class ServedApp:
             self._thread.join(timeout=15)
 
 
+def _shipped(name: str) -> tuple[int, dict[str, str], tuple[str, ...], tuple[str, ...]]:
+    """A shipped model's max_batch_size, parameters, inputs and steps, read from its
+    config.pbtxt in model_repository/ (the fake never restates them)."""
+    from gateway.triton import pbtxt
+
+    config = pbtxt.read_config(
+        Path(__file__).resolve().parents[1] / "model_repository" / name / "config.pbtxt"
+    )
+    steps = tuple(step.model_name for step in config.ensemble_scheduling.step)
+    return config.max_batch_size, pbtxt.parameters(config), tuple(i.name for i in config.input), steps
+
+
 def fake_repository() -> dict[str, ModelConfig]:
     """The models the fake backend "serves": the two default classifiers as ensembles
-    with two steps each (caps in the steps, as in model_repository/), and text_labels."""
+    with two steps each (their inputs, batch sizes and parameters, and their steps' caps,
+    read from the shipped configs in model_repository/), and text_labels."""
 
-    def classifier(name: str, task: str, inputs: tuple[str, ...], **parameters: str) -> list[ModelConfig]:
-        optional = tuple(i for i in inputs if i == "CANDIDATE_LABELS")
+    def classifier(name: str) -> list[ModelConfig]:
+        batch, parameters, inputs, shipped_steps = _shipped(name)
+        step_parameters: dict[str, str] = {}
+        for step in shipped_steps:
+            step_parameters.update(_shipped(step)[1])
         steps = (f"{name}.pre", f"{name}.net")
+        caps = {
+            k: v
+            for k, v in step_parameters.items()
+            if k in ("formats", "max_pixels", "max_side", "max_tokens")
+        }
         return [
-            ModelConfig(
-                name,
-                "ensemble",
-                64 if "TEXT" in inputs else 32,
-                {"gateway_task": task, **parameters},
-                inputs,
-                optional,
-                steps,
-            ),
-            ModelConfig(
-                steps[0],
-                "python",
-                32,
-                {
-                    "formats": "JPEG,PNG,WEBP",
-                    "max_pixels": "40000000",
-                    "max_side": "16384",
-                    "max_tokens": "256",
-                },
-            ),
-            ModelConfig(steps[1], "python", 32, {"max_top_k": "20"}),
+            ModelConfig(name, "ensemble", batch, parameters, inputs, steps),
+            ModelConfig(steps[0], "python", batch, caps),
+            ModelConfig(steps[1], "python", batch, {"max_top_k": step_parameters["max_top_k"]}),
         ]
 
     models = [
-        *classifier("image_classifier", "image-classification", ("IMAGE", "TOP_K")),
-        *classifier(
-            "text_classifier",
-            "text-classification",
-            ("TEXT", "TOP_K", "CANDIDATE_LABELS"),
-            labels_model="text_labels",
-        ),
+        *classifier("image_classifier"),
+        *classifier("text_classifier"),
         ModelConfig("text_labels", "python", 0, {}, ("QUERY",)),
     ]
     return {model.name: model for model in models}

@@ -131,10 +131,10 @@ class AuthMiddleware:
         }
         if verdict.wait:
             self.metrics.client_requests.labels(client=key.id, outcome="rate_limited").inc()
-            retry = str(max(1, math.ceil(verdict.wait)))
             limited = RateLimitedError(
                 f"the rate for this key is {rate:g} requests a second",
-                headers={**headers, "Retry-After": retry},
+                headers=headers,
+                retry_after=verdict.wait,
             )
             await self._refuse(scope, receive, send, limited)
             return

@@ -157,12 +157,6 @@ def classify_response_json(model: str, request_id: str, answers: list[Classifica
     return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
-class ProblemItem(BaseModel):
-    """One of several problems in a request."""
-
-    model_config = ConfigDict(extra="allow")
-
-
 class Problem(BaseModel):
     """An RFC 9457 problem document (`application/problem+json`)."""
 

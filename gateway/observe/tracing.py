@@ -33,26 +33,6 @@ from gateway.settings import TracingSettings
 _PROPAGATOR = TraceContextTextMapPropagator()
 _CONTEXT_HEADERS = (b"traceparent", b"tracestate")
 _NO_SPAN = contextlib.nullcontext(trace.INVALID_SPAN)
-# gRPC status names (as tritonclient reports them) -> the numeric codes semconv asks for.
-_GRPC_CODES = {
-    "OK": 0,
-    "CANCELLED": 1,
-    "UNKNOWN": 2,
-    "INVALID_ARGUMENT": 3,
-    "DEADLINE_EXCEEDED": 4,
-    "NOT_FOUND": 5,
-    "ALREADY_EXISTS": 6,
-    "PERMISSION_DENIED": 7,
-    "RESOURCE_EXHAUSTED": 8,
-    "FAILED_PRECONDITION": 9,
-    "ABORTED": 10,
-    "OUT_OF_RANGE": 11,
-    "UNIMPLEMENTED": 12,
-    "INTERNAL": 13,
-    "UNAVAILABLE": 14,
-    "DATA_LOSS": 15,
-    "UNAUTHENTICATED": 16,
-}
 
 
 def current_trace() -> tuple[str | None, bool]:
@@ -137,10 +117,6 @@ class Tracing:
         )
         self._tracer = self._provider.get_tracer("triton-gateway", __version__)
 
-    @property
-    def enabled(self) -> bool:
-        return self._tracer is not None
-
     def shutdown(self) -> None:
         """Flush what is queued (bounded by the export timeout) and stop the exporter thread."""
         provider, self._provider, self._tracer = self._provider, None, None
@@ -207,12 +183,12 @@ class Tracing:
             yield metadata or None
 
 
-def grpc_status(status: str) -> None:
-    """Record a Triton call's gRPC status (``StatusCode.X`` or ``X``) on the current span."""
+def grpc_status(name: str, code: int) -> None:
+    """Record a Triton call's gRPC status on the current span: its name (``UNAVAILABLE``)
+    and its number (14), both from ``grpc.StatusCode`` at the Triton boundary."""
     span: Span = trace.get_current_span()
     if not span.is_recording():
         return
-    name = status.removeprefix("StatusCode.") or "UNKNOWN"
-    span.set_attribute("rpc.grpc.status_code", _GRPC_CODES.get(name, 2))
+    span.set_attribute("rpc.grpc.status_code", code)
     if name != "OK":
         span.set_status(Status(StatusCode.ERROR, name))

@@ -23,7 +23,7 @@ class Admission:
     def __init__(self, limit: int, queue_seconds: float, retry_after: int) -> None:
         self.limit = limit
         self._queue_seconds = queue_seconds
-        self._retry_after = {"Retry-After": str(retry_after)}
+        self._retry_after = retry_after
         self._slots = asyncio.Semaphore(limit)
         self.in_flight = 0
         self.leaving = False  # /readyz says 503; requests are still admitted
@@ -35,7 +35,8 @@ class Admission:
         if self.draining:
             raise ShuttingDownError(
                 "the gateway is shutting down; retry on another replica",
-                headers={**self._retry_after, "Connection": "close"},
+                retry_after=self._retry_after,
+                headers={"Connection": "close"},
             )
 
     async def acquire(self) -> None:
@@ -48,7 +49,7 @@ class Admission:
                 await asyncio.wait_for(self._slots.acquire(), self._queue_seconds)
             except TimeoutError:
                 raise OverloadedError(
-                    f"over {self.limit} requests are in flight; retry shortly", headers=self._retry_after
+                    f"over {self.limit} requests are in flight; retry shortly", retry_after=self._retry_after
                 ) from None
         self.in_flight += 1
         self._idle.clear()

@@ -20,7 +20,6 @@ catalog: the circuit breaker answers for Triton meanwhile. Version pins (run tim
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fnmatch
 import logging
 from collections import defaultdict
@@ -35,6 +34,7 @@ from gateway.errors import (
     TritonUnavailableError,
     WrongInputKindError,
 )
+from gateway.periodic import Periodic
 from gateway.serving.kinds import KINDS, Caps, Kind
 from gateway.serving.kinds.base import merged_parameters
 from gateway.settings import Settings
@@ -132,7 +132,7 @@ class Catalog:
         # Version pins: this process's, or every replica's through the shared state.
         self.routing = routing or Routing(settings.default_pins())
         self._lock = asyncio.Lock()
-        self._task: asyncio.Task[None] | None = None
+        self._refreshing = Periodic("catalog refresh", settings.catalog_refresh_seconds, self.refresh, logger)
         self._noted: set[str] = set()
         self._on_refresh = on_refresh or (lambda: None)  # a read that reached Triton
 
@@ -180,10 +180,13 @@ class Catalog:
             raise WrongInputKindError(f"{name} takes {entry.kind.noun}s ({entry.task}), not {kind.noun}s")
         return entry
 
+    @property
+    def retry_after(self) -> int:
+        """What a client is told to wait while a model is unavailable."""
+        return self._settings.triton.retry_after_seconds
+
     def _unavailable(self, detail: str) -> TritonUnavailableError:
-        return TritonUnavailableError(
-            detail, headers={"Retry-After": str(self._settings.triton.retry_after_seconds)}
-        )
+        return TritonUnavailableError(detail, retry_after=self._settings.triton.retry_after_seconds)
 
     def version(self, name: str) -> str:
         """The version requests to ``name`` go to ("" for Triton's latest)."""
@@ -319,18 +322,7 @@ class Catalog:
 
     def start(self) -> None:
         """Refresh every ``catalog_refresh_seconds`` until :meth:`stop`."""
-        self._task = asyncio.create_task(self._loop(), name="catalog-refresh")
-
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self._settings.catalog_refresh_seconds)
-            try:
-                await self.refresh()
-            except Exception:  # never let the loop die: the next period tries again
-                logger.exception("catalog refresh failed")
+        self._refreshing.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._refreshing.stop()

@@ -12,7 +12,6 @@ agree: a file caught mid-rewrite (truncated, or cut at a line) is left for the n
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from pathlib import Path
 
 from gateway.errors import ConfigurationError
 from gateway.observe.metrics import GatewayMetrics
+from gateway.periodic import Periodic
 
 
 def hash_key(key: str) -> str:
@@ -79,7 +79,7 @@ class KeyRing:
             raise ConfigurationError(f"cannot read the {name} keys file {path}")
         self.keys: list[ApiKey] = parse_keys(text.decode("utf-8", errors="replace"), path)
         self._seen = hashlib.sha256(text).digest()
-        self._task: asyncio.Task[None] | None = None
+        self._watching: Periodic | None = None
 
     def _read(self) -> bytes | None:
         try:
@@ -123,22 +123,17 @@ class KeyRing:
             self._metrics.key_reloads.labels(file=self.name, outcome=outcome).inc()
 
     def start(self, interval: float) -> None:
-        self._task = asyncio.create_task(self._watch(interval), name=f"{self.name}-keys-watch")
+        # a failure keeps the keys in force; the next period checks again
+        self._watching = Periodic(f"checking the {self.name} keys file", interval, self._check_once, logger)
+        self._watching.start()
 
-    async def _watch(self, interval: float) -> None:
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                first = self.changed()
-                if first is not None:
-                    await asyncio.sleep(SETTLE_SECONDS)
-                    self.check(expected=first)
-            except Exception:  # never let the watch die: the keys in force stay
-                logger.exception("checking the %s keys file failed", self.name)
+    async def _check_once(self) -> None:
+        first = self.changed()
+        if first is not None:
+            await asyncio.sleep(SETTLE_SECONDS)
+            self.check(expected=first)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        if self._watching is not None:
+            await self._watching.stop()
+            self._watching = None

@@ -99,7 +99,7 @@ class RateLimiter:
             if policy == "refuse":
                 raise SharedStateUnavailableError(
                     "rate limits cannot be checked now",
-                    headers={"Retry-After": str(max(1, round(self._settings.retry_seconds)))},
+                    retry_after=self._settings.retry_seconds,
                 ) from None
             if policy == "allow":
                 return Verdict(0.0, key.burst, key.rate, key.burst)

@@ -10,8 +10,6 @@ applies on all within that period and survives their restarts. Later run-time de
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
 import random
@@ -20,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gateway.errors import SharedStateUnavailableError
+from gateway.periodic import Periodic
 
 if TYPE_CHECKING:
     from gateway.shared.store import SharedState
@@ -93,7 +92,7 @@ class Routing:
         self._rollouts: dict[str, Rollout] = {}
         self._default_models: dict[str, str] = {}  # task -> model, set by a promotion
         self._store: SharedState | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._following: Periodic | None = None
 
     def attach(self, store: SharedState | None) -> None:
         self._store = store
@@ -126,7 +125,7 @@ class Routing:
             raise SharedStateUnavailableError(
                 "the change could not be shared with the other replicas (Redis does not answer); "
                 "nothing changed",
-                headers={"Retry-After": "1"},
+                retry_after=1,
             ) from None
 
     async def pin(self, name: str, version: str) -> None:
@@ -179,19 +178,10 @@ class Routing:
 
     def start(self, interval: float) -> None:
         if self._store is not None:
-            self._task = asyncio.create_task(self._follow(interval), name="routing-sync")
-
-    async def _follow(self, interval: float) -> None:
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                await self.sync()
-            except Exception:
-                logger.exception("reading the shared routing failed")
+            self._following = Periodic("reading the shared routing", interval, self.sync, logger)
+            self._following.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        if self._following is not None:
+            await self._following.stop()
+            self._following = None

@@ -89,7 +89,6 @@ class ModelConfig:
     max_batch_size: int = 0
     parameters: Mapping[str, str] = field(default_factory=dict)
     inputs: tuple[str, ...] = ()
-    optional_inputs: tuple[str, ...] = ()
     steps: tuple[str, ...] = ()
 
 

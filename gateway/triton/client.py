@@ -36,6 +36,7 @@ from gateway.errors import (
 )
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.tracing import Tracing, grpc_status
+from gateway.periodic import Periodic
 from gateway.settings import TritonSettings
 from gateway.triton.backend import (
     InferResult,
@@ -105,9 +106,7 @@ def map_status(
             "the model's preprocessing rejected the input (corrupt or truncated data)"
         )
     if kind is TritonUnavailableError:
-        return TritonUnavailableError(
-            "Triton or the model is not available", headers={"Retry-After": str(retry_after)}
-        )
+        return TritonUnavailableError("Triton or the model is not available", retry_after=retry_after)
     if kind is TritonTimeoutError:
         return TritonTimeoutError("Triton did not answer in time")
     return TritonFailureError("Triton failed to process the request")
@@ -195,12 +194,15 @@ class TritonBackend:
         key = settings.repository_key.get_secret_value()
         self._repository_headers = {f"triton-grpc-protocol-{REPOSITORY_KEY_HEADER}": key} if key else {}
         self._breaker = CircuitBreaker(on_change=lambda state: metrics.circuit.state(state.value))
-        self._probe_task = asyncio.create_task(self._probe_loop(), name="triton-probe")
+        # Feeds the breaker: Triton's liveness every interval, or at once when a call failed.
+        self._probing = Periodic(
+            "probing Triton", settings.probe_interval_seconds, self._probe, logger,
+            immediately=True, wake=self._breaker.wake,
+        )  # fmt: skip
+        self._probing.start()
 
     async def close(self) -> None:
-        self._probe_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._probe_task
+        await self._probing.stop()
         await self._client.close()
         await self._channel.close()
 
@@ -215,21 +217,15 @@ class TritonBackend:
         except InferenceServerException:
             return False
 
-    async def _probe_loop(self) -> None:
-        """Feeds the breaker: Triton's readiness every interval, or at once when a call failed."""
-        while True:
-            self._breaker.on_probe(await self._probe_once())
-            self._breaker.wake.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._settings.probe_interval_seconds):
-                    await self._breaker.wake.wait()
+    async def _probe(self) -> None:
+        self._breaker.on_probe(await self._probe_once())
 
     def _admit(self, model: str) -> None:
         """Fail fast while Triton is known to be down."""
         if not self._breaker.allow():
             self._metrics.triton_failures.labels(model=model, code="CIRCUIT_OPEN").inc()
             raise TritonUnavailableError(
-                "Triton is unavailable", headers={"Retry-After": str(self._settings.retry_after_seconds)}
+                "Triton is unavailable", retry_after=self._settings.retry_after_seconds
             )
 
     def _refuse_when_open(self, model: str) -> None:
@@ -239,7 +235,7 @@ class TritonBackend:
         if self._breaker.state is CircuitState.OPEN:
             self._metrics.triton_failures.labels(model=model, code="CIRCUIT_OPEN").inc()
             raise TritonUnavailableError(
-                "Triton is unavailable", headers={"Retry-After": str(self._settings.retry_after_seconds)}
+                "Triton is unavailable", retry_after=self._settings.retry_after_seconds
             )
 
     @contextlib.contextmanager
@@ -315,13 +311,14 @@ class TritonBackend:
                     timeout=self._settings.timeout_seconds,
                 )
             except grpc.aio.AioRpcError as rpc_error:
-                grpc_status(str(rpc_error.code()))
+                code = rpc_error.code()
+                grpc_status(code.name, code.value[0])
                 self._signatures.pop((model, version), None)  # the model may have changed
                 error = self._error(
                     rpc_error.code(), rpc_error.details() or "", model, f"request {request_id}", invalid
                 )
                 raise error from None
-            grpc_status("OK")
+            grpc_status(grpc.StatusCode.OK.name, grpc.StatusCode.OK.value[0])
         try:
             tensors = {
                 output.name: from_raw(output.name, output.datatype, raw, output.shape)
@@ -387,7 +384,6 @@ class TritonBackend:
             max_batch_size=int(config.max_batch_size),
             parameters={key: value.string_value for key, value in config.parameters.items()},
             inputs=tuple(item.name for item in config.input),
-            optional_inputs=tuple(item.name for item in config.input if item.optional),
             steps=tuple(step.model_name for step in config.ensemble_scheduling.step),
         )
 

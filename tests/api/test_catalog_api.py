@@ -35,7 +35,7 @@ def second_image_classifier(backend: FakeBackend, name: str = "image_classifier_
     """Another image classifier sharing the first one's steps (as Triton allows)."""
     first = backend.models["image_classifier"]
     backend.models[name] = ModelConfig(
-        name, "ensemble", 32, {"gateway_task": "image-classification"}, first.inputs, (), first.steps
+        name, "ensemble", 32, {"gateway_task": "image-classification"}, first.inputs, first.steps
     )
 
 
@@ -253,7 +253,6 @@ def test_a_text_model_without_candidate_labels_refuses_them() -> None:
         8,
         {"gateway_task": "text-classification"},
         ("TEXT", "TOP_K"),
-        (),
         first.steps,
     )
     app = create_app(Settings(), backend_factory=lambda *_: backend)

@@ -79,7 +79,7 @@ async def readyz(
         return JSONResponse(body.model_dump())
     error = NotReadyError(
         f"not ready: {', '.join(failing)}",
-        headers={"Retry-After": str(settings.triton.retry_after_seconds)},
+        retry_after=settings.triton.retry_after_seconds,
         extensions={"checks": checks},
     )
     return problem_response(error, request)

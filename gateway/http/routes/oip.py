@@ -23,7 +23,7 @@ from fastapi.responses import Response
 from gateway import __version__
 from gateway.errors import InvalidInputError, TritonUnavailableError
 from gateway.http.bodies import expects_continue, limited_body
-from gateway.http.dependencies import BackendDep, DispatcherDep, gateway_state
+from gateway.http.dependencies import BackendDep, DispatcherDep, SettingsDep, gateway_state
 from gateway.http.oip import (
     HEADER_LENGTH,
     BytesCheck,
@@ -68,19 +68,19 @@ async def server_metadata(backend: BackendDep) -> dict[str, Any]:
 
 
 @router.get("/health/live", summary="Triton is live (OIP)", responses=problem_responses(503))
-async def health_live(backend: BackendDep) -> dict[str, bool]:
+async def health_live(backend: BackendDep, settings: SettingsDep) -> dict[str, bool]:
     if not (await backend.server_status()).live:
-        raise TritonUnavailableError("Triton is not live", headers={"Retry-After": "1"})
+        raise TritonUnavailableError("Triton is not live", retry_after=settings.triton.retry_after_seconds)
     return {"live": True}
 
 
 @router.get(
     "/health/ready", summary="Every allow-listed model is ready (OIP)", responses=problem_responses(503)
 )
-async def health_ready(dispatcher: DispatcherDep) -> dict[str, bool]:
+async def health_ready(dispatcher: DispatcherDep, settings: SettingsDep) -> dict[str, bool]:
     statuses = await dispatcher.served_statuses(v2_models=True)
     if not all(s.ready for s in statuses):
-        raise TritonUnavailableError("a model is not ready", headers={"Retry-After": "1"})
+        raise TritonUnavailableError("a model is not ready", retry_after=settings.triton.retry_after_seconds)
     return {"ready": True}
 
 
@@ -162,7 +162,7 @@ async def _ready(
         await backend.model_signature(name, target.version)  # an unknown version is 404, not "not ready"
     status = await backend.model_status(name, target.version)
     if not status.ready:
-        raise TritonUnavailableError("the model is not ready", headers={"Retry-After": "1"})
+        raise TritonUnavailableError("the model is not ready", retry_after=dispatcher.catalog.retry_after)
     return {"ready": True}
 
 
