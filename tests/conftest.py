@@ -15,6 +15,20 @@ sys.path.insert(0, str(Path(__file__).parent))
 pytest_plugins = ["triton_fixtures"]
 
 
+TIERS = ("unit", "api", "integration", "e2e")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test carries the marker of its folder (tests/<tier>/...): `-m unit` is honest."""
+    root = Path(__file__).parent
+    for item in items:
+        relative = Path(str(item.path)).relative_to(root)
+        tier = relative.parts[0] if len(relative.parts) > 1 else ""
+        if tier not in TIERS:
+            raise pytest.UsageError(f"{relative}: a test lives in one of tests/{{{','.join(TIERS)}}}")
+        item.add_marker(getattr(pytest.mark, tier))
+
+
 def _processes_under(folder: Path) -> dict[int, str]:
     """Live processes whose command line names ``folder`` (a Triton's backends, its stubs,
     a launcher's or a redis-server's workdir), by PID."""

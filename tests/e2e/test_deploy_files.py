@@ -24,8 +24,6 @@ ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
 DOCKERFILES = sorted(ROOT.glob("deploy/*/Dockerfile"))
 
-pytestmark = pytest.mark.e2e
-
 
 def tool(name: str) -> str:
     found = shutil.which(name) or str(Path(sys.executable).parent / name)

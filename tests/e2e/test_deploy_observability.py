@@ -15,8 +15,6 @@ PROMETHEUS = ROOT / "deploy" / "prometheus"
 GRAFANA = ROOT / "deploy" / "grafana"
 SCHEMA_CHECK = GRAFANA / "schema-check"
 
-pytestmark = pytest.mark.e2e
-
 
 def tool(name: str) -> str:
     found = shutil.which(name)

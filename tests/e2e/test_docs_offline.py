@@ -13,8 +13,6 @@ from support import FakeBackend, ServedApp
 from gateway.app import create_app
 from gateway.settings import Settings
 
-pytestmark = pytest.mark.e2e
-
 CHROMIUM_FLAGS = [
     "--headless",
     "--no-sandbox",

@@ -33,8 +33,6 @@ GPU_ONLY = ("nv_gpu_utilization", "nv_gpu_memory_used_bytes", "nv_gpu_memory_tot
 # tests/integration/test_response_cache.py proves that panel on a cached Triton.
 CACHE_ONLY = ("nv_cache_num_hits_per_model",)
 
-pytestmark = pytest.mark.e2e
-
 
 @pytest.fixture(scope="module")
 def prometheus(gateway: ServedApp, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
