@@ -27,6 +27,7 @@ from gateway.serving.admission import Admission
 from gateway.serving.catalog import Catalog
 from gateway.serving.control import ModelControl, RoutingControl
 from gateway.serving.dispatch import Dispatcher
+from gateway.serving.guard import GuardedBackend
 from gateway.serving.plane import InferencePlane
 from gateway.serving.rollout import RolloutRunner
 from gateway.serving.workers import CheckWorkers
@@ -116,7 +117,8 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[GatewayState]:
         # Network clients belong to the server's event loop: built here, not at import.
         tracing.start()
-        backend = make_backend(settings, metrics, tracing)
+        # the transport, behind the serving side's breaker, probe and signature cache
+        backend = GuardedBackend(make_backend(settings, metrics, tracing), settings.triton, metrics)
         scraper = TritonMetricsScraper(settings.triton.metrics_url, settings.triton.metrics_timeout_seconds)
         workers = CheckWorkers(settings.check_threads)
         store = _shared_state(settings, metrics)

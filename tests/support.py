@@ -279,8 +279,8 @@ class FakeBackend:
             },
         )
 
-    def circuit(self, model: str) -> contextlib.AbstractContextManager[None]:
-        return contextlib.nullcontext()
+    async def is_live(self, within: float) -> bool:
+        return self.live
 
     async def model_signature(self, model: str, version: str) -> ModelSignature:
         config = self.models.get(model)

@@ -25,9 +25,10 @@ from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.tracing import Tracing
 from gateway.serving.admission import Admission
 from gateway.serving.catalog import CatalogEntry
+from gateway.serving.guard import GuardedBackend
 from gateway.serving.payload import ClassifyInput
 from gateway.serving.workers import CheckWorkers
-from gateway.triton.backend import Classification, InferenceBackend, InferResult
+from gateway.triton.backend import Classification, InferResult
 from gateway.triton.tensors import Tensor
 
 # When several inputs fail differently, the client hears the most actionable error.
@@ -59,7 +60,7 @@ class InferencePlane:
 
     def __init__(
         self,
-        backend: InferenceBackend,
+        backend: GuardedBackend,
         admission: Admission,
         tracing: Tracing,
         metrics: GatewayMetrics,

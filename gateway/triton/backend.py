@@ -10,7 +10,6 @@ produce on demand.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -131,7 +130,10 @@ class ServerStatus:
 
 
 class InferenceBackend(Protocol):
-    """The inference server behind the gateway."""
+    """The inference server behind the gateway: a transport (inference, metadata and
+    configuration, the repository index and control, status), nothing more. The circuit
+    breaker, its probe and the signature cache are the serving side's
+    (:class:`gateway.serving.guard.GuardedBackend` wraps any transport in them)."""
 
     async def infer(
         self,
@@ -144,11 +146,6 @@ class InferenceBackend(Protocol):
     ) -> InferResult:
         """One inference (all outputs when none are named). Raises GatewayError
         subclasses; ``invalid`` is what the server's "invalid argument" means here."""
-        ...
-
-    def circuit(self, model: str) -> AbstractContextManager[None]:
-        """Around one client request's calls: refused at once (503) while the server is
-        known to be down; the request's outcome feeds the breaker."""
         ...
 
     async def model_signature(self, model: str, version: str) -> ModelSignature:
@@ -181,6 +178,10 @@ class InferenceBackend(Protocol):
 
     async def unload_model(self, model: str, *, dependents: bool) -> None:
         """Unload the model (and, with ``dependents``, the models only it needed)."""
+        ...
+
+    async def is_live(self, within: float) -> bool:
+        """Whether the server answers that it is live within ``within`` seconds; never raises."""
         ...
 
     async def server_status(self) -> ServerStatus:

@@ -13,9 +13,8 @@ never returned to clients.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -36,7 +35,6 @@ from gateway.errors import (
 )
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.tracing import Tracing, grpc_status
-from gateway.periodic import Periodic
 from gateway.settings import TritonSettings
 from gateway.triton.backend import (
     InferResult,
@@ -47,13 +45,11 @@ from gateway.triton.backend import (
     ServerStatus,
     TensorSpec,
 )
-from gateway.triton.breaker import CircuitBreaker, CircuitState
 from gateway.triton.tensors import Tensor, TensorDataError, from_raw
 
 logger = logging.getLogger("gateway.triton")
 
 # How long a model's metadata is trusted for OIP checks (a failed call forgets it at once).
-SIGNATURE_TTL_SECONDS = 30.0
 # The gRPC metadata / HTTP header that carries the key of Triton's restricted APIs.
 REPOSITORY_KEY_HEADER = "triton-gateway-admin-key"
 # The Python backend answers INTERNAL while it replaces a stub process it found unhealthy
@@ -189,71 +185,22 @@ class TritonBackend:
         # inference: Triton's generated stub on a channel of its own
         self._channel = grpc.aio.insecure_channel(settings.url, options=options)
         self._model_infer = service_pb2_grpc.GRPCInferenceServiceStub(self._channel).ModelInfer
-        self._signatures: dict[tuple[str, str], tuple[float, ModelSignature]] = {}
         # Triton's gRPC front end expects a restricted protocol's header under this prefix.
         key = settings.repository_key.get_secret_value()
         self._repository_headers = {f"triton-grpc-protocol-{REPOSITORY_KEY_HEADER}": key} if key else {}
-        self._breaker = CircuitBreaker(on_change=lambda state: metrics.circuit.state(state.value))
-        # Feeds the breaker: Triton's liveness every interval, or at once when a call failed.
-        self._probing = Periodic(
-            "probing Triton", settings.probe_interval_seconds, self._probe, logger,
-            immediately=True, wake=self._breaker.wake,
-        )  # fmt: skip
-        self._probing.start()
 
     async def close(self) -> None:
-        await self._probing.stop()
         await self._client.close()
         await self._channel.close()
 
-    async def _probe_once(self) -> bool:
+    async def is_live(self, within: float) -> bool:
         # Liveness, not readiness: Triton's strict readiness turns false as soon as any model
         # is unloaded (an /admin unload, a catalog model taken out), which must not open the
         # circuit for every other model; a model that is not ready answers UNAVAILABLE itself.
         try:
-            return bool(
-                await self._client.is_server_live(client_timeout=self._settings.probe_timeout_seconds)
-            )
+            return bool(await self._client.is_server_live(client_timeout=within))
         except InferenceServerException:
             return False
-
-    async def _probe(self) -> None:
-        self._breaker.on_probe(await self._probe_once())
-
-    def _admit(self, model: str) -> None:
-        """Fail fast while Triton is known to be down."""
-        if not self._breaker.allow():
-            self._metrics.triton_failures.labels(model=model, code="CIRCUIT_OPEN").inc()
-            raise TritonUnavailableError(
-                "Triton is unavailable", retry_after=self._settings.retry_after_seconds
-            )
-
-    def _refuse_when_open(self, model: str) -> None:
-        """Metadata calls (the catalog's, /v2's signatures) fail fast while the circuit is
-        open, but never take the half-open trial: only an inference, whose outcome the
-        breaker hears, may (a catalog refresh that took it left the circuit half-open)."""
-        if self._breaker.state is CircuitState.OPEN:
-            self._metrics.triton_failures.labels(model=model, code="CIRCUIT_OPEN").inc()
-            raise TritonUnavailableError(
-                "Triton is unavailable", retry_after=self._settings.retry_after_seconds
-            )
-
-    @contextlib.contextmanager
-    def circuit(self, model: str) -> Iterator[None]:
-        """Around one request's Triton calls: refused at once while the circuit is open;
-        its outcome (whatever it is, cancellation included) is reported to the breaker, so
-        a half-open trial always concludes."""
-        self._admit(model)
-        try:
-            yield
-        except (TritonUnavailableError, TritonTimeoutError):
-            self._breaker.on_unreachable()
-            raise
-        except BaseException:
-            self._breaker.on_other_outcome()
-            raise
-        else:
-            self._breaker.on_success()
 
     def _error(
         self,
@@ -313,7 +260,6 @@ class TritonBackend:
             except grpc.aio.AioRpcError as rpc_error:
                 code = rpc_error.code()
                 grpc_status(code.name, code.value[0])
-                self._signatures.pop((model, version), None)  # the model may have changed
                 error = self._error(
                     rpc_error.code(), rpc_error.details() or "", model, f"request {request_id}", invalid
                 )
@@ -330,14 +276,7 @@ class TritonBackend:
         return InferResult(str(response.model_version), tensors)
 
     async def model_signature(self, model: str, version: str) -> ModelSignature:
-        """The model's inputs and outputs from Triton's metadata, kept for a short while
-        (``signature_ttl_seconds``): every OIP request is checked against it."""
-        key = (model, version)
-        cached = self._signatures.get(key)
-        now = asyncio.get_running_loop().time()
-        if cached is not None and cached[0] > now:
-            return cached[1]
-        self._refuse_when_open(model)
+        """The model's inputs and outputs from Triton's metadata and configuration."""
         try:
             metadata = await self._client.get_model_metadata(
                 model, version, client_timeout=self._settings.health_timeout_seconds
@@ -360,15 +299,13 @@ class TritonBackend:
                 for t in tensors
             )
 
-        signature = ModelSignature(
+        return ModelSignature(
             name=metadata.name,
             versions=tuple(metadata.versions),
             platform=metadata.platform,
             inputs=specs(metadata.inputs),
             outputs=specs(metadata.outputs),
         )
-        self._signatures[key] = (now + SIGNATURE_TTL_SECONDS, signature)
-        return signature
 
     async def model_config(self, model: str) -> ModelConfig:
         timeout = self._settings.health_timeout_seconds
@@ -388,7 +325,6 @@ class TritonBackend:
         )
 
     async def model_config_document(self, model: str, version: str) -> dict[str, Any]:
-        self._refuse_when_open(model)
         try:
             answer = await self._client.get_model_config(
                 model, version, client_timeout=self._settings.health_timeout_seconds
@@ -400,7 +336,6 @@ class TritonBackend:
         return http_json(answer.config)
 
     async def statistics(self, model: str, version: str) -> dict[str, Any]:
-        self._refuse_when_open(model)
         try:
             answer = await self._client.get_inference_statistics(
                 model, version, client_timeout=self._settings.health_timeout_seconds
@@ -412,7 +347,6 @@ class TritonBackend:
         return http_json(answer)
 
     async def repository_index(self) -> list[RepositoryModel]:
-        self._refuse_when_open("")  # known down: refused at once
         try:
             index = await self._client.get_model_repository_index(
                 headers=self._repository_headers, client_timeout=self._settings.health_timeout_seconds
@@ -434,8 +368,6 @@ class TritonBackend:
                 raise self._client_error(exc, f"load of {model}") from exc
             logger.warning("triton could not load %s: %s", model, exc.message())
             raise ModelLoadError(f"Triton could not load {model}: {exc.message()}"[:1000]) from exc
-        finally:
-            self._signatures.clear()  # what a model accepts may have changed
 
     async def unload_model(self, model: str, *, dependents: bool) -> None:
         try:
@@ -447,12 +379,8 @@ class TritonBackend:
             )
         except InferenceServerException as exc:
             raise self._client_error(exc, f"unload of {model}") from exc
-        finally:
-            self._signatures.clear()
 
     async def server_status(self) -> ServerStatus:
-        if self._breaker.state is CircuitState.OPEN:
-            return ServerStatus(live=False)  # known down: /readyz answers at once
         timeout = self._settings.health_timeout_seconds
         try:
             live = bool(await self._client.is_server_live(client_timeout=timeout))
@@ -462,8 +390,6 @@ class TritonBackend:
         return ServerStatus(live=live, version=str(metadata.version))
 
     async def model_status(self, model: str, version: str) -> ModelStatus:
-        if self._breaker.state is CircuitState.OPEN:
-            return ModelStatus(name=model, ready=False)
         timeout = self._settings.health_timeout_seconds
         try:
             ready = bool(await self._client.is_model_ready(model, version, client_timeout=timeout))

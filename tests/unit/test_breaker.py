@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.triton.breaker import CircuitBreaker, CircuitState
+from gateway.serving.breaker import CircuitBreaker, CircuitState
 
 
 def test_probe_failure_opens_and_refuses() -> None:
