@@ -25,6 +25,7 @@ from typing import Any
 
 from gateway.errors import ConfigurationError
 from gateway.modelrepo.onnxgraph import OnnxGraph, TensorInfo
+from gateway.modelrepo.staging import link_code, stage_postprocess
 from gateway.names import ACTIVATIONS, DEFAULT_ACTIVATION, SHIPPED_MODELS
 from gateway.triton import pbtxt
 
@@ -253,16 +254,6 @@ def _floats(values: tuple[float, ...]) -> str:
     return ",".join(f"{value:g}" for value in values)
 
 
-def _link_code(staging: Path, repository: Path, part: str, shipped: str) -> None:
-    """NAME_part/1/model.py -> ../../SHIPPED/1/model.py (the shipped code, not a copy)."""
-    target = repository / shipped / "1" / "model.py"
-    if not target.is_file():
-        raise ImageModelError(
-            f"{repository} has no {shipped}/1/model.py: add-model builds on the shipped models"
-        )
-    (staging / part / "1" / "model.py").symlink_to(Path("..") / ".." / shipped / "1" / "model.py")
-
-
 def stage_image(
     repository: Path,
     name: str,
@@ -318,7 +309,7 @@ def stage_image(
     }.items():
         pbtxt.set_parameter(pre, key, value)
     (staging / names["preprocess"] / "config.pbtxt").write_text(pbtxt.render(pre, origin))
-    _link_code(staging, repository, names["preprocess"], SHIPPED["preprocess"])
+    link_code(staging, repository, names["preprocess"], SHIPPED["preprocess"], ImageModelError)
 
     model_dir = staging / names["model"]
     for config_path, out, header in (
@@ -339,17 +330,11 @@ def stage_image(
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(pbtxt.render(config, f"{header}\n{origin}"))
     shutil.copyfile(onnx_file, model_dir / "1" / "model.onnx")
-    _link_code(staging, repository, names["model"], SHIPPED["model"])
+    link_code(staging, repository, names["model"], SHIPPED["model"], ImageModelError)
     (model_dir / "plan.json").write_text(json.dumps(spec.profile(), indent=2) + "\n")
 
-    post = pbtxt.read_config(shipped["postprocess"] / "config.pbtxt")
-    post.name = names["postprocess"]
-    post.max_batch_size = spec.max_batch
-    pbtxt.set_tensor(post.input, "LOGITS", "LOGITS", [spec.classes])
-    pbtxt.set_parameter(post, "labels_file", "labels.txt")
-    pbtxt.set_parameter(post, "max_top_k", str(spec.max_top_k))
-    pbtxt.set_parameter(post, "activation", spec.activation)
-    (staging / names["postprocess"] / "config.pbtxt").write_text(pbtxt.render(post, origin))
-    (staging / names["postprocess"] / "labels.txt").write_text("".join(f"{label}\n" for label in labels))
-    _link_code(staging, repository, names["postprocess"], SHIPPED["postprocess"])
+    stage_postprocess(
+        repository, staging, names["postprocess"], labels, max_batch=spec.max_batch, max_top_k=spec.max_top_k,
+        activation=spec.activation, origin=origin, error=ImageModelError,
+    )  # fmt: skip
     return list(names.values())

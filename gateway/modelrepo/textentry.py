@@ -27,6 +27,7 @@ from typing import Any
 
 from gateway.errors import ConfigurationError
 from gateway.modelrepo.onnxgraph import OnnxGraph, TensorInfo
+from gateway.modelrepo.staging import link_code, stage_postprocess
 from gateway.modelrepo.tokenizerfile import TokenizerInfo
 from gateway.names import ACTIVATIONS, DEFAULT_ACTIVATION, SHIPPED_MODELS, TEXT_TASK
 from gateway.triton import pbtxt
@@ -233,15 +234,6 @@ def parts(name: str) -> dict[str, str]:
     return {"ensemble": name, **{part: f"{name}_{part}" for part in ("tokenize", "model", "postprocess")}}
 
 
-def _link(staging: Path, repository: Path, part: str, shipped: str) -> None:
-    target = repository / shipped / "1" / "model.py"
-    if not target.exists():
-        raise TextModelError(
-            f"{repository} has no {shipped}/1/model.py: add-model builds on the shipped models"
-        )
-    (staging / part / "1" / "model.py").symlink_to(Path("..") / ".." / shipped / "1" / "model.py")
-
-
 def _read(repository: Path, relative: str) -> Any:
     path = repository / relative
     if not path.is_file():
@@ -318,7 +310,7 @@ def stage_text(
     pbtxt.set_parameter(tokenize, "length_buckets", spec.buckets())
     (staging / names["tokenize"] / "config.pbtxt").write_text(pbtxt.render(tokenize, origin))
     shutil.copyfile(tokenizer_file, staging / names["tokenize"] / "1" / "tokenizer.json")
-    _link(staging, repository, names["tokenize"], TEXT["tokenize"])
+    link_code(staging, repository, names["tokenize"], TEXT["tokenize"], TextModelError)
 
     model_dir = staging / names["model"]
     for relative, out, header in (
@@ -336,17 +328,11 @@ def stage_text(
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(pbtxt.render(config, f"{header}\n{origin}"))
     shutil.copyfile(onnx_file, model_dir / "1" / "model.onnx")
-    _link(staging, repository, names["model"], IMAGE["model"])  # the shipped ONNX Runtime runner
+    link_code(staging, repository, names["model"], IMAGE["model"], TextModelError)  # the ONNX Runtime runner
     (model_dir / "plan.json").write_text(json.dumps(spec.profile(), indent=2) + "\n")
 
-    post = _read(repository, f"{IMAGE['postprocess']}/config.pbtxt")
-    post.name = names["postprocess"]
-    post.max_batch_size = spec.max_batch
-    pbtxt.set_tensor(post.input, "LOGITS", "LOGITS", [spec.classes])
-    pbtxt.set_parameter(post, "labels_file", "labels.txt")
-    pbtxt.set_parameter(post, "max_top_k", str(spec.max_top_k))
-    pbtxt.set_parameter(post, "activation", spec.activation)
-    (staging / names["postprocess"] / "config.pbtxt").write_text(pbtxt.render(post, origin))
-    (staging / names["postprocess"] / "labels.txt").write_text("".join(f"{label}\n" for label in labels))
-    _link(staging, repository, names["postprocess"], IMAGE["postprocess"])
+    stage_postprocess(
+        repository, staging, names["postprocess"], labels, max_batch=spec.max_batch, max_top_k=spec.max_top_k,
+        activation=spec.activation, origin=origin, error=TextModelError,
+    )  # fmt: skip
     return list(names.values())

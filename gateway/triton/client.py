@@ -324,27 +324,26 @@ class TritonBackend:
             steps=tuple(step.model_name for step in config.ensemble_scheduling.step),
         )
 
-    async def model_config_document(self, model: str, version: str) -> dict[str, Any]:
+    async def _document(self, call: Any, model: str, version: str, what: str) -> dict[str, Any]:
+        """A tritonclient call answering a message about ``model``, as Triton's HTTP JSON;
+        NotFoundError for a model or version Triton has not loaded."""
         try:
-            answer = await self._client.get_model_config(
-                model, version, client_timeout=self._settings.health_timeout_seconds
-            )
+            answer = await call(model, version, client_timeout=self._settings.health_timeout_seconds)
         except InferenceServerException as exc:
             if status_code(exc) in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
                 raise NotFoundError("there is no such model version") from exc
-            raise self._client_error(exc, f"configuration of {model}", logging.DEBUG) from exc
-        return http_json(answer.config)
+            raise self._client_error(exc, what, logging.DEBUG) from exc
+        return http_json(answer)
+
+    async def model_config_document(self, model: str, version: str) -> dict[str, Any]:
+        document = await self._document(
+            self._client.get_model_config, model, version, f"configuration of {model}"
+        )
+        return dict(document["config"])
 
     async def statistics(self, model: str, version: str) -> dict[str, Any]:
-        try:
-            answer = await self._client.get_inference_statistics(
-                model, version, client_timeout=self._settings.health_timeout_seconds
-            )
-        except InferenceServerException as exc:
-            if status_code(exc) in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
-                raise NotFoundError("there is no such model version") from exc
-            raise self._client_error(exc, f"statistics of {model or 'every model'}", logging.DEBUG) from exc
-        return http_json(answer)
+        what = f"statistics of {model or 'every model'}"
+        return await self._document(self._client.get_inference_statistics, model, version, what)
 
     async def repository_index(self) -> list[RepositoryModel]:
         try:
