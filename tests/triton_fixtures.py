@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 import httpx
@@ -59,7 +59,9 @@ def start_triton(repository: Path, workdir: Path, response_cache_bytes: int = 0)
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     """Attach the tail of every tritonserver log to a failing test's report."""
     report = yield
     if report.failed:
@@ -207,7 +209,7 @@ def spawn_gateway(tmp_path: Path) -> Iterator[Callable[..., GatewayProcess]]:
     started: list[GatewayProcess] = []
 
     def spawn(triton: TritonServer, **env: str) -> GatewayProcess:
-        served = GatewayProcess.start(triton, tmp_path, **env)
+        served = GatewayProcess.start(triton, tmp_path, "127.0.0.1", 0, **env)
         started.append(served)
         return served.wait()
 

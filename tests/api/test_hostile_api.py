@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import random
 import string
+from typing import Any
 
+import httpx
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from support import jpeg_with_app_segments, png_with_private_chunks, small_png
@@ -13,11 +15,13 @@ from support import jpeg_with_app_segments, png_with_private_chunks, small_png
 from gateway.settings import Settings
 
 
-def assert_small_problem(response, status: int, slug: str, limit: int = 2048) -> dict:  # type: ignore[no-untyped-def]
+def assert_small_problem(
+    response: httpx.Response, status: int, slug: str, limit: int = 2048
+) -> dict[str, Any]:
     assert response.status_code == status, response.text[:500]
     assert response.headers["content-type"] == "application/problem+json"
     assert len(response.content) <= limit, len(response.content)
-    body = response.json()
+    body: dict[str, Any] = response.json()
     assert body["type"] == f"urn:triton-gateway:problem:{slug}"
     return body
 
@@ -58,7 +62,7 @@ def test_unknown_key_is_not_echoed(client: TestClient) -> None:
 
 
 def test_many_unknown_keys_are_one_small_error(client: TestClient) -> None:
-    document = {f"key{i}": i for i in range(100_000)}
+    document: dict[str, object] = {f"key{i}": i for i in range(100_000)}
     document["text"] = "hello"
     response = client.post("/classify", json=document)
     assert_small_problem(response, 422, "invalid-input")
@@ -134,7 +138,9 @@ def test_openapi_lists_carry_their_caps(client: TestClient, settings: Settings) 
     props = schema["properties"]
 
     def max_items(name: str) -> int:
-        return next(option["maxItems"] for option in props[name]["anyOf"] if option.get("type") == "array")
+        return int(
+            next(option["maxItems"] for option in props[name]["anyOf"] if option.get("type") == "array")
+        )
 
     assert max_items("images") == settings.image.max_images
     assert max_items("texts") == settings.text.max_texts

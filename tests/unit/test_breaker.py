@@ -9,7 +9,7 @@ def test_probe_failure_opens_and_refuses() -> None:
     breaker = CircuitBreaker()
     assert breaker.allow()
     breaker.on_probe(ready=False)
-    assert breaker.state is CircuitState.OPEN
+    assert breaker.state == CircuitState.OPEN
     assert not breaker.allow()
 
 
@@ -17,11 +17,11 @@ def test_recovery_goes_through_one_trial() -> None:
     breaker = CircuitBreaker()
     breaker.on_probe(ready=False)
     breaker.on_probe(ready=True)
-    assert breaker.state is CircuitState.HALF_OPEN
+    assert breaker.state == CircuitState.HALF_OPEN
     assert breaker.allow()  # the trial
     assert not breaker.allow()  # everyone else waits for it
     breaker.on_success()
-    assert breaker.state is CircuitState.CLOSED
+    assert breaker.state == CircuitState.CLOSED
     assert breaker.allow()
 
 
@@ -31,7 +31,7 @@ def test_failed_trial_reopens_and_wakes_the_probe() -> None:
     breaker.on_probe(ready=True)
     assert breaker.allow()
     breaker.on_unreachable()
-    assert breaker.state is CircuitState.OPEN
+    assert breaker.state == CircuitState.OPEN
     assert breaker.wake.is_set()
 
 
@@ -39,10 +39,10 @@ def test_unavailable_call_alone_does_not_open() -> None:
     # Triton says UNAVAILABLE for a full queue too: only the probe decides.
     breaker = CircuitBreaker()
     breaker.on_unreachable()
-    assert breaker.state is CircuitState.CLOSED
+    assert breaker.state == CircuitState.CLOSED
     assert breaker.wake.is_set()
     breaker.on_probe(ready=True)
-    assert breaker.state is CircuitState.CLOSED
+    assert breaker.state == CircuitState.CLOSED
 
 
 def test_on_change_hears_transitions_only() -> None:
@@ -63,9 +63,9 @@ def test_with_no_traffic_the_next_live_probe_closes_it() -> None:
     breaker = CircuitBreaker()
     breaker.on_probe(ready=False)
     breaker.on_probe(ready=True)
-    assert breaker.state is CircuitState.HALF_OPEN
+    assert breaker.state == CircuitState.HALF_OPEN
     breaker.on_probe(ready=True)
-    assert breaker.state is CircuitState.CLOSED
+    assert breaker.state == CircuitState.CLOSED
 
 
 def test_a_trial_in_flight_is_not_overtaken_by_the_probe() -> None:
@@ -74,6 +74,6 @@ def test_a_trial_in_flight_is_not_overtaken_by_the_probe() -> None:
     breaker.on_probe(ready=True)
     assert breaker.allow()  # the trial goes
     breaker.on_probe(ready=True)
-    assert breaker.state is CircuitState.HALF_OPEN  # its outcome decides
+    assert breaker.state == CircuitState.HALF_OPEN  # its outcome decides
     breaker.on_unreachable()
-    assert breaker.state is CircuitState.OPEN
+    assert breaker.state == CircuitState.OPEN

@@ -13,8 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.errors import ClientError
-from gateway.http.oip import Caps, Tensor, encode_infer_response, parse_infer_request, split_body
+from gateway.http.oip import Caps, encode_infer_response, parse_infer_request, split_body
 from gateway.triton.backend import ModelSignature, TensorSpec
+from gateway.triton.tensors import Tensor
 
 SIGNATURE = ModelSignature(
     name="m",
