@@ -29,23 +29,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(getattr(pytest.mark, tier))
 
 
-def _processes_under(folder: Path) -> dict[int, str]:
-    """Live processes whose command line names ``folder`` (a Triton's backends, its stubs,
-    a launcher's or a redis-server's workdir), by PID."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            command = (entry / "cmdline").read_bytes().decode(errors="replace").replace("\0", " ")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if str(folder) in command and state != "Z":
-            found[int(entry.name)] = command[:300]
-    return found
-
-
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """The suite leaves nothing running: once every fixture is torn down, any process
     started under the session's temporary directory fails the run (and is killed)."""
@@ -58,11 +41,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     base = factory.getbasetemp()
     deadline = time.monotonic() + 20  # what is shutting down gets to finish
-    while (left := _processes_under(base)) and time.monotonic() < deadline:
+    from support import processes_under
+
+    while (left := processes_under(base)) and time.monotonic() < deadline:
         time.sleep(0.25)
     if left:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        lines = "\n".join(f"  {pid}: {command}" for pid, command in left.items())
+        lines = "\n".join(f"  {pid}: {command[:300]}" for pid, command in left.items())
         message = f"{len(left)} process(es) started by the suite outlived it:\n{lines}"
         if reporter is not None:
             reporter.write_line(message, red=True)

@@ -538,3 +538,21 @@ def tiny_classifier_onnx(
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
     return path
+
+
+def processes_under(folder: Path) -> dict[int, str]:
+    """Live (not zombie) processes whose command line names ``folder`` (a Triton's
+    backends, its stubs, its keeper, a launcher's or a redis-server's workdir): PID ->
+    command line. The suite's end check and the launcher tests share it."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().decode(errors="replace").replace("\0", " ")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if str(folder) in command and state != "Z":
+            found[int(entry.name)] = command
+    return found

@@ -25,8 +25,8 @@ from typing import Any
 
 from gateway.errors import ConfigurationError
 from gateway.modelrepo.onnxgraph import OnnxGraph, TensorInfo
-from gateway.modelrepo.staging import link_code, stage_postprocess
-from gateway.names import ACTIVATIONS, DEFAULT_ACTIVATION, SHIPPED_MODELS
+from gateway.modelrepo.staging import check_activation, link_code, stage_postprocess
+from gateway.names import DEFAULT_ACTIVATION, SHIPPED_MODELS
 from gateway.triton import pbtxt
 
 SHIPPED = SHIPPED_MODELS["image"]
@@ -223,7 +223,7 @@ def image_spec(graph: OnnxGraph, labels: list[str], labels_file: Path, options: 
     if not 1 <= max_top_k <= classes:
         raise ImageModelError(f"--max-top-k must be 1..{classes} (the classes), not {max_top_k}")
     mean, std = _normalisation(options)
-    check_activation(options.activation)
+    check_activation(options.activation, ImageModelError)
     return ImageSpec(
         input_name=tensor.name,
         output_name=output.name,
@@ -239,11 +239,6 @@ def image_spec(graph: OnnxGraph, labels: list[str], labels_file: Path, options: 
         max_top_k=max_top_k,
         activation=options.activation,
     )
-
-
-def check_activation(activation: str) -> None:
-    if activation not in ACTIVATIONS:
-        raise ImageModelError(f"--activation must be one of {', '.join(ACTIVATIONS)}, not {activation!r}")
 
 
 def parts(name: str) -> dict[str, str]:

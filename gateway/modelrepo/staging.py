@@ -7,10 +7,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from gateway.errors import ConfigurationError
-from gateway.names import SHIPPED_MODELS
+from gateway.names import ACTIVATIONS, SHIPPED_MODELS
 from gateway.triton import pbtxt
 
 POSTPROCESS = SHIPPED_MODELS["image"]["postprocess"]
+
+
+def check_activation(activation: str, error: type[ConfigurationError]) -> None:
+    """``--activation`` is one the shipped logits step knows."""
+    if activation not in ACTIVATIONS:
+        raise error(f"--activation must be one of {', '.join(ACTIVATIONS)}, not {activation!r}")
 
 
 def link_code(

@@ -27,9 +27,9 @@ from typing import Any
 
 from gateway.errors import ConfigurationError
 from gateway.modelrepo.onnxgraph import OnnxGraph, TensorInfo
-from gateway.modelrepo.staging import link_code, stage_postprocess
+from gateway.modelrepo.staging import check_activation, link_code, stage_postprocess
 from gateway.modelrepo.tokenizerfile import TokenizerInfo
-from gateway.names import ACTIVATIONS, DEFAULT_ACTIVATION, SHIPPED_MODELS, TEXT_TASK
+from gateway.names import DEFAULT_ACTIVATION, SHIPPED_MODELS, TEXT_TASK
 from gateway.triton import pbtxt
 
 TEXT = SHIPPED_MODELS["text"]
@@ -185,10 +185,7 @@ def text_spec(
     graph: OnnxGraph, tokenizer: TokenizerInfo, labels: list[str], labels_file: Path, options: TextOptions
 ) -> TextSpec:
     """Check the ONNX graph, the tokenizer, the labels and the options against each other."""
-    if options.activation not in ACTIVATIONS:
-        raise TextModelError(
-            f"--activation must be one of {', '.join(ACTIVATIONS)}, not {options.activation!r}"
-        )
+    check_activation(options.activation, TextModelError)
     inputs, integer_type, batch, sequence = _inputs(graph)
     output = _output(graph, options.output_name, labels, labels_file)
     rows = graph.vocabulary_rows

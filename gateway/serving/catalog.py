@@ -180,11 +180,6 @@ class Catalog:
             raise WrongInputKindError(f"{name} takes {entry.kind.noun}s ({entry.task}), not {kind.noun}s")
         return entry
 
-    @property
-    def retry_after(self) -> int:
-        """What a client is told to wait while a model is unavailable."""
-        return self._settings.triton.retry_after_seconds
-
     def _unavailable(self, detail: str) -> TritonUnavailableError:
         return TritonUnavailableError(detail, retry_after=self._settings.triton.retry_after_seconds)
 

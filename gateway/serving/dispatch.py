@@ -161,7 +161,7 @@ class Dispatcher:
         """Classify ``payload`` with ``model`` (None: the default of its kind), ``version``
         (None: the pin, or the rollout's arm); ``top_k`` and ``threshold`` are the query's
         (the body may carry them too, never with other values)."""
-        self.check_model(model, version)
+        # the route called check_model before reading the body: not again here
         kind = kind_of(payload)
         entry = self.catalog.default(kind) if model is None else self.catalog.get(model)
         if entry.kind is not kind:

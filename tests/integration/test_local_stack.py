@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import httpx
-from support import chelsea_jpeg
+from support import chelsea_jpeg, processes_under
 
 from gateway.dev.tritonserver import free_port
 from gateway.shared.keyfiles import hash_key
@@ -115,22 +115,6 @@ def test_local_command_serves_and_shuts_down_cleanly(
         log.close()
 
 
-def _processes_in(workdir: Path) -> dict[int, str]:
-    """Every process of this workdir, whatever it is (keeper, tritonserver, Python-backend
-    stubs: the workdir is on each one's command line), by PID, with its command line."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                command = (entry / "cmdline").read_bytes().decode(errors="replace").replace("\0", " ")
-                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            except (OSError, IndexError):
-                continue
-            if str(workdir) in command and state != "Z":
-                found[int(entry.name)] = command
-    return found
-
-
 def _stubs(processes: dict[int, str]) -> dict[int, str]:
     return {pid: command for pid, command in processes.items() if "triton_python_backend_stub" in command}
 
@@ -142,7 +126,7 @@ def _shm_regions(processes: dict[int, str]) -> set[str]:
 
 def _gone(workdir: Path, seconds: float) -> dict[int, str]:
     deadline = time.monotonic() + seconds
-    while (left := _processes_in(workdir)) and time.monotonic() < deadline:
+    while (left := processes_under(workdir)) and time.monotonic() < deadline:
         time.sleep(0.2)
     return left
 
@@ -171,9 +155,9 @@ def test_a_launcher_killed_while_models_load_leaves_nothing_behind(
     process = _local(workdir, triton_python_env, model_repository, tmp_path / "local.log")
     try:
         deadline = time.monotonic() + 120
-        while not _stubs(_processes_in(workdir)) and time.monotonic() < deadline:
+        while not _stubs(processes_under(workdir)) and time.monotonic() < deadline:
             time.sleep(0.05)
-        seen = _processes_in(workdir)
+        seen = processes_under(workdir)
         assert _stubs(seen), "no Python-backend stub ever started"
     finally:
         process.kill()
@@ -200,7 +184,7 @@ def test_a_triton_killed_under_the_launcher_is_reaped_said_and_cleared(
             assert process.poll() is None, log.read_text()[-3000:]
             time.sleep(0.2)
         assert "ready: API" in log.read_text(), log.read_text()[-3000:]
-        running = _processes_in(workdir)
+        running = processes_under(workdir)
         assert len(_stubs(running)) >= 8, running  # every Python-backend model loaded
         (server,) = _tritonservers_in(workdir)
         os.kill(server, signal.SIGKILL)

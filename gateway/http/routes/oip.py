@@ -155,14 +155,16 @@ async def model_version_metadata(
 
 
 async def _ready(
-    dispatcher: Dispatcher, backend: InferenceBackend, name: str, version: str
+    dispatcher: Dispatcher, backend: InferenceBackend, settings: Settings, name: str, version: str
 ) -> dict[str, bool]:
     target = dispatcher.oip_target(name, version)  # unversioned: the pinned version's readiness
     if target.version:
         await backend.model_signature(name, target.version)  # an unknown version is 404, not "not ready"
     status = await backend.model_status(name, target.version)
     if not status.ready:
-        raise TritonUnavailableError("the model is not ready", retry_after=dispatcher.catalog.retry_after)
+        raise TritonUnavailableError(
+            "the model is not ready", retry_after=settings.triton.retry_after_seconds
+        )
     return {"ready": True}
 
 
@@ -170,9 +172,9 @@ async def _ready(
     "/models/{model_name}/ready", summary="Model readiness (OIP)", responses=problem_responses(404, 503)
 )
 async def model_ready(
-    model_name: ModelName, dispatcher: DispatcherDep, backend: BackendDep
+    model_name: ModelName, dispatcher: DispatcherDep, backend: BackendDep, settings: SettingsDep
 ) -> dict[str, bool]:
-    return await _ready(dispatcher, backend, model_name, "")
+    return await _ready(dispatcher, backend, settings, model_name, "")
 
 
 @router.get(
@@ -181,9 +183,13 @@ async def model_ready(
     responses=problem_responses(404, 503),
 )
 async def model_version_ready(
-    model_name: ModelName, model_version: ModelVersion, dispatcher: DispatcherDep, backend: BackendDep
+    model_name: ModelName,
+    model_version: ModelVersion,
+    dispatcher: DispatcherDep,
+    backend: BackendDep,
+    settings: SettingsDep,
 ) -> dict[str, bool]:
-    return await _ready(dispatcher, backend, model_name, model_version)
+    return await _ready(dispatcher, backend, settings, model_name, model_version)
 
 
 def _bytes_checks(entry: CatalogEntry | None) -> BytesCheck:
