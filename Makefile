@@ -112,7 +112,7 @@ bench-shared-state: test-system-deps install models
 # RSS drift, descriptors, metric series, errors (exit 1 on a problem).
 soak: install models
 	mkdir -p .reports
-	$(VENV)/bin/python tests/soak.py --seconds 300 --json .reports/soak.json
+	$(VENV)/bin/python tests/helpers/soak.py --seconds 300 --json .reports/soak.json
 
 # On a GPU host: bring up the compose GPU stack and check it in one go (one-screen report).
 gpu-smoke: $(VENV)/.installed

@@ -302,23 +302,10 @@ def _add_model(args: argparse.Namespace) -> list[str]:
 
 
 def _bench(options: list[str]) -> int:
-    """Run the checkout's benchmark (tests/benchmarks/bench_side_by_side.py) with ``options``."""
-    import runpy
+    """The side-by-side benchmark (gateway.bench.side_by_side) with ``options``."""
+    from gateway.bench.side_by_side import main as bench
 
-    script = Path(__file__).resolve().parents[1] / "tests" / "benchmarks" / "bench_side_by_side.py"
-    if not script.exists():
-        print(
-            "triton-gateway: the benchmark runs from a checkout of triton-gateway "
-            "(it brings its own model repository): `make bench` there",
-            file=sys.stderr,
-        )
-        return 1
-    sys.argv = [str(script), *options]
-    try:
-        runpy.run_path(str(script), run_name="__main__")
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else 1
-    return 0
+    return bench(options)
 
 
 if __name__ == "__main__":

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-# Make tests/support.py importable as `support` from every test folder.
+# The shared helpers (tests/helpers) importable as `helpers` from every test folder.
 sys.path.insert(0, str(Path(__file__).parent))
 
 # Fixtures starting a real tritonserver; nothing starts until a test asks for one.
-pytest_plugins = ["triton_fixtures"]
+pytest_plugins = ["helpers.triton_fixtures"]
 
 
 TIERS = ("unit", "api", "integration", "e2e")
@@ -41,7 +41,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     base = factory.getbasetemp()
     deadline = time.monotonic() + 20  # what is shutting down gets to finish
-    from support import processes_under
+    from helpers.support import processes_under
 
     while (left := processes_under(base)) and time.monotonic() < deadline:
         time.sleep(0.25)

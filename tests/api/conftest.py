@@ -6,10 +6,11 @@ from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
-from support import FakeBackend
 
 from gateway.app import create_app
 from gateway.settings import Settings
+
+from helpers.support import FakeBackend
 
 
 @pytest.fixture

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from support import FakeBackend, chelsea_jpeg
 
 from gateway.app import create_app
 from gateway.settings import AdminSettings, AuthSettings, Settings
 from gateway.shared.keyfiles import hash_key
+
+from helpers.support import FakeBackend, chelsea_jpeg
 
 ADMIN = {"Authorization": "Bearer admin-secret"}
 CLIENT = {"X-API-Key": "client-secret"}

@@ -10,13 +10,14 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from support import FakeBackend, ServedApp, small_png
 
 from gateway.app import create_app
 from gateway.errors import InvalidInputError
 from gateway.settings import ServerSettings, Settings
 from gateway.triton.backend import InferResult
 from gateway.triton.tensors import Tensor
+
+from helpers.support import FakeBackend, ServedApp, small_png
 
 
 class HeldBackend(FakeBackend):

@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from support import FakeBackend
 
 from gateway.__main__ import main
 from gateway.app import create_app
 from gateway.errors import ConfigurationError
 from gateway.settings import AuthSettings, Settings
 from gateway.shared.keyfiles import hash_key
+
+from helpers.support import FakeBackend
 
 TEXT = {"text": "The striker scored twice."}
 

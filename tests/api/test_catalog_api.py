@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from support import FakeBackend, chelsea_jpeg, small_png
 
 from gateway import errors
 from gateway.app import create_app
@@ -19,6 +18,8 @@ from gateway.errors import GatewayError
 from gateway.settings import AuthSettings, ImageLimits, Settings
 from gateway.shared.keyfiles import hash_key
 from gateway.triton.backend import ModelConfig
+
+from helpers.support import FakeBackend, chelsea_jpeg, small_png
 
 PNG = {"content-type": "image/png"}
 

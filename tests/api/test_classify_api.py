@@ -8,7 +8,6 @@ import json
 
 import pytest
 from fastapi.testclient import TestClient
-from support import EPS_BYTES, FakeBackend, chelsea_jpeg, coffee_png, png_header_only, random_bytes, small_png
 
 from gateway.app import create_app
 from gateway.errors import (
@@ -18,6 +17,16 @@ from gateway.errors import (
     TritonUnavailableError,
 )
 from gateway.settings import ImageLimits, Settings
+
+from helpers.support import (
+    EPS_BYTES,
+    FakeBackend,
+    chelsea_jpeg,
+    coffee_png,
+    png_header_only,
+    random_bytes,
+    small_png,
+)
 
 
 def label_of(data: bytes) -> str:

@@ -15,13 +15,14 @@ from collections.abc import Iterator, Sequence
 
 import httpx
 import pytest
-from support import FakeBackend, ServedApp, small_png
 
 from gateway.app import create_app
 from gateway.errors import InvalidInputError
 from gateway.settings import Settings
 from gateway.triton.backend import InferResult
 from gateway.triton.tensors import Tensor
+
+from helpers.support import FakeBackend, ServedApp, small_png
 
 BODY_BYTES = 2 * 2**20
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from fastapi.testclient import TestClient
-from support import FakeBackend, small_png
+
+from helpers.support import FakeBackend, small_png
 
 
 def test_livez_never_depends_on_triton(client: TestClient, backend: FakeBackend) -> None:

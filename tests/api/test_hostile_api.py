@@ -10,9 +10,10 @@ from typing import Any
 import httpx
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
-from support import jpeg_with_app_segments, png_with_private_chunks, small_png
 
 from gateway.settings import Settings
+
+from helpers.support import jpeg_with_app_segments, png_with_private_chunks, small_png
 
 
 def assert_small_problem(

@@ -12,7 +12,8 @@ import zlib
 
 import pytest
 from fastapi.testclient import TestClient
-from support import FakeBackend, small_png
+
+from helpers.support import FakeBackend, small_png
 
 TEXT_INFER = {
     "inputs": [

@@ -8,11 +8,12 @@ import logging
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
-from support import FakeBackend, random_bytes, small_png
 
 from gateway.app import create_app
 from gateway.errors import TritonUnavailableError
 from gateway.settings import Settings, TritonSettings
+
+from helpers.support import FakeBackend, random_bytes, small_png
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

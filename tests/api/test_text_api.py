@@ -6,7 +6,8 @@ import json
 
 import pytest
 from fastapi.testclient import TestClient
-from support import FakeBackend
+
+from helpers.support import FakeBackend
 
 
 def post_json(client: TestClient, body: str) -> object:
@@ -51,7 +52,7 @@ def test_text_is_nfc_normalised_and_control_characters_removed(
 
 
 def test_image_responses_have_no_truncated_field(client: TestClient) -> None:
-    from support import small_png
+    from helpers.support import small_png
 
     response = client.post("/classify", content=small_png(), headers={"content-type": "image/png"})
     assert "truncated" not in response.json()["results"][0]

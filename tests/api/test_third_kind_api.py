@@ -10,7 +10,6 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 from fastapi.testclient import TestClient
-from support import FakeBackend
 
 from gateway.app import create_app
 from gateway.errors import InvalidInputError
@@ -20,6 +19,8 @@ from gateway.serving.payload import ClassifyInput
 from gateway.settings import Settings
 from gateway.triton.backend import Classification, InferResult, ModelConfig
 from gateway.triton.tensors import Tensor
+
+from helpers.support import FakeBackend
 
 TASK = "audio-classification"
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 from fastapi.testclient import TestClient
-from support import FakeBackend, small_png
+
+from helpers.support import FakeBackend, small_png
 
 PNG = {"content-type": "image/png"}
 

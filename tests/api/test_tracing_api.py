@@ -10,13 +10,14 @@ from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
-from otlp import OtlpReceiver, ReceivedSpan
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
-from support import FakeBackend, random_bytes, small_png
 
 from gateway.app import create_app
+from gateway.dev.otlpsink import OtlpReceiver, ReceivedSpan
 from gateway.dev.tritonserver import free_port
 from gateway.settings import Settings, TracingSettings
+
+from helpers.support import FakeBackend, random_bytes, small_png
 
 CALLER_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"

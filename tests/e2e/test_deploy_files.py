@@ -16,9 +16,10 @@ from typing import Any
 import jsonpatch
 import pytest
 import yaml
-from support import load_script
 
 from gateway.settings import Settings
+
+from helpers.support import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"

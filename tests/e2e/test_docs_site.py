@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_docs_offline import dump_dom
+
+from helpers.chromium import dump_dom
 
 ROOT = Path(__file__).resolve().parents[2]
 MKDOCS = Path(sys.executable).with_name("mkdocs")

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from balancer import Balanced, balanced_replicas, classified
-from load import LoadResult, run_load
-from support import chelsea_jpeg
 
 from gateway.dev.tritonserver import TritonServer
+
+from helpers.balancer import Balanced, balanced_replicas, classified
+from helpers.load import LoadResult, run_load
+from helpers.support import chelsea_jpeg
 
 
 @pytest.fixture

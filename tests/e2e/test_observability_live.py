@@ -19,9 +19,17 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from support import ServedApp, chelsea_jpeg, coffee_png, random_bytes, running_prometheus, truncated_jpeg
 
 from gateway.shared.routing import Rollout, Target
+
+from helpers.support import (
+    ServedApp,
+    chelsea_jpeg,
+    coffee_png,
+    random_bytes,
+    running_prometheus,
+    truncated_jpeg,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "rules"

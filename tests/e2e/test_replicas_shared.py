@@ -22,11 +22,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from balancer import Balanced, balanced_replicas
-from redisserver import RedisServer
 
+from gateway.dev.redisserver import RedisServer
 from gateway.dev.tritonserver import TritonServer
 from gateway.shared.keyfiles import hash_key
+
+from helpers.balancer import Balanced, balanced_replicas
 
 RATE, BURST = 20, 20
 FLOODED = {"X-API-Key": "flooded-key"}

@@ -1,5 +1,5 @@
 """Fixtures shared by the integration modules: the session's local stack."""
 
-from local_stack import local_stack
+from helpers.local_stack import local_stack
 
 __all__ = ["local_stack"]

@@ -1,5 +1,5 @@
 """A smoke run of `make bench` (`triton-gateway bench`, which runs
-tests/benchmarks/bench_side_by_side.py): it runs against a real Triton and gateway and its
+gateway/bench/side_by_side.py): it runs against a real Triton and gateway and its
 output is well formed. No timing asserts."""
 
 from __future__ import annotations
@@ -75,10 +75,9 @@ def test_triton_config_bench_compares_instance_counts_and_queue_delays(
     tmp_path: Path, triton_python_env: Path
 ) -> None:
     out = tmp_path / "config"
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_triton_config.py"
     result = subprocess.run(
         [
-            sys.executable, str(script), "--model", "image_preprocess", "--variants", "count=1,delay=0",
+            sys.executable, "-m", "gateway.bench.triton_config", "--model", "image_preprocess", "--variants", "count=1,delay=0",
             "count=2,delay=500", "--seconds", "1", "--rounds", "1", "--concurrency", "2",
             "--out", str(out), "--triton-env", str(triton_python_env),
         ],
@@ -96,10 +95,9 @@ def test_triton_config_bench_compares_instance_counts_and_queue_delays(
 
 def test_processes_bench_runs_one_and_two_gateways(tmp_path: Path, triton_python_env: Path) -> None:
     out = tmp_path / "processes.json"
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_processes.py"
     result = subprocess.run(
         [
-            sys.executable, str(script), "--seconds", "1", "--rounds", "1", "--concurrency", "4",
+            sys.executable, "-m", "gateway.bench.processes", "--seconds", "1", "--rounds", "1", "--concurrency", "4",
             "--scenarios", "text", "--out", str(out), "--triton-env", str(triton_python_env),
         ],
         capture_output=True, text=True, timeout=300, check=False,

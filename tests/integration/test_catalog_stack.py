@@ -26,9 +26,10 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as tritonhttp
-from local_stack import ADMIN, JPEG, SENTIMENTS, LocalStack, add_model, renamed
-from support import chelsea_jpeg, coffee_png, encode, load_script, tiny_classifier_onnx
-from triton_fixtures import REPOSITORY
+
+from helpers.local_stack import ADMIN, JPEG, SENTIMENTS, LocalStack, add_model, renamed
+from helpers.support import chelsea_jpeg, coffee_png, encode, load_script, tiny_classifier_onnx
+from helpers.triton_fixtures import REPOSITORY
 
 CATS = {"tiger cat", "tabby", "Egyptian cat"}
 COFFEE = {"espresso", "cup"}

@@ -10,7 +10,11 @@ import httpx
 import numpy as np
 import pytest
 from PIL import Image
-from support import (
+
+from gateway.dev.tritonserver import TritonServer
+from gateway.settings import ImageLimits, Settings, TritonSettings
+
+from helpers.support import (
     EPS_BYTES,
     SVG_BYTES,
     chelsea_jpeg,
@@ -22,9 +26,6 @@ from support import (
     tiff_bytes,
     truncated_jpeg,
 )
-
-from gateway.dev.tritonserver import TritonServer
-from gateway.settings import ImageLimits, Settings, TritonSettings
 
 CATS = {"tiger cat", "tabby", "Egyptian cat"}
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import httpx
-from support import coffee_png
 
 from gateway.dev.tritonserver import TritonServer
 from gateway.settings import Settings, TritonSettings
+
+from helpers.support import coffee_png
 
 
 def test_failing_model_is_502_and_other_models_still_answer(

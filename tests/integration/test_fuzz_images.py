@@ -1,7 +1,7 @@
 """Fuzzing the real stack with mutated real images, while another client sends good ones.
 
 Hypothesis mutates real JPEG/PNG/WebP files (EXIF, XMP, ICC and text segments most of all,
-see tests/imagefuzz.py); each mutated file goes to the real gateway and the real Triton
+see tests/helpers/imagefuzz.py); each mutated file goes to the real gateway and the real Triton
 ensemble, concurrently with a client sending good photos, so Triton's dynamic batcher puts
 hostile and good images in the same batch. The budget is fixed (examples and seconds).
 """
@@ -19,9 +19,10 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from imagefuzz import mutated_images, seeds
 from PIL import Image
-from support import ServedApp, chelsea_jpeg, coffee_png
+
+from helpers.imagefuzz import mutated_images, seeds
+from helpers.support import ServedApp, chelsea_jpeg, coffee_png
 
 CLIENT_ERRORS = {400, 413, 415, 422}
 FUZZ_EXAMPLES = 500

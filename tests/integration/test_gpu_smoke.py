@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-from support import ServedApp, load_script
+
+from helpers.support import ServedApp, load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 

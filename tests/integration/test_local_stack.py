@@ -10,10 +10,11 @@ import time
 from pathlib import Path
 
 import httpx
-from support import chelsea_jpeg, processes_under
 
 from gateway.dev.tritonserver import free_port
 from gateway.shared.keyfiles import hash_key
+
+from helpers.support import chelsea_jpeg, processes_under
 
 CATS = {"tiger cat", "tabby", "Egyptian cat"}
 

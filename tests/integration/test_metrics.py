@@ -9,11 +9,12 @@ from collections.abc import Callable
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from support import chelsea_jpeg, random_bytes
-from triton_fixtures import gateway_settings
 
 from gateway.dev.tritonserver import TritonServer
 from gateway.settings import Settings
+
+from helpers.support import chelsea_jpeg, random_bytes
+from helpers.triton_fixtures import gateway_settings
 
 
 def promtool() -> str:

@@ -25,12 +25,14 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as tritonhttp
-from support import GatewayProcess, chelsea_jpeg
-from triton_fixtures import REPOSITORY, ROOT, start_triton
 from tritonclient.utils import InferenceServerException
 
+from gateway.dev.gatewayprocess import GatewayProcess
 from gateway.dev.tritonserver import TritonServer, free_port
 from gateway.shared.keyfiles import hash_key
+
+from helpers.support import chelsea_jpeg
+from helpers.triton_fixtures import REPOSITORY, ROOT, start_triton
 
 ADMIN = {"Authorization": "Bearer ops-secret"}
 OLD_LABELS = {"sports", "politics", "technology", "business", "health", "entertainment"}

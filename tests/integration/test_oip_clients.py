@@ -14,16 +14,17 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import perfanalyzer
 import psutil
 import pytest
 import tritonclient.http as tritonhttp
-from support import ServedApp, chelsea_jpeg
-from triton_fixtures import GatewayProcess
 
+from gateway.bench import perfanalyzer
+from gateway.dev.gatewayprocess import GatewayProcess
 from gateway.dev.tritonserver import TritonServer
 from gateway.serving.dispatch import PRIVATE_FIELDS
 from gateway.settings import Settings
+
+from helpers.support import ServedApp, chelsea_jpeg
 
 
 @pytest.fixture

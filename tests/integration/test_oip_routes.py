@@ -13,8 +13,9 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as tritonhttp
-from support import ServedApp, chelsea_jpeg, random_bytes
 from tritonclient.utils import InferenceServerException
+
+from helpers.support import ServedApp, chelsea_jpeg, random_bytes
 
 
 @pytest.fixture

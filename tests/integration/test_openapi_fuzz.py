@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support import ServedApp
+from helpers.support import ServedApp
 
 EXAMPLES = 200  # per operation, positive and negative generation together: a fixed budget
 CHECKS = [

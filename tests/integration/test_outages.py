@@ -12,11 +12,13 @@ from dataclasses import dataclass, field
 
 import httpx
 from prometheus_client import CollectorRegistry
-from support import ServedApp, coffee_png
-from triton_fixtures import GatewayProcess, gateway_settings
 
 from gateway.app import create_app
+from gateway.dev.gatewayprocess import GatewayProcess
 from gateway.dev.tritonserver import TritonServer
+
+from helpers.support import ServedApp, coffee_png
+from helpers.triton_fixtures import gateway_settings
 
 DEADLINE = 3.0
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import httpx
-from load import run_load
-from support import chelsea_jpeg
-from triton_fixtures import GatewayProcess
 
+from gateway.dev.gatewayprocess import GatewayProcess
 from gateway.dev.tritonserver import TritonServer
+
+from helpers.load import run_load
+from helpers.support import chelsea_jpeg
 
 CAP = 4
 

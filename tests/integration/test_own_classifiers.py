@@ -22,16 +22,17 @@ from typing import Any
 import httpx
 import numpy as np
 import onnxruntime as ort
-import pbfake
 import pytest
 import tritonclient.http as tritonhttp
 from google.protobuf import json_format
-from local_stack import LocalStack
-from support import chelsea_jpeg, coffee_png
 from tokenizers import Tokenizer
-from triton_fixtures import REPOSITORY
 
 from gateway.triton import pbtxt
+
+from helpers import pbfake
+from helpers.local_stack import LocalStack
+from helpers.support import chelsea_jpeg, coffee_png
+from helpers.triton_fixtures import REPOSITORY
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "build" / "examples"

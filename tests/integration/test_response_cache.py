@@ -14,11 +14,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from support import ServedApp, chelsea_jpeg, running_prometheus
-from triton_fixtures import REPOSITORY, gateway_settings, start_triton
 
 from gateway.app import create_app
 from gateway.dev.tritonserver import TritonServer
+
+from helpers.support import ServedApp, chelsea_jpeg, running_prometheus
+from helpers.triton_fixtures import REPOSITORY, gateway_settings, start_triton
 
 
 @pytest.fixture(scope="module")

@@ -9,11 +9,12 @@ import time
 from collections.abc import Callable
 
 import httpx
-from load import LoadResult, run_load
-from support import chelsea_jpeg, coffee_png
-from triton_fixtures import GatewayProcess
 
+from gateway.dev.gatewayprocess import GatewayProcess
 from gateway.dev.tritonserver import TritonServer
+
+from helpers.load import LoadResult, run_load
+from helpers.support import chelsea_jpeg, coffee_png
 
 
 def send_batch(client: httpx.AsyncClient) -> object:

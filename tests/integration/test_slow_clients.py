@@ -8,10 +8,11 @@ import time
 from collections.abc import Callable
 
 import httpx
-from support import coffee_png
-from triton_fixtures import GatewayProcess
 
+from gateway.dev.gatewayprocess import GatewayProcess
 from gateway.dev.tritonserver import TritonServer
+
+from helpers.support import coffee_png
 
 SOCKETS = 500
 

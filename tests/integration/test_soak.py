@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from soak import run_soak, traffic
-
 from gateway.dev.tritonserver import TritonServer
+
+from helpers.soak import run_soak, traffic
 
 EXPECTED = {"bad image": 415, "too many texts": 413}  # every other kind: 200
 

@@ -11,9 +11,10 @@ import time
 import httpx
 import numpy as np
 import tritonclient.grpc.aio as grpcclient
-from support import ServedApp
 
 from gateway.dev.tritonserver import TritonServer
+
+from helpers.support import ServedApp
 
 REQUESTS = 256
 CONCURRENCY = 32

@@ -15,14 +15,15 @@ from pathlib import Path
 
 import httpx
 import pytest
-from otlp import OtlpReceiver, ReceivedSpan
-from support import ServedApp, chelsea_jpeg, running_prometheus
-from triton_fixtures import REPOSITORY, triton_env
 
 from gateway.app import create_app
+from gateway.dev.otlpsink import OtlpReceiver, ReceivedSpan
 from gateway.dev.tritonserver import TritonServer, free_port
 from gateway.observe.tracing import triton_trace_args
 from gateway.settings import Settings, TracingSettings, TritonSettings
+
+from helpers.support import ServedApp, chelsea_jpeg, running_prometheus
+from helpers.triton_fixtures import REPOSITORY, triton_env
 
 SERVER, CLIENT = 2, 3  # OTLP SpanKind
 

@@ -13,11 +13,12 @@ import time
 from collections.abc import Callable
 
 import httpx
-from support import jpeg_with_app_segments, png_with_private_chunks
-from triton_fixtures import GatewayProcess
 
+from gateway.dev.gatewayprocess import GatewayProcess
 from gateway.dev.tritonserver import TritonServer
 from gateway.settings import MiB, Settings
+
+from helpers.support import jpeg_with_app_segments, png_with_private_chunks
 
 SECONDS = 10.0
 CLIENTS = 4

@@ -7,13 +7,14 @@ import asyncio
 import logging
 
 import pytest
-from support import FakeBackend, fake_repository
 
 from gateway.errors import NotFoundError, WrongInputKindError
 from gateway.serving.catalog import Catalog
 from gateway.serving.kinds import KINDS
 from gateway.settings import ImageLimits, Settings, TextLimits
 from gateway.triton.backend import ModelConfig
+
+from helpers.support import FakeBackend, fake_repository
 
 
 def read(settings: Settings, backend: FakeBackend) -> Catalog:

@@ -4,17 +4,15 @@ tests/integration/test_catalog_stack.py.)"""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from triton_fixtures import REPOSITORY
 
 from gateway.modelrepo.repository import ModelRepositoryError, add_text_classifier, remove_model
 from gateway.triton import pbtxt
+
+from helpers.repositories import shipped_copy, snapshot
 
 SHIPPED = ("text_classifier", "text_postprocess", "text_labels")
 
@@ -22,25 +20,13 @@ SHIPPED = ("text_classifier", "text_postprocess", "text_labels")
 @pytest.fixture
 def repository(tmp_path: Path) -> Path:
     """The shipped text models' configs and code (what add-model builds on)."""
-    root = tmp_path / "models"
-    for name in SHIPPED:
-        shutil.copytree(
-            REPOSITORY / name,
-            root / name,
-            symlinks=True,
-            ignore=shutil.ignore_patterns("*.npz", "__pycache__"),
-        )
-    return root
+    return shipped_copy(tmp_path / "models", SHIPPED)
 
 
 def labels(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "labels.txt"
     path.write_text(text)
     return path
-
-
-def snapshot(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def test_a_text_classifier_is_written_sharing_the_shipped_code(repository: Path, tmp_path: Path) -> None:
@@ -111,36 +97,3 @@ def test_remove_takes_out_only_what_add_model_wrote(repository: Path, tmp_path: 
             remove_model(repository, name)
     assert hand_made.exists()
     assert (repository / "text_classifier").exists()
-
-
-def test_the_command_line(repository: Path, tmp_path: Path) -> None:
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "gateway", *args], capture_output=True, text=True)
-
-    added = run("add-model", "tickets", "--task", "text-classification", "--labels", str(labels(tmp_path, "billing\nbugs\n")),
-                "--repository", str(repository))  # fmt: skip
-    assert added.returncode == 0, added.stderr
-    assert "POST /admin/models/tickets/load" in added.stdout
-    again = run("add-model", "tickets", "--task", "text-classification", "--labels", str(tmp_path / "labels.txt"),
-                "--repository", str(repository))  # fmt: skip
-    assert again.returncode == 1
-    assert "--replace" in again.stderr
-    assert "Traceback" not in again.stderr
-    removed = run("remove-model", "tickets", "--repository", str(repository))
-    assert removed.returncode == 0, removed.stderr
-    assert not (repository / "tickets").exists()
-
-
-def test_a_repository_that_is_not_writable_is_refused_and_left_as_it_was(
-    repository: Path, tmp_path: Path
-) -> None:
-    """Root writes through file modes, so the directory is made immutable (ext4 chattr)."""
-    before = snapshot(repository)
-    subprocess.run(["chattr", "+i", str(repository)], check=True)
-    try:
-        with pytest.raises(ModelRepositoryError, match="cannot write into"):
-            add_text_classifier(repository, "sentiment", labels(tmp_path, "a\nb\n"))
-    finally:
-        subprocess.run(["chattr", "-i", str(repository)], check=True)
-    assert snapshot(repository) == before
-    assert not list(tmp_path.glob(".add-model-*"))

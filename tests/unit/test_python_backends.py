@@ -1,4 +1,4 @@
-"""The Python backends' own logic against a stand-in `pb_utils` (tests/pbfake.py): what
+"""The Python backends' own logic against a stand-in `pb_utils` (tests/helpers/pbfake.py): what
 only a GPU host would otherwise show."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pbfake
 import pytest
+
+from helpers import pbfake
 
 REPOSITORY = Path(__file__).resolve().parents[2] / "model_repository"
 DIM = 384

@@ -6,18 +6,6 @@ import base64
 
 import numpy as np
 import pytest
-from support import (
-    EPS_BYTES,
-    SVG_BYTES,
-    chelsea_jpeg,
-    coffee_png,
-    coffee_webp,
-    encode,
-    png_header_only,
-    random_bytes,
-    small_png,
-    tiff_bytes,
-)
 
 from gateway.errors import (
     ImageTooLargeError,
@@ -34,6 +22,19 @@ from gateway.serving.validation import (
     sniff_format,
 )
 from gateway.settings import ImageLimits
+
+from helpers.support import (
+    EPS_BYTES,
+    SVG_BYTES,
+    chelsea_jpeg,
+    coffee_png,
+    coffee_webp,
+    encode,
+    png_header_only,
+    random_bytes,
+    small_png,
+    tiff_bytes,
+)
 
 LIMITS = ImageLimits()
 
@@ -95,7 +96,7 @@ def test_pixel_cap_applies_when_each_side_is_allowed() -> None:
 
 
 def test_png_and_webp_have_a_lower_pixel_cap_than_jpeg() -> None:
-    """They decode at full size in image_preprocess (tests/benchmarks/bench_preprocess.py)."""
+    """They decode at full size in image_preprocess (gateway/bench/preprocess.py)."""
     assert LIMITS.max_pixels_full_decode < LIMITS.max_pixels
     side = int(LIMITS.max_pixels_full_decode**0.5) + 1
     with pytest.raises(ImageTooLargeError, match="decoded at full size"):

@@ -1,5 +1,6 @@
-"""A real redis-server (Debian's, installed by `make test`) on a loopback port, for tests:
-started, killed (SIGKILL), paused (SIGSTOP) and started again on the same port."""
+"""A private redis-server (Debian's; `make test` and `make bench-shared-state` install it) on a
+loopback port, for the tests and the benchmark: started, killed (SIGKILL), paused (SIGSTOP)
+and started again on the same port."""
 
 from __future__ import annotations
 
@@ -11,22 +12,22 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
-
 from gateway.dev.tritonserver import free_port
 
 
 def redis_server_binary() -> str:
     found = shutil.which("redis-server") or "/usr/bin/redis-server"
     if not Path(found).exists():
-        pytest.fail("redis-server is not installed: `make test` installs it (apt package redis-server)")
+        raise RuntimeError(
+            "redis-server is not installed: `make test` installs it (apt package redis-server)"
+        )
     return found
 
 
 @dataclass
 class RedisServer:
     folder: Path
-    password: str = "s3cret-for-tests"
+    password: str = "s3cret-for-tests"  # loopback only
     port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
 

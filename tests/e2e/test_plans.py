@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import load_script, tiny_classifier_onnx
+
+from helpers.support import load_script, tiny_classifier_onnx
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -170,7 +171,7 @@ def test_a_fine_tuned_text_classifier_gets_a_plan_over_batch_and_sequence(
 ) -> None:
     """The text entry's profile covers every token input over batch 1..max and sequence
     1..max-length, with the same shape for each input, as TensorRT needs."""
-    from test_add_text_model import text_onnx, tokenizer_file
+    from helpers.textmodels import text_onnx, tokenizer_file
 
     for name in ("text_classifier", "text_tokenize", "text_postprocess", "text_labels", "image_postprocess"):
         shutil.copytree(ROOT / "model_repository" / name, repository / name,

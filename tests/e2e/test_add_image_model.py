@@ -6,17 +6,17 @@ Lite2 too: tests/integration/test_catalog_stack.py.)"""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from support import tiny_classifier_onnx
-from triton_fixtures import REPOSITORY
 
 from gateway.triton import pbtxt
+
+from helpers.repositories import shipped_copy, snapshot
+from helpers.support import tiny_classifier_onnx
 
 SHIPPED = ("image_classifier", "image_preprocess", "image_model", "image_postprocess",
            "text_classifier", "text_postprocess", "text_labels")  # fmt: skip
@@ -25,19 +25,7 @@ SHIPPED = ("image_classifier", "image_preprocess", "image_model", "image_postpro
 @pytest.fixture
 def repository(tmp_path: Path) -> Path:
     """The shipped models' configs and code (what add-model builds on), no networks."""
-    root = tmp_path / "models"
-    for name in SHIPPED:
-        shutil.copytree(
-            REPOSITORY / name,
-            root / name,
-            symlinks=True,
-            ignore=shutil.ignore_patterns("*.npz", "*.onnx", "*.stamp", "__pycache__"),
-        )
-    return root
-
-
-def snapshot(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    return shipped_copy(tmp_path / "models", SHIPPED)
 
 
 def add_model(repository: Path, name: str, *options: str) -> subprocess.CompletedProcess[str]:

@@ -16,13 +16,15 @@ from pathlib import Path
 import httpx
 import pytest
 from pydantic import SecretStr
-from support import GatewayProcess, ServedApp
 
 from gateway.app import create_app
+from gateway.dev.gatewayprocess import GatewayProcess
 from gateway.dev.tritonserver import TritonServer
 from gateway.settings import Settings, TritonSettings
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers.support import ServedApp
+
+ROOT = Path(__file__).resolve().parents[2]
 REPOSITORY = ROOT / "model_repository"
 _servers: list[TritonServer] = []
 

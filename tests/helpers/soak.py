@@ -3,7 +3,7 @@ in front of a real Triton, sampling the gateway's RSS, open file descriptors and
 series (and Triton's RSS with its stubs) as it goes.
 
     make soak                                  # 5 minutes, the figures in the README
-    .venv/bin/python tests/soak.py --seconds 60 --json soak.json
+    .venv/bin/python tests/helpers/soak.py --seconds 60 --json soak.json
 
 It exits 1 on a problem: a 5xx or a dropped connection, more than 1 % of requests shed
 (503 at 80 % load), descriptors or metric series that keep growing after the warm-up, or an
@@ -29,12 +29,13 @@ import httpx
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from support import GatewayProcess, chelsea_jpeg, coffee_png, small_png
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: tests/ holds helpers
+from gateway.dev.gatewayprocess import GatewayProcess
 from gateway.dev.tritonserver import TritonServer
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers.support import chelsea_jpeg, coffee_png, small_png
+
+ROOT = Path(__file__).resolve().parents[2]
 Send = Callable[[httpx.AsyncClient], Awaitable[httpx.Response]]
 
 

@@ -2,7 +2,7 @@
 time), against the JPEG decode alone (draft mode), for 2 and 12 Mpx photos; with
 ``--compare`` an older model.py is measured in the same interleaved rounds (A/B).
 
-    .venv-triton/bin/python tests/benchmarks/bench_preprocess_throughput.py [--compare OLD/model.py]
+    .venv-triton/bin/python -m gateway.bench.preprocess_throughput [--compare OLD/model.py]
 """
 
 from __future__ import annotations
@@ -36,8 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--megapixels", type=float, nargs="+", default=[2, 12])
     parser.add_argument("--rounds", type=int, default=5)
     options = parser.parse_args(argv)
-    sys.path.insert(0, str(HERE))
-    from bench_preprocess import _image, load_model
+    from gateway.bench.preprocess import _image, load_model
 
     candidates: dict[str, Callable[[bytes], Any]] = {"model": load_model(MODEL, "current_model")._crop}
     if options.compare:

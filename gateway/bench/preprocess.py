@@ -3,7 +3,7 @@ time and peak memory by format and pixel count, each case in a fresh process so 
 RSS is its own. The figures behind the pixel caps and the instance count (README,
 "Reliability and security").
 
-    .venv-triton/bin/python tests/benchmarks/bench_preprocess.py [--megapixels 1 12 24 40]
+    .venv-triton/bin/python -m gateway.bench.preprocess [--megapixels 1 12 24 40]
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def one_case(path: Path) -> dict[str, float]:
     Path("/proc/self/clear_refs").write_text("5")  # resets the peak RSS (VmHWM) to now
     before = _status_kib("VmRSS")
     started = time.perf_counter()
-    instance._crop(data)  # type: ignore[attr-defined]
+    instance._crop(data)
     seconds = time.perf_counter() - started
     return {"bytes": len(data), "ms": 1000 * seconds, "peak_mib": (_status_kib("VmHWM") - before) / 1024}
 

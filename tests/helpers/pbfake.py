@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from support import load_script
+
+from helpers.support import load_script
 
 TRITONSERVER_MEMORY_CPU = 0
 TRITONSERVER_MEMORY_GPU = 2

@@ -1,16 +1,16 @@
 """The gateway side by side with Triton direct, in the same run (`make bench`).
 
-    .venv/bin/python tests/benchmarks/bench_side_by_side.py [--seconds 5] [--rounds 3]
+    .venv/bin/python -m gateway.bench.side_by_side [--seconds 5] [--rounds 3]
         [--concurrency 1 8 32] [--repositories trivial real] [--out .reports/bench]
 
-For each model repository (``trivial``: tests/benchmarks/trivial_repository, Python models
+For each model repository (``trivial``: gateway/bench/trivial_repository, Python models
 with the real ensembles' inputs and outputs and fixed answers, so only the cost in front
 of Triton shows; ``real``: model_repository on its CPU twins) it starts a real
 tritonserver and a gateway process, then, interleaved over rounds, loads:
 
 - Triton direct: an async gRPC client (tritonclient.grpc.aio), the way the gateway calls it;
 - the gateway: wrk (C, a few % of a core), posting the same inputs over HTTP;
-- the reference gateway (tests/benchmarks/reference_gateway.py: FastAPI and
+- the reference gateway (gateway/bench/reference_gateway.py: FastAPI and
   tritonclient.grpc.aio, no checks, no metrics, no logs), loaded by wrk the same way: the
   yardstick of what the gateway's own work costs ("vs reference" columns).
 
@@ -54,11 +54,9 @@ import psutil
 import tritonclient.grpc.aio as grpcclient
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from otlp import OtlpReceiver
-from redisserver import RedisServer
-from support import GatewayProcess
-
+from gateway.dev.gatewayprocess import GatewayProcess
+from gateway.dev.otlpsink import OtlpReceiver
+from gateway.dev.redisserver import RedisServer
 from gateway.dev.tritonserver import TritonServer, free_port
 from gateway.observe.tracing import triton_trace_args
 from gateway.settings import TracingSettings
@@ -66,7 +64,7 @@ from gateway.shared.keyfiles import hash_key
 
 ROOT = Path(__file__).resolve().parents[2]
 REPOSITORIES = {
-    "trivial": ROOT / "tests" / "benchmarks" / "trivial_repository",
+    "trivial": Path(__file__).resolve().with_name("trivial_repository"),
     "real": ROOT / "model_repository",
 }
 SENTENCE = "The striker scored twice in the final minutes of the match."
@@ -76,7 +74,8 @@ def photo_jpeg() -> bytes:
     """About 250 KiB: a real photo at 1200x1200, quality 90."""
     from skimage import data
 
-    image = Image.fromarray(data.astronaut()).resize((1200, 1200), Image.Resampling.BICUBIC)
+    photo = data.astronaut()  # type: ignore[no-untyped-call]
+    image = Image.fromarray(photo).resize((1200, 1200), Image.Resampling.BICUBIC)
     buffer = io.BytesIO()
     image.save(buffer, "JPEG", quality=90)
     return buffer.getvalue()
@@ -247,7 +246,7 @@ def pin(pid: int, cpu: int, with_children: bool = True) -> None:
 class Stack:
     triton: TritonServer
     gateway: GatewayProcess
-    reference: GatewayProcess  # tests/benchmarks/reference_gateway.py
+    reference: GatewayProcess  # gateway/bench/reference_gateway.py
     variant: GatewayProcess | None = None  # the same gateway with other settings (--variant)
 
     def process(self, target: str) -> GatewayProcess:
@@ -305,10 +304,10 @@ def start_stack(
     )
     triton.start()
     triton.wait_ready(timeout=180)
-    gateway = GatewayProcess.start(triton, workdir, **(base or {}))
+    gateway = GatewayProcess.start(triton, workdir, "127.0.0.1", 0, **(base or {}))
     stack = Stack(triton, gateway.wait("/readyz", timeout=60), start_reference(triton, workdir))
     if variant is not None:
-        other = GatewayProcess.start(triton, workdir, **{**(base or {}), **variant})
+        other = GatewayProcess.start(triton, workdir, "127.0.0.1", 0, **{**(base or {}), **variant})
         stack.variant = other.wait("/readyz", timeout=60)
     return stack
 
@@ -496,10 +495,10 @@ def plot(rows: list[Row], path: Path) -> None:
 def perf_analyzer_rows(stack: Stack, workdir: Path, concurrencies: list[int]) -> list[dict[str, Any]]:
     """NVIDIA's perf_analyzer on both shipped models, Triton direct (HTTP) and then the
     gateway's /v2, at each concurrency: throughput and p50/p99 as it reports them."""
-    import perfanalyzer
+    from gateway.bench import perfanalyzer
 
     jpeg = photo_jpeg()
-    inputs = {
+    inputs: dict[str, dict[str, object]] = {
         "image_classifier": {"IMAGE": perfanalyzer.bytes_input(jpeg), "TOP_K": [5]},
         "text_classifier": {"TEXT": perfanalyzer.bytes_input(SENTENCE.encode()), "TOP_K": [5]},
     }
@@ -578,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
         "--perf-analyzer",
         action="store_true",
         help="also NVIDIA's perf_analyzer on the real models, Triton's HTTP endpoint against the "
-        "gateway's /v2 (installed on first use: tests/perfanalyzer.py)",
+        "gateway's /v2 (installed on first use: gateway/bench/perfanalyzer.py)",
     )
     options = parser.parse_args(argv)
     variant_env = dict(item.split("=", 1) for item in options.variant)

@@ -1,6 +1,6 @@
 """Latency and throughput of /classify against a running gateway (e.g. `make run`).
 
-    .venv/bin/python tests/benchmarks/bench_classify.py [--url http://localhost:8080]
+    .venv/bin/python -m gateway.bench.checks [--url http://localhost:8080]
         [--seconds 15] [--concurrency 1 4 16]
 
 Prints one line per scenario and concurrency: requests/s and latency p50/p95/p99. Also
@@ -14,18 +14,19 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import io
 import statistics
+import struct
 import sys
 import time
+import zlib
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import httpx
+from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from support import chelsea_jpeg, coffee_png, png_header_only
-
+from gateway.bench.side_by_side import photo_jpeg
 from gateway.errors import GatewayError
 from gateway.serving.validation import inspect_image
 from gateway.settings import ImageLimits
@@ -33,11 +34,24 @@ from gateway.settings import ImageLimits
 Request = Callable[[httpx.AsyncClient], Any]
 
 
+def _png(jpeg: bytes) -> bytes:
+    with Image.open(io.BytesIO(jpeg)) as image:
+        buffer = io.BytesIO()
+        image.resize((224, 224)).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def _png_header_only(width: int, height: int) -> bytes:
+    """A PNG signature and IHDR chunk claiming ``width`` x ``height``, and no pixels."""
+    ihdr = b"IHDR" + struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + ihdr + struct.pack(">I", zlib.crc32(ihdr))
+
+
 def scenarios() -> dict[str, Request]:
-    cat = chelsea_jpeg()
+    cat = photo_jpeg()
     eight = [("file", (f"{i}.jpg", cat)) for i in range(8)]
     sentence = "The striker scored twice in the final."
-    encoded = base64.b64encode(coffee_png()).decode()
+    encoded = base64.b64encode(_png(cat)).decode()
     return {
         "image, 1 jpeg (multipart)": lambda c: c.post("/classify", files={"file": ("cat.jpg", cat)}),
         "image, 8 jpegs (multipart)": lambda c: c.post("/classify", files=eight),
@@ -72,15 +86,15 @@ async def run(url: str, request: Request, concurrency: int, seconds: float) -> t
     return len(latencies), latencies, errors
 
 
-def percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
 
 def header_checks(rounds: int = 2000) -> None:
     limits = ImageLimits()
     for name, data in (
-        ("jpeg 451x300", chelsea_jpeg()),
-        ("png header 50000x50000", png_header_only(50_000, 50_000)),
+        ("photo jpeg", photo_jpeg()),
+        ("png header 50000x50000", _png_header_only(50_000, 50_000)),
     ):
         started = time.perf_counter()
         for _ in range(rounds):

@@ -2,7 +2,7 @@
 gateway with tracing on, both exporting to an OTLP receiver in this process; one
 /classify request (two texts) with a known traceparent; its spans drawn with matplotlib.
 
-    .venv/bin/python tests/trace_waterfall.py --out docs/assets/trace-waterfall.png
+    .venv/bin/python tests/helpers/trace_waterfall.py --out docs/assets/trace-waterfall.png
 """
 
 from __future__ import annotations
@@ -16,16 +16,16 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from otlp import OtlpReceiver, ReceivedSpan
-from support import ServedApp
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: tests/ holds helpers
 from gateway.app import create_app
+from gateway.dev.otlpsink import OtlpReceiver, ReceivedSpan
 from gateway.dev.tritonserver import TritonServer
 from gateway.observe.tracing import triton_trace_args
 from gateway.settings import Settings, TracingSettings, TritonSettings
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers.support import ServedApp
+
+ROOT = Path(__file__).resolve().parents[2]
 COLOURS = {"triton-gateway": "#3b7dd8", "triton-inference-server": "#76b900", "caller": "#999999"}
 
 

@@ -1,6 +1,6 @@
 """One gateway process against two on the same host, in the same run (README, "Performance").
 
-    .venv/bin/python tests/benchmarks/bench_processes.py [--seconds 5] [--rounds 3]
+    .venv/bin/python -m gateway.bench.processes [--seconds 5] [--rounds 3]
         [--concurrency 8 32] [--scenarios text jpeg] [--out .reports/processes.json]
 
 A real tritonserver on the trivial repository, and two gateway processes in front of it.
@@ -23,11 +23,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_side_by_side import REPOSITORIES, Scenario, _cpu_seconds, _wrk, scenarios
-from support import GatewayProcess
-
+from gateway.bench.side_by_side import REPOSITORIES, Scenario, _cpu_seconds, _wrk, scenarios
+from gateway.dev.gatewayprocess import GatewayProcess
 from gateway.dev.tritonserver import TritonServer
 
 ROOT = Path(__file__).resolve().parents[2]

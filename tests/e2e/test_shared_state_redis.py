@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from redisserver import RedisServer
-from support import FakeBackend
 
 from gateway.app import create_app
+from gateway.dev.redisserver import RedisServer
 from gateway.settings import Settings
 from gateway.shared.keyfiles import hash_key
+
+from helpers.support import FakeBackend
 
 KEY = {"X-API-Key": "client-key"}
 TEXT = {"texts": ["hello"]}

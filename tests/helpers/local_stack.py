@@ -21,10 +21,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from triton_fixtures import REPOSITORY
 
 from gateway.dev.tritonserver import free_port
 from gateway.shared.keyfiles import hash_key
+
+from helpers.triton_fixtures import REPOSITORY
 
 SENTIMENTS = {
     "positive": "Someone is pleased, happy and satisfied: this is good.",

@@ -1,9 +1,9 @@
 """What tracing costs a request when it is off: every tracing call the request path
 makes (server span, three step spans, the Triton call, trace-id lookups), timed in a loop.
 
-    .venv/bin/python tests/benchmarks/bench_tracing_off.py
+    .venv/bin/python -m gateway.bench.tracing_off
 
-The side-by-side benchmark (``bench_side_by_side.py --tracing``) measures tracing *on*;
+The side-by-side benchmark (``side_by_side --tracing``) measures tracing *on*;
 its noise between rounds (10-30 % here) is far above this figure, hence the loop.
 """
 

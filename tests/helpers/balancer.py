@@ -16,12 +16,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from dnsstub import DnsStub
-from support import GatewayProcess
 
+from gateway.dev.gatewayprocess import GatewayProcess
 from gateway.dev.tritonserver import TritonServer, free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers.dnsstub import DnsStub
+
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "deploy" / "haproxy" / "haproxy.cfg"
 REPLICAS = ("127.0.0.2", "127.0.0.3")
 # What docker-compose.yml gives the gateways, bar the addresses.

@@ -7,7 +7,6 @@ import contextlib
 import hashlib
 import importlib.util
 import io
-import os
 import random
 import shutil
 import struct
@@ -30,7 +29,7 @@ import yaml
 from fastapi import FastAPI
 from PIL import Image
 
-from gateway.dev.tritonserver import TritonServer, free_port
+from gateway.dev.tritonserver import free_port
 from gateway.errors import GatewayError, InvalidInputError, NotFoundError, TritonUnavailableError
 from gateway.http.server import server_config
 from gateway.triton.backend import (
@@ -164,7 +163,7 @@ def _shipped(name: str) -> tuple[int, dict[str, str], tuple[str, ...], tuple[str
     from gateway.triton import pbtxt
 
     config = pbtxt.read_config(
-        Path(__file__).resolve().parents[1] / "model_repository" / name / "config.pbtxt"
+        Path(__file__).resolve().parents[2] / "model_repository" / name / "config.pbtxt"
     )
     steps = tuple(step.model_name for step in config.ensemble_scheduling.step)
     return config.max_batch_size, pbtxt.parameters(config), tuple(i.name for i in config.input), steps
@@ -384,66 +383,6 @@ def load_script(path: Path, name: str) -> Any:
     sys.modules[name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
-
-
-@dataclass
-class GatewayProcess:
-    """`triton-gateway serve` as its own process (signals, CPU and sockets of its own), in
-    front of a real Triton; used by the fixtures, the soak and the benchmark."""
-
-    process: subprocess.Popen[bytes]
-    port: int
-    log: Path
-    host: str = "127.0.0.1"
-
-    @classmethod
-    def start(
-        cls, triton: TritonServer, log_dir: Path, host: str = "127.0.0.1", port: int = 0, **env: str
-    ) -> GatewayProcess:
-        """Start it with GATEWAY_* settings ``env``; its output goes to a log in ``log_dir``.
-        It listens on ``host`` and ``port`` (a free one by default)."""
-        port = port or free_port()
-        log = log_dir / f"gateway-{host}-{port}.log"
-        environment = {
-            **os.environ,
-            "GATEWAY_TRITON__URL": triton.grpc_url,
-            "GATEWAY_TRITON__METRICS_URL": triton.metrics_url,
-            "GATEWAY_TRITON__REPOSITORY_KEY": triton.repository_key,
-            **env,
-        }
-        command = [sys.executable, "-m", "gateway", "serve", "--host", host, "--port", str(port)]
-        with log.open("wb") as sink:
-            process = subprocess.Popen(command, env=environment, stdout=sink, stderr=subprocess.STDOUT)
-        return cls(process, port, log, host)
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def wait(self, path: str = "/livez", timeout: float = 30.0) -> GatewayProcess:
-        """Until ``path`` answers 200 (``/readyz``: Triton's models too), or raise."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the gateway exited: {self.log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}{path}", timeout=1).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(
-            f"{path} did not answer 200 within {timeout:.0f} s: {self.log.read_text()[-3000:]}"
-        )
-
-    def stop(self, graceful: bool = False) -> None:
-        """SIGKILL (or SIGTERM and its drain, with ``graceful``) and wait for the exit."""
-        if self.process.poll() is None:
-            if graceful:
-                self.process.terminate()
-            else:
-                self.process.kill()
-            self.process.wait(timeout=60)
 
 
 @contextlib.contextmanager

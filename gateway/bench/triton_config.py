@@ -1,14 +1,14 @@
 """How a model's instance count and dynamic-batching delay change Triton's own
 throughput and latency, measured on the real model repository (CPU twins), Triton direct.
 
-    .venv/bin/python tests/benchmarks/bench_triton_config.py --model image_preprocess \\
+    .venv/bin/python -m gateway.bench.triton_config --model image_preprocess \\
         --variants count=1,delay=0 count=2,delay=0 count=2,delay=2000 [--scenario jpeg]
 
 Every variant is a copy of model_repository with that model's ``instance_group`` count
 and ``max_queue_delay_microseconds`` replaced, served by a tritonserver of its own; all of
 them run at once (an idle Triton costs next to nothing) and rounds interleave them, so
 each variant sees the same machine. Load: the direct async gRPC client of
-bench_side_by_side at each concurrency. Writes <out>.json.
+side_by_side at each concurrency. Writes <out>.json.
 """
 
 from __future__ import annotations
@@ -19,14 +19,11 @@ import json
 import re
 import shutil
 import statistics
-import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_side_by_side as side
-
+import gateway.bench.side_by_side as side
 from gateway.dev.tritonserver import TritonServer
 
 ROOT = side.ROOT
@@ -78,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--variants", nargs="+", default=["count=1,delay=0", "count=2,delay=0", "count=2,delay=2000"]
     )
-    parser.add_argument("--scenario", default="jpeg", help="a bench_side_by_side scenario name prefix")
+    parser.add_argument("--scenario", default="jpeg", help="a side_by_side scenario name prefix")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=4.0)

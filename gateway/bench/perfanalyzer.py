@@ -106,7 +106,7 @@ def input_data(path: Path, rows: list[dict[str, object]]) -> Path:
     return path
 
 
-if __name__ == "__main__":  # `python tests/perfanalyzer.py`: install, then show the usage
+if __name__ == "__main__":  # `python -m gateway.bench.perfanalyzer`: install, then show the usage
     prefix = command()
     print(" ".join(prefix))
     shutil.which("true")

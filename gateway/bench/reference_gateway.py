@@ -2,7 +2,7 @@
 ``tritonclient.grpc.aio``, the same routes and transports as /classify for text JSON and
 multipart images, and nothing else: no checks, no metrics, no logs, no limits.
 
-    python tests/benchmarks/reference_gateway.py --port 8090 --triton 127.0.0.1:8001
+    python -m gateway.bench.reference_gateway --port 8090 --triton 127.0.0.1:8001
 """
 
 from __future__ import annotations

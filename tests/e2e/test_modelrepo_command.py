@@ -1,0 +1,61 @@
+"""add-model and remove-model as processes of their own (the console script's module), and
+a repository made immutable with chattr (root): the parts of tests/unit/test_modelrepo.py
+that need the operating system."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gateway.modelrepo.repository import ModelRepositoryError, add_text_classifier
+
+from helpers.repositories import shipped_copy, snapshot
+
+TEXT_MODELS = ("text_classifier", "text_postprocess", "text_labels")
+
+
+@pytest.fixture
+def repository(tmp_path: Path) -> Path:
+    return shipped_copy(tmp_path / "models", TEXT_MODELS)
+
+
+def labels(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "labels.txt"
+    path.write_text(text)
+    return path
+
+
+def test_the_command_line(repository: Path, tmp_path: Path) -> None:
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "gateway", *args], capture_output=True, text=True)
+
+    added = run("add-model", "tickets", "--task", "text-classification", "--labels", str(labels(tmp_path, "billing\nbugs\n")),
+                "--repository", str(repository))  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    assert "POST /admin/models/tickets/load" in added.stdout
+    again = run("add-model", "tickets", "--task", "text-classification", "--labels", str(tmp_path / "labels.txt"),
+                "--repository", str(repository))  # fmt: skip
+    assert again.returncode == 1
+    assert "--replace" in again.stderr
+    assert "Traceback" not in again.stderr
+    removed = run("remove-model", "tickets", "--repository", str(repository))
+    assert removed.returncode == 0, removed.stderr
+    assert not (repository / "tickets").exists()
+
+
+def test_a_repository_that_is_not_writable_is_refused_and_left_as_it_was(
+    repository: Path, tmp_path: Path
+) -> None:
+    """Root writes through file modes, so the directory is made immutable (ext4 chattr)."""
+    before = snapshot(repository)
+    subprocess.run(["chattr", "+i", str(repository)], check=True)
+    try:
+        with pytest.raises(ModelRepositoryError, match="cannot write into"):
+            add_text_classifier(repository, "sentiment", labels(tmp_path, "a\nb\n"))
+    finally:
+        subprocess.run(["chattr", "-i", str(repository)], check=True)
+    assert snapshot(repository) == before
+    assert not list(tmp_path.glob(".add-model-*"))
