@@ -1,6 +1,7 @@
 """The least a gateway in front of Triton can be, as the benchmark's yardstick: FastAPI,
-``tritonclient.grpc.aio``, the same routes and transports as /classify for text JSON and
-multipart images, and nothing else: no checks, no metrics, no logs, no limits.
+``tritonclient.grpc.aio``, the same route and transports as /classify (text JSON, a raw
+image body, multipart images, a base64 image in JSON), and nothing else: no checks, no
+metrics, no logs, no limits.
 
     python -m gateway.bench.reference_gateway --port 8090 --triton 127.0.0.1:8001
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -58,15 +60,22 @@ def create_app(triton_url: str) -> FastAPI:
     async def classify(request: Request) -> JSONResponse:
         triton = clients["triton"]
         top_k = np.array([[5]], dtype=np.int32)
-        if request.headers.get("content-type", "").startswith("application/json"):
-            text = (await request.json())["text"]
-            texts = np.array([[text.encode()]], dtype=np.object_)
-            answer = await triton.infer(
-                "text_classifier", [_input("TEXT", texts, "BYTES"), _input("TOP_K", top_k, "INT32")]
-            )
-            return JSONResponse({"model": "text_classifier", "results": _results(answer)})
-        async with request.form() as form:
-            images = [await part.read() for part in form.getlist("file") if isinstance(part, UploadFile)]
+        content_type = request.headers.get("content-type", "")
+        if content_type.startswith("application/json"):
+            document = await request.json()
+            if "image" in document:
+                images = [base64.b64decode(document["image"])]
+            else:
+                texts = np.array([[document["text"].encode()]], dtype=np.object_)
+                answer = await triton.infer(
+                    "text_classifier", [_input("TEXT", texts, "BYTES"), _input("TOP_K", top_k, "INT32")]
+                )
+                return JSONResponse({"model": "text_classifier", "results": _results(answer)})
+        elif content_type.startswith("image/"):
+            images = [await request.body()]
+        else:
+            async with request.form() as form:
+                images = [await part.read() for part in form.getlist("file") if isinstance(part, UploadFile)]
 
         async def one(data: bytes) -> list[list[dict[str, object]]]:
             image = _input("IMAGE", np.array([[data]], dtype=np.object_), "BYTES")

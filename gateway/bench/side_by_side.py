@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import io
 import json
 import os
@@ -122,10 +123,14 @@ def scenarios() -> list[Scenario]:
         ]
 
     multipart_type = f"multipart/form-data; boundary={boundary}"
+    encoded = json.dumps({"image": base64.b64encode(jpeg).decode()}).encode()
+    size = f"{len(jpeg) // 1024} KiB"
     return [
         Scenario("text", json.dumps({"text": SENTENCE}).encode(), "application/json", text),
-        Scenario(f"jpeg {len(jpeg) // 1024} KiB", multipart(1), multipart_type, lambda: images(1)),
-        Scenario("8 jpegs", multipart(8), multipart_type, lambda: images(8)),
+        Scenario(f"raw jpeg {size}", jpeg, "image/jpeg", lambda: images(1)),
+        Scenario(f"multipart jpeg {size}", multipart(1), multipart_type, lambda: images(1)),
+        Scenario(f"base64 json jpeg {size}", encoded, "application/json", lambda: images(1)),
+        Scenario("8 jpegs (multipart)", multipart(8), multipart_type, lambda: images(8)),
         Scenario("error (not an image)", b"not an image at all", "image/jpeg", None),
     ]
 
@@ -134,7 +139,7 @@ def scenarios() -> list[Scenario]:
 class Measure:
     repository: str
     scenario: str
-    target: str  # direct | gateway | variant (the gateway with --variant settings) | reference
+    target: str  # direct | gateway | variant (the gateway with --variant settings) | reference | kserve
     concurrency: int
     requests: int = 0
     errors: int = 0
@@ -218,7 +223,7 @@ def _wrk(
     threads = min(2, concurrency)
     out = subprocess.run(
         ["wrk", "-t", str(threads), "-c", str(concurrency), "-d", f"{max(1, round(seconds))}s", "--latency", "-s", str(script),
-         f"{url}/classify"],
+         url],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     requests = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
@@ -248,26 +253,36 @@ class Stack:
     gateway: GatewayProcess
     reference: GatewayProcess  # gateway/bench/reference_gateway.py
     variant: GatewayProcess | None = None  # the same gateway with other settings (--variant)
+    kserve: GatewayProcess | None = None  # gateway/bench/kserve_transformer.py
 
     def process(self, target: str) -> GatewayProcess:
         if target == "variant":
             assert self.variant is not None
             return self.variant
+        if target == "kserve":
+            assert self.kserve is not None
+            return self.kserve
         if target == "reference":
             return self.reference
         return self.gateway
+
+    def url(self, target: str) -> str:
+        """Where a target takes /classify's bodies."""
+        if target == "kserve":
+            return f"{self.process(target).url}/v1/models/classify:predict"
+        return f"{self.process(target).url}/classify"
 
     def pin(self) -> None:
         """PINNED (the load generators are this process and its wrk children)."""
         assert self.triton.pid is not None
         pin(self.triton.pid, 0)
-        for gateway in (self.gateway, self.variant, self.reference):
+        for gateway in (self.gateway, self.variant, self.reference, self.kserve):
             if gateway is not None:
                 pin(gateway.process.pid, 1)
         pin(os.getpid(), 1, with_children=False)
 
     def stop(self) -> None:
-        for gateway in (self.gateway, self.variant, self.reference):
+        for gateway in (self.gateway, self.variant, self.reference, self.kserve):
             if gateway is not None:
                 gateway.stop(graceful=True)
         self.triton.stop()
@@ -287,6 +302,39 @@ def start_reference(triton: TritonServer, workdir: Path) -> GatewayProcess:
     return GatewayProcess(process, port, log).wait("/livez", timeout=60)
 
 
+KSERVE = "kserve==0.21.0"
+
+
+def kserve_python(cache: Path) -> Path:
+    """The Python of a virtual environment holding KServe (made on first use, ~1 min): the
+    transformer never shares the gateway's packages."""
+    env = cache / KSERVE.replace("==", "-")
+    python = env / "bin" / "python"
+    if not (env / ".installed").exists():
+        print(f"installing {KSERVE} into {env} (first use)", file=sys.stderr)
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(env)], check=True)
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", KSERVE],
+            check=True,
+        )
+        (env / ".installed").touch()
+    return python
+
+
+def start_kserve(triton: TritonServer, workdir: Path, python: Path) -> GatewayProcess:
+    """The KServe transformer (its ModelServer, one worker) in front of ``triton``: one access
+    log line per request, as the gateway writes (KServe's latency lines off)."""
+    port = free_port()
+    log = workdir / f"kserve-{port}.log"
+    script = Path(__file__).with_name("kserve_transformer.py")
+    command = [str(python), str(script), "--model_name", "classify", "--http_port", str(port),
+               "--predictor_host", triton.grpc_url, "--predictor_protocol", "grpc-v2",
+               "--enable_latency_logging", "false"]  # fmt: skip
+    with log.open("wb") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
+    return GatewayProcess(process, port, log).wait("/v1/models/classify", timeout=120)
+
+
 def start_stack(
     repository: Path,
     workdir: Path,
@@ -294,6 +342,7 @@ def start_stack(
     trace_endpoint: str | None,
     variant: dict[str, str] | None,
     base: dict[str, str] | None = None,
+    kserve: Path | None = None,
 ) -> Stack:
     # Without a response cache: every request does the models' work.
     tracing = TracingSettings(
@@ -304,11 +353,13 @@ def start_stack(
     )
     triton.start()
     triton.wait_ready(timeout=180)
-    gateway = GatewayProcess.start(triton, workdir, "127.0.0.1", 0, **(base or {}))
+    gateway = GatewayProcess.start(triton, workdir, "127.0.0.1", 0, workdir, **(base or {}))
     stack = Stack(triton, gateway.wait("/readyz", timeout=60), start_reference(triton, workdir))
     if variant is not None:
-        other = GatewayProcess.start(triton, workdir, "127.0.0.1", 0, **{**(base or {}), **variant})
+        other = GatewayProcess.start(triton, workdir, "127.0.0.1", 0, workdir, **{**(base or {}), **variant})
         stack.variant = other.wait("/readyz", timeout=60)
+    if kserve is not None:
+        stack.kserve = start_kserve(triton, workdir, kserve)
     return stack
 
 
@@ -328,7 +379,7 @@ def measure(
         result.p50_ms, result.p99_ms = percentiles_ms(latencies)
     else:
         result.requests, result.errors, result.p50_ms, result.p99_ms = _wrk(
-            gateway.url, scenario, concurrency, seconds, folder
+            stack.url(target), scenario, concurrency, seconds, folder
         )
     result.seconds = time.perf_counter() - started
     if result.requests:
@@ -361,11 +412,18 @@ class Row:
     variant_triton_cpu_ms: float | None = None  # Triton's, for the variant's requests
     reference_rps: float | None = None
     reference_cpu_ms: float | None = None  # the reference gateway's, per request
+    kserve_rps: float | None = None
+    kserve_cpu_ms: float | None = None  # the KServe transformer's, per request
 
     @property
     def cpu_vs_reference(self) -> float | None:
         """The gateway's CPU per request over the reference gateway's (1.0: as cheap)."""
         return self.gateway_cpu_ms / self.reference_cpu_ms if self.reference_cpu_ms else None
+
+    @property
+    def cpu_vs_kserve(self) -> float | None:
+        """The gateway's CPU per request over the KServe transformer's (below 1.0: cheaper)."""
+        return self.gateway_cpu_ms / self.kserve_cpu_ms if self.kserve_cpu_ms else None
 
     @property
     def variant_adds_cpu_ms(self) -> float | None:
@@ -391,6 +449,7 @@ def summarise(measures: list[Measure]) -> list[Row]:
 
         variant = [m for m in mine if m.target == "variant"]
         reference = [m for m in mine if m.target == "reference"]
+        kserve = [m for m in mine if m.target == "kserve"]
         direct_rps = med(direct, "rps") if direct else None
         gateway_rps = med(gateway, "rps")
         rows.append(
@@ -406,6 +465,8 @@ def summarise(measures: list[Measure]) -> list[Row]:
                 med(variant, "triton_cpu_ms") if variant else None,
                 med(reference, "rps") if reference else None,
                 med(reference, "gateway_cpu_ms") if reference else None,
+                med(kserve, "rps") if kserve else None,
+                med(kserve, "gateway_cpu_ms") if kserve else None,
             )
         )  # fmt: skip
     return rows
@@ -432,15 +493,19 @@ def table(rows: list[Row], variant_label: str = "") -> str:
     if against:
         lines += [
             "",
-            "Against the reference gateway (FastAPI + tritonclient.grpc.aio, no checks, metrics or logs):",
+            "Against the reference gateway (FastAPI + tritonclient.grpc.aio, no checks, metrics or logs)",
+            "and a KServe 0.21 custom transformer (its ModelServer, one worker, one log line per request):",
             "",
-            "| models | scenario | c | req/s (reference / gateway) | CPU ms/req (reference / gateway) | gateway / reference CPU |",
-            "|---|---|---|---|---|---|",
+            "| models | scenario | c | req/s (reference / KServe / gateway) | CPU ms/req (reference / KServe / gateway) "
+            "| gateway / reference CPU | gateway / KServe CPU |",
+            "|---|---|---|---|---|---|---|",
         ]
         for r in against:
             lines.append(
-                f"| {r.repository} | {r.scenario} | {r.concurrency} | {fmt(r.reference_rps, '.0f')} / {r.gateway_rps:.0f} "
-                f"| {fmt(r.reference_cpu_ms, '.2f')} / {r.gateway_cpu_ms:.2f} | {fmt(r.cpu_vs_reference, '.2f')}x |"
+                f"| {r.repository} | {r.scenario} | {r.concurrency} | {fmt(r.reference_rps, '.0f')} / "
+                f"{fmt(r.kserve_rps, '.0f')} / {r.gateway_rps:.0f} | {fmt(r.reference_cpu_ms, '.2f')} / "
+                f"{fmt(r.kserve_cpu_ms, '.2f')} / {r.gateway_cpu_ms:.2f} | {fmt(r.cpu_vs_reference, '.2f')}x "
+                f"| {fmt(r.cpu_vs_kserve, '.2f')}x |"
             )
     compared = [r for r in rows if r.variant_cpu_ms is not None]
     if compared:
@@ -545,6 +610,16 @@ def perf_analyzer_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _worktree(ref: str, path: Path) -> Path:
+    """This checkout's code at ``ref`` in a detached worktree at ``path`` (removed by git
+    when the folder goes: `git worktree prune`)."""
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(path), ref], check=True
+    )
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "prune"], check=False)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -572,6 +647,17 @@ def main(argv: list[str] | None = None) -> int:
         help="the variant: rate limits in a real redis-server (both gateways check an API key "
         "with a limit; the base keeps its buckets in its own memory)",
     )
+    parser.add_argument(
+        "--against",
+        metavar="GIT_REF",
+        help="the variant: the gateway's code at GIT_REF (a git worktree of this checkout), "
+        "same settings: an A/B of two versions in the same rounds",
+    )
+    parser.add_argument(
+        "--no-kserve",
+        action="store_true",
+        help=f"leave out the KServe transformer ({KSERVE} in .cache/, installed on first use)",
+    )
     parser.add_argument("--pin", action="store_true", help=PINNED)
     parser.add_argument(
         "--perf-analyzer",
@@ -591,7 +677,11 @@ def main(argv: list[str] | None = None) -> int:
     ]
     measures: list[Measure] = []
     analysed: list[dict[str, Any]] = []
+    kserve = None if options.no_kserve else kserve_python(ROOT / ".cache")
+    references = ["reference"] + ([] if kserve is None else ["kserve"])
     with tempfile.TemporaryDirectory(prefix="bench-") as folder, OtlpReceiver() as receiver:
+        if options.against:
+            variant_env["PYTHONPATH"] = str(_worktree(options.against, Path(folder) / "against"))
         if options.tracing:
             variant_env.update(
                 GATEWAY_TRACING__ENABLED="true",
@@ -612,7 +702,13 @@ def main(argv: list[str] | None = None) -> int:
             workdir.mkdir()
             endpoint = receiver.endpoint if options.tracing else None
             stack = start_stack(
-                REPOSITORIES[name], workdir, options.triton_env, endpoint, variant_env or None, base_env
+                REPOSITORIES[name],
+                workdir,
+                options.triton_env,
+                endpoint,
+                variant_env or None,
+                base_env,
+                kserve,
             )
             try:
                 if options.pin:
@@ -620,7 +716,8 @@ def main(argv: list[str] | None = None) -> int:
                 for scenario in chosen:  # warm every path once
                     if scenario.direct:
                         measure(stack, name, scenario, "direct", 1, 0.5, workdir)
-                        measure(stack, name, scenario, "reference", 1, 1, workdir)
+                        for target in references:
+                            measure(stack, name, scenario, target, 1, 1, workdir)
                     for target in gateways:
                         measure(stack, name, scenario, target, 1, 1, workdir)
                 if options.perf_analyzer and name == "real":
@@ -629,7 +726,7 @@ def main(argv: list[str] | None = None) -> int:
                     for scenario in chosen:
                         for concurrency in options.concurrency:
                             # the reference has no checks: it is not measured on the error path
-                            targets = (["direct", "reference"] if scenario.direct else []) + gateways
+                            targets = (["direct", *references] if scenario.direct else []) + gateways
                             for target in targets:
                                 measures.append(
                                     measure(
@@ -644,8 +741,10 @@ def main(argv: list[str] | None = None) -> int:
     label = " ".join(
         f"{k}={v}"
         for k, v in variant_env.items()
-        if k not in ("GATEWAY_TRACING__ENDPOINT", "GATEWAY_REDIS__URL")
+        if k not in ("GATEWAY_TRACING__ENDPOINT", "GATEWAY_REDIS__URL", "PYTHONPATH")
     )
+    if options.against:
+        label = f"the code at {options.against} {label}".strip()
     if options.shared_state:
         label = f"rate limits in Redis (both with an API key) {label}".strip()
     print(table(rows, label))
@@ -666,7 +765,10 @@ def main(argv: list[str] | None = None) -> int:
                     "tracing": options.tracing,
                 },
                 "spans_received": len(receiver.spans),
-                "rows": [{**asdict(r), "cpu_vs_reference": r.cpu_vs_reference} for r in rows],
+                "rows": [
+                    {**asdict(r), "cpu_vs_reference": r.cpu_vs_reference, "cpu_vs_kserve": r.cpu_vs_kserve}
+                    for r in rows
+                ],
                 "perf_analyzer": analysed,
                 "measures": [{**asdict(m), "rps": m.rps} for m in measures],
             },

@@ -27,10 +27,18 @@ class GatewayProcess:
 
     @classmethod
     def start(
-        cls, triton: TritonServer, log_dir: Path, host: str = "127.0.0.1", port: int = 0, **env: str
+        cls,
+        triton: TritonServer,
+        log_dir: Path,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        cwd: Path | None = None,
+        **env: str,
     ) -> GatewayProcess:
         """Start it with GATEWAY_* settings ``env``; its output goes to a log in ``log_dir``.
-        It listens on ``host`` and ``port`` (a free one by default)."""
+        It listens on ``host`` and ``port`` (a free one by default). ``cwd`` outside a
+        checkout lets a PYTHONPATH in ``env`` choose the code (`-m` puts the working
+        directory first on the path)."""
         port = port or free_port()
         log = log_dir / f"gateway-{host}-{port}.log"
         environment = {
@@ -42,7 +50,9 @@ class GatewayProcess:
         }
         command = [sys.executable, "-m", "gateway", "serve", "--host", host, "--port", str(port)]
         with log.open("wb") as sink:
-            process = subprocess.Popen(command, env=environment, stdout=sink, stderr=subprocess.STDOUT)
+            process = subprocess.Popen(
+                command, env=environment, stdout=sink, stderr=subprocess.STDOUT, cwd=cwd
+            )
         return cls(process, port, log, host)
 
     @property

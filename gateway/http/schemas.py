@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from functools import cache
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, create_model
 
+from gateway import jsoncodec
 from gateway.names import MODEL_REF, VERSION
 from gateway.settings import TOP_K_CEILING
 from gateway.triton.backend import Classification
@@ -154,7 +154,7 @@ def classify_response_json(model: str, request_id: str, answers: list[Classifica
         "request_id": request_id,
         "results": results,
     }
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return jsoncodec.dumps(body)
 
 
 class Problem(BaseModel):

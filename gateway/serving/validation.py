@@ -10,7 +10,6 @@ count come from Pillow's header parser; pixels are never decoded here.
 
 from __future__ import annotations
 
-import base64
 import binascii
 import io
 import json
@@ -19,8 +18,10 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
+import pybase64
 from PIL import Image, UnidentifiedImageError
 
+from gateway import jsoncodec
 from gateway.errors import (
     ClientError,
     ImageTooLargeError,
@@ -206,9 +207,13 @@ def decode_base64_image(text: str, limits: ImageLimits) -> bytes:
             raise MalformedRequestError("a data: URL must be base64 encoded (data:<type>;base64,<data>)")
     if len(text) > -(-limits.max_bytes * 4 // 3) + 1024:
         raise PayloadTooLargeError(f"the encoded image exceeds the {limits.max_bytes} byte limit")
+    try:
+        return pybase64.b64decode(text, validate=True)  # SIMD: ~40x the standard library's
+    except (binascii.Error, ValueError):
+        pass
     compact = "".join(text.split())  # MIME-style line breaks are common in base64 from tools
     try:
-        return base64.b64decode(compact, validate=True)
+        return pybase64.b64decode(compact, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise MalformedRequestError("an image is not valid base64") from exc
 
@@ -220,16 +225,25 @@ def _refuse_constant(name: str) -> Any:
 def parse_json_object(body: bytes) -> dict[str, Any]:
     """Strict JSON: UTF-8, an object at the top, no NaN or Infinity."""
     try:
-        value = json.loads(body, parse_constant=_refuse_constant)
+        value = jsoncodec.loads(body)  # the fast parser takes every well-formed document
+    except ValueError:
+        value = _judged(body)
+    if not isinstance(value, dict):
+        raise InvalidInputError("the JSON body must be an object")
+    return value
+
+
+def _judged(body: bytes) -> Any:
+    """What the fast parser refused, read by the standard library, whose errors say what is
+    wrong (a NaN is invalid input; a lone surrogate is read and refused by the text rule)."""
+    try:
+        return json.loads(body, parse_constant=_refuse_constant)
     except RecursionError as exc:
         raise MalformedRequestError("the JSON is nested too deeply") from exc
     except ValueError as exc:
         # JSONDecodeError, UnicodeDecodeError and the integer digit limit (a 100,000-digit
         # number) are all ValueErrors: whatever the parser refuses is malformed.
         raise MalformedRequestError("the body is not valid JSON") from exc
-    if not isinstance(value, dict):
-        raise InvalidInputError("the JSON body must be an object")
-    return value
 
 
 def resolve_top_k(query: int | None, body: int | None, default: int, maximum: int) -> int:

@@ -28,11 +28,19 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "gateway"
 
-LEAVES = {"gateway", "gateway.errors", "gateway.names", "gateway.periodic", "gateway.settings"}
+LEAVES = {
+    "gateway",
+    "gateway.errors",
+    "gateway.jsoncodec",
+    "gateway.names",
+    "gateway.periodic",
+    "gateway.settings",
+}
 # package -> the packages (and leaves) its modules may import
 ALLOWED: dict[str, set[str]] = {
     "gateway.names": set(),
     "gateway.errors": set(),
+    "gateway.jsoncodec": set(),
     "gateway.periodic": set(),
     "gateway.settings": {"gateway.names", "gateway.errors"},
     "gateway.observe": LEAVES,
@@ -45,7 +53,12 @@ ALLOWED: dict[str, set[str]] = {
     | {"gateway.observe", "gateway.triton", "gateway.shared", "gateway.serving", "gateway.http"},
 }
 # Foreign libraries and the one package allowed to import each.
-BOUNDARIES = {"tritonclient": "gateway.triton", "grpc": "gateway.triton", "redis": "gateway.shared"}
+BOUNDARIES = {
+    "tritonclient": "gateway.triton",
+    "grpc": "gateway.triton",
+    "redis": "gateway.shared",
+    "orjson": "gateway.jsoncodec",
+}
 TOOLS = {"gateway.dev", "gateway.bench"}
 
 
