@@ -17,6 +17,7 @@ from gateway.http.auth import AuthMiddleware
 from gateway.http.compression import OipCompression
 from gateway.http.dependencies import GatewayState
 from gateway.http.docs import install_docs
+from gateway.http.fastlane import FastLane
 from gateway.http.problems import install_error_handlers
 from gateway.http.routes import admin, classify, health, metrics_route, oip
 from gateway.http.schemas import Problem, classify_json_model
@@ -185,7 +186,9 @@ def create_app(
     app.state.settings = settings
     app.state.routing = routing  # run-time routing (pins, rollouts): what /admin changes
     # Added last = outermost: the request id and telemetry wrap everything else.
-    app.add_middleware(OipCompression)  # innermost: compresses /v2 answers only
+    # Innermost: the classify routes answered beneath the framework (gateway.http.fastlane).
+    app.add_middleware(FastLane, routes=classify.router.routes)
+    app.add_middleware(OipCompression)  # compresses /v2 answers only
     if api_keys is not None:
         # Inside the request id and telemetry layer, so refusals are counted and logged.
         app.add_middleware(

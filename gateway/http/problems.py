@@ -90,7 +90,8 @@ def log_problem(request: Request, exc: GatewayError) -> None:
         logger.warning("%s -> %d %s: %s", _where(request), exc.status, exc.slug, exc.detail)
 
 
-async def _on_gateway_error(request: Request, exc: Exception) -> JSONResponse:
+async def gateway_error_response(request: Request, exc: Exception) -> JSONResponse:
+    """The answer to a refusal: counted, logged, rendered (the handler of GatewayError)."""
     assert isinstance(exc, GatewayError)
     counted = isinstance(exc, ClientError | ServiceUnavailableError)
     if counted and (metrics := getattr(request.app.state, "gateway_metrics", None)):
@@ -105,7 +106,7 @@ async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse
     error = InvalidInputError(
         "the request parameters are invalid", errors=summarise_validation_errors(list(exc.errors()), known)
     )
-    return await _on_gateway_error(request, error)
+    return await gateway_error_response(request, error)
 
 
 async def _on_http_exception(request: Request, exc: Exception) -> JSONResponse:
@@ -134,7 +135,7 @@ async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
 def install_error_handlers(app: FastAPI, metrics: GatewayMetrics) -> None:
     # Handlers receive only the request: they find the metrics on the app.
     app.state.gateway_metrics = metrics
-    app.add_exception_handler(GatewayError, _on_gateway_error)
+    app.add_exception_handler(GatewayError, gateway_error_response)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(StarletteHTTPException, _on_http_exception)
     app.add_exception_handler(Exception, _on_unexpected)

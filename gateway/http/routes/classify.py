@@ -103,7 +103,7 @@ ModelVersion = Annotated[str, Path(description="A version number of that model."
     openapi_extra={"requestBody": REQUEST_BODY},
 )
 async def classify(request: Request, top_k: TopK = None, threshold: Threshold = None) -> Response:
-    return await _classify(request, top_k, threshold, None, None)
+    return await classify_request(request, top_k, threshold, None, None)
 
 
 @router.post(
@@ -119,7 +119,7 @@ async def classify(request: Request, top_k: TopK = None, threshold: Threshold = 
 async def classify_with(
     request: Request, model: ModelName, top_k: TopK = None, threshold: Threshold = None
 ) -> Response:
-    return await _classify(request, top_k, threshold, model, None)
+    return await classify_request(request, top_k, threshold, model, None)
 
 
 @router.post(
@@ -134,7 +134,7 @@ async def classify_with(
 async def classify_with_version(
     request: Request, model: ModelName, version: ModelVersion, top_k: TopK = None, threshold: Threshold = None
 ) -> Response:
-    return await _classify(request, top_k, threshold, model, version)
+    return await classify_request(request, top_k, threshold, model, version)
 
 
 def _client(request: Request) -> str | None:
@@ -143,7 +143,7 @@ def _client(request: Request) -> str | None:
     return client if client is not None else request.headers.get("x-rollout-key")
 
 
-async def _classify(
+async def classify_request(
     request: Request, top_k: int | None, threshold: float | None, model: str | None, version: str | None
 ) -> Response:
     # The hot path: the lifespan's state is read straight from the request (no dependency

@@ -1,0 +1,120 @@
+"""The hot routes beneath the framework: ``POST /classify`` and
+``POST /models/{model}[/versions/{version}]/classify`` answered by a plain ASGI layer.
+
+FastAPI still declares, documents (OpenAPI) and serves these routes; this layer, the
+innermost middleware, takes the common case first: a POST to one of those paths with no
+query string, or with a ``top_k`` and ``threshold`` in their plain forms. It sets the scope
+as the router would (the matched route, for the metrics' route label and a problem's
+``instance``; the path parameters) and calls the same handler, skipping the framework's
+router, parameter validation and dependency machinery (about a tenth of a text request's
+CPU, docs/explanation/performance.md). Anything else (another parameter value, a trailing
+slash, another method, a ``root_path``) goes to FastAPI, whose answers, 422s included, are
+the reference: the lane never answers differently, only sooner.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import parse_qsl
+
+from starlette.requests import Request
+from starlette.routing import BaseRoute
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gateway.errors import GatewayError
+from gateway.http.problems import gateway_error_response
+from gateway.http.routes.classify import classify_request
+from gateway.settings import TOP_K_CEILING
+
+# path -> (route template, model, version); the segments as FastAPI's {param} matches them
+_PATH = re.compile(r"/(?:classify|models/([^/]+)/(?:versions/([^/]+)/)?classify)")
+_TOP_K = re.compile(r"[1-9][0-9]{0,3}")
+_THRESHOLD = re.compile(r"(?:0\.[0-9]{1,17}|1(?:\.0{1,17})?)")
+
+
+def _template(model: str | None, version: str | None) -> str:
+    if model is None:
+        return "/classify"
+    if version is None:
+        return "/models/{model}/classify"
+    return "/models/{model}/versions/{version}/classify"
+
+
+def _query(raw: bytes) -> tuple[int | None, float | None] | None:
+    """top_k and threshold when each is absent or in its plain valid form, else None
+    (FastAPI then answers: its 422 for a bad value is the one clients see)."""
+    if not raw:
+        return None, None
+    top_k: int | None = None
+    threshold: float | None = None
+    seen: set[str] = set()
+    for name, value in parse_qsl(raw.decode("latin-1"), keep_blank_values=True):
+        if name in seen:
+            return None
+        seen.add(name)
+        if name == "top_k":
+            if not _TOP_K.fullmatch(value) or int(value) > TOP_K_CEILING:
+                return None
+            top_k = int(value)
+        elif name == "threshold":
+            if not _THRESHOLD.fullmatch(value) or float(value) <= 0:
+                return None
+            threshold = float(value)
+    return top_k, threshold
+
+
+class FastLane:
+    """Answers the classify routes directly; everything else passes to ``app``."""
+
+    def __init__(self, app: ASGIApp, routes: list[BaseRoute]) -> None:
+        self.app = app
+        self._routes = routes  # the classify router's (what FastAPI matches for these paths)
+        self._by_template: dict[str, BaseRoute] | None = None
+
+    def _route(self, template: str) -> BaseRoute | None:
+        if self._by_template is None:
+            self._by_template = {
+                path: route
+                for route in self._routes
+                if isinstance(path := getattr(route, "path", None), str)
+                and "POST" in (getattr(route, "methods", None) or ())
+            }
+        return self._by_template.get(template)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
+            match = _PATH.fullmatch(scope["path"])
+            if match is not None:
+                query = _query(scope.get("query_string", b""))
+                model, version = match.group(1), match.group(2)
+                route = self._route(_template(model, version))
+                if query is not None and route is not None:
+                    top_k, threshold = query
+                    await self._serve(scope, receive, send, route, top_k, threshold, model, version)
+                    return
+        await self.app(scope, receive, send)
+
+    async def _serve(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        route: BaseRoute,
+        top_k: int | None,
+        threshold: float | None,
+        model: str | None,
+        version: str | None,
+    ) -> None:
+        params = {"model": model, "version": version} if version is not None else {}
+        if model is not None and version is None:
+            params = {"model": model}
+        scope["route"] = route
+        scope["endpoint"] = getattr(route, "endpoint", None)
+        scope["path_params"] = params
+        request = Request(scope, receive, send)
+        try:
+            response = await classify_request(request, top_k, threshold, model, version)
+        except GatewayError as exc:
+            # as the framework's handler would (anything else rises to its 500 handler)
+            response = await gateway_error_response(request, exc)
+        await response(scope, receive, send)
