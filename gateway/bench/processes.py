@@ -104,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         triton.start()
         triton.wait_ready(timeout=180)
         gateways = [
-            GatewayProcess.start(triton, folder, GATEWAY_TEXT_LABELS_MODEL="").wait("/readyz", timeout=60)
+            GatewayProcess.start(triton, folder, env={"GATEWAY_TEXT_LABELS_MODEL": ""}).wait(
+                "/readyz", timeout=60
+            )
             for _ in range(2)
         ]
         try:

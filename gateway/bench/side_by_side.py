@@ -353,10 +353,10 @@ def start_stack(
     )
     triton.start()
     triton.wait_ready(timeout=180)
-    gateway = GatewayProcess.start(triton, workdir, "127.0.0.1", 0, workdir, **(base or {}))
+    gateway = GatewayProcess.start(triton, workdir, cwd=workdir, env=base)
     stack = Stack(triton, gateway.wait("/readyz", timeout=60), start_reference(triton, workdir))
     if variant is not None:
-        other = GatewayProcess.start(triton, workdir, "127.0.0.1", 0, workdir, **{**(base or {}), **variant})
+        other = GatewayProcess.start(triton, workdir, cwd=workdir, env={**(base or {}), **variant})
         stack.variant = other.wait("/readyz", timeout=60)
     if kserve is not None:
         stack.kserve = start_kserve(triton, workdir, kserve)

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +34,7 @@ class GatewayProcess:
         host: str = "127.0.0.1",
         port: int = 0,
         cwd: Path | None = None,
-        **env: str,
+        env: Mapping[str, str] | None = None,
     ) -> GatewayProcess:
         """Start it with GATEWAY_* settings ``env``; its output goes to a log in ``log_dir``.
         It listens on ``host`` and ``port`` (a free one by default). ``cwd`` outside a
@@ -46,7 +47,7 @@ class GatewayProcess:
             "GATEWAY_TRITON__URL": triton.grpc_url,
             "GATEWAY_TRITON__METRICS_URL": triton.metrics_url,
             "GATEWAY_TRITON__REPOSITORY_KEY": triton.repository_key,
-            **env,
+            **(env or {}),
         }
         command = [sys.executable, "-m", "gateway", "serve", "--host", host, "--port", str(port)]
         with log.open("wb") as sink:

@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -19,14 +20,14 @@ from gateway.settings import AuthSettings, ImageLimits, Settings
 from gateway.shared.keyfiles import hash_key
 from gateway.triton.backend import ModelConfig
 
-from helpers.support import FakeBackend, chelsea_jpeg, small_png
+from helpers.support import Answer, FakeBackend, chelsea_jpeg, small_png
 
 PNG = {"content-type": "image/png"}
 
 
-def problem(response, status: int, slug: str) -> dict:  # type: ignore[no-untyped-def]
+def problem(response: Answer, status: int, slug: str) -> dict[str, Any]:
     assert response.status_code == status, response.text
-    body = response.json()
+    body: dict[str, Any] = response.json()
     assert body["type"] == f"urn:triton-gateway:problem:{slug}", body
     assert body["status"] == status
     return body

@@ -5,12 +5,15 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
 from gateway.app import create_app
 from gateway.errors import (
+    GatewayError,
     InvalidImageError,
     TritonFailureError,
     TritonTimeoutError,
@@ -20,6 +23,7 @@ from gateway.settings import ImageLimits, Settings
 
 from helpers.support import (
     EPS_BYTES,
+    Answer,
     FakeBackend,
     chelsea_jpeg,
     coffee_png,
@@ -33,10 +37,10 @@ def label_of(data: bytes) -> str:
     return hashlib.sha1(data).hexdigest()[:8]
 
 
-def assert_problem(response, status: int, slug: str) -> dict:  # type: ignore[no-untyped-def]
+def assert_problem(response: Answer, status: int, slug: str) -> dict[str, Any]:
     assert response.status_code == status, response.text
     assert response.headers["content-type"] == "application/problem+json"
-    body = response.json()
+    body: dict[str, Any] = response.json()
     assert body["status"] == status
     assert body["type"] == f"urn:triton-gateway:problem:{slug}"
     assert body["title"]
@@ -155,7 +159,7 @@ def test_invalid_request_id_is_replaced(client: TestClient) -> None:
     ],
 )
 def test_bad_input_gets_problem_json(
-    client: TestClient, backend: FakeBackend, kwargs: dict, status: int, slug: str
+    client: TestClient, backend: FakeBackend, kwargs: dict[str, Any], status: int, slug: str
 ) -> None:
     response = client.post("/classify", **kwargs)
     assert_problem(response, status, slug)
@@ -217,7 +221,7 @@ def test_body_cap_is_enforced_while_reading() -> None:
     with TestClient(create_app(settings, backend_factory=lambda *_: backend)) as client:
         big = b"\xff\xd8\xff" + b"\x00" * 40_000
 
-        def chunks():  # no Content-Length: the cap must hold while streaming
+        def chunks() -> Iterator[bytes]:  # no Content-Length: the cap must hold while streaming
             for start in range(0, len(big), 4096):
                 yield big[start : start + 4096]
 
@@ -248,8 +252,8 @@ def test_body_cap_is_enforced_while_reading() -> None:
     ],
 )
 def test_backend_failures_map_to_statuses(
-    backend: FakeBackend, client: TestClient, error, status: int, slug: str
-) -> None:  # type: ignore[no-untyped-def]
+    backend: FakeBackend, client: TestClient, error: GatewayError, status: int, slug: str
+) -> None:
     backend.fail_with = error
     response = client.post("/classify", content=small_png(), headers={"content-type": "image/png"})
     assert_problem(response, status, slug)

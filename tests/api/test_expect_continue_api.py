@@ -47,7 +47,7 @@ class SlowBackend(FakeBackend):
 
 @pytest.fixture
 def saturated() -> Iterator[ServedApp]:
-    settings = Settings(server={"max_in_flight": 2, "queue_seconds": 0.02})  # type: ignore[arg-type]
+    settings = Settings(server={"max_in_flight": 2, "queue_seconds": 0.02})
     backend = SlowBackend()
     served = ServedApp(create_app(settings, backend_factory=lambda *_: backend)).start()
     stop = threading.Event()
@@ -163,7 +163,7 @@ def test_an_admitted_expect_client_gets_100_continue_and_its_answer(saturated: S
 
 
 def test_in_flight_returns_to_zero_after_refusals_and_answers() -> None:
-    settings = Settings(server={"max_in_flight": 1, "queue_seconds": 0.05})  # type: ignore[arg-type]
+    settings = Settings(server={"max_in_flight": 1, "queue_seconds": 0.05})
     backend = SlowBackend()
     backend.seconds = 0.3
     served = ServedApp(create_app(settings, backend_factory=lambda *_: backend)).start()

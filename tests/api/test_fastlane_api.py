@@ -18,8 +18,8 @@ from gateway.settings import Settings
 
 from helpers.support import FakeBackend, chelsea_jpeg, small_png
 
-TEXT = {"json": {"text": "The striker scored twice."}}
-JPEG = {"content": chelsea_jpeg(), "headers": {"content-type": "image/jpeg"}}
+TEXT: dict[str, Any] = {"json": {"text": "The striker scored twice."}}
+JPEG: dict[str, Any] = {"content": chelsea_jpeg(), "headers": {"content-type": "image/jpeg"}}
 CASES: list[tuple[str, dict[str, Any]]] = [
     ("/classify", TEXT),
     ("/classify", JPEG),
@@ -56,7 +56,7 @@ CASES: list[tuple[str, dict[str, Any]]] = [
 def _client(lane: bool) -> Iterator[TestClient]:
     app: FastAPI = create_app(Settings(), backend_factory=lambda *_: FakeBackend())
     if not lane:  # the middleware stack is built on the first request: take the lane out
-        app.user_middleware = [m for m in app.user_middleware if m.cls is not FastLane]
+        app.user_middleware = [m for m in app.user_middleware if getattr(m, "cls", None) is not FastLane]
     with TestClient(app, raise_server_exceptions=False) as client:
         yield client
 

@@ -7,18 +7,15 @@ import random
 import string
 from typing import Any
 
-import httpx
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.settings import Settings
 
-from helpers.support import jpeg_with_app_segments, png_with_private_chunks, small_png
+from helpers.support import Answer, jpeg_with_app_segments, png_with_private_chunks, small_png
 
 
-def assert_small_problem(
-    response: httpx.Response, status: int, slug: str, limit: int = 2048
-) -> dict[str, Any]:
+def assert_small_problem(response: Answer, status: int, slug: str, limit: int = 2048) -> dict[str, Any]:
     assert response.status_code == status, response.text[:500]
     assert response.headers["content-type"] == "application/problem+json"
     assert len(response.content) <= limit, len(response.content)

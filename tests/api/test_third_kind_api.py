@@ -6,7 +6,7 @@ schemas), which /v2 does not use."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import pytest
 from fastapi.testclient import TestClient
@@ -59,7 +59,7 @@ class AudioKind(Kind):
 
 
 @pytest.fixture
-def audio(monkeypatch: pytest.MonkeyPatch) -> TestClient:
+def audio(monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
     monkeypatch.setitem(kinds.KINDS, TASK, AudioKind())  # the registry entry
     backend = FakeBackend()
     backend.models["sounds"] = ModelConfig(

@@ -59,7 +59,7 @@ def test_a_threshold_in_the_json_body_and_one_nothing_reaches(client: TestClient
     ids=["zero", "over-one", "negative", "body-zero", "body-string", "body-bool", "body-two", "two-values"],
 )
 def test_a_threshold_outside_zero_to_one_is_a_422_problem(
-    client: TestClient, query: dict[str, object], body: dict[str, object]
+    client: TestClient, query: dict[str, float], body: dict[str, object]
 ) -> None:
     response = client.post("/classify", json={"text": "x", **body}, params=query)
     assert response.status_code == 422, response.text

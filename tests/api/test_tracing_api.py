@@ -33,7 +33,7 @@ def receiver() -> Iterator[OtlpReceiver]:
 
 def traced_client(backend: FakeBackend, endpoint: str, **tracing: object) -> TestClient:
     settings = Settings(
-        tracing=TracingSettings(enabled=True, endpoint=endpoint, export_delay_seconds=0.1, **tracing)  # type: ignore[arg-type]
+        tracing=TracingSettings(enabled=True, endpoint=endpoint, export_delay_seconds=0.1, **tracing)
     )
     return TestClient(create_app(settings, backend_factory=lambda *_: backend), raise_server_exceptions=False)
 
@@ -116,7 +116,7 @@ def test_openmetrics_scrapes_get_exemplars_with_the_trace_id(receiver: OtlpRecei
     assert response.text.endswith("# EOF\n")
     exemplars = [
         sample.exemplar
-        for family in text_string_to_metric_families(response.text)
+        for family in text_string_to_metric_families(response.text)  # type: ignore[no-untyped-call]
         if family.name == "gateway_request_duration_seconds"
         for sample in family.samples
         if sample.exemplar is not None

@@ -109,9 +109,7 @@ def test_compose_stack_is_valid_and_wired(files: tuple[str, ...]) -> None:
     # The drain (delay + grace + uvicorn's 5 s) fits before compose's SIGKILL.
     env = gateway["environment"]
     stop = int(str(gateway["stop_grace_period"]).removesuffix("s"))
-    settings = Settings(
-        server={"drain_delay_seconds": env["GATEWAY_SERVER__DRAIN_DELAY_SECONDS"]}  # type: ignore[arg-type]
-    )
+    settings = Settings(server={"drain_delay_seconds": env["GATEWAY_SERVER__DRAIN_DELAY_SECONDS"]})
     assert stop >= settings.server.drain_delay_seconds + settings.server.shutdown_grace_seconds + 5
     assert set(services["prometheus"]["networks"]) == {"backend", "frontend"}  # scrapes Triton
     grafana_port = services["grafana"]["ports"][0]
@@ -439,7 +437,8 @@ def test_trtexec_shapes_match_the_onnx_models() -> None:
 
 
 def _compose() -> dict[str, Any]:
-    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    compose: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    return compose
 
 
 def test_compose_requires_a_grafana_password_and_binds_dashboards_to_loopback() -> None:

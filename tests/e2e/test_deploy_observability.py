@@ -117,4 +117,4 @@ def test_provisioning_points_at_the_dashboards() -> None:
     assert "uid: prometheus" in datasource
     for body in load_dashboards().values():
         variables = body["templating"]["list"]  # type: ignore[index]
-        assert variables[0]["current"]["value"] == "prometheus"  # type: ignore[index]
+        assert variables[0]["current"]["value"] == "prometheus"

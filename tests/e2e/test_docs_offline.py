@@ -40,7 +40,9 @@ def test_blank_page_when_assets_are_missing_is_detected(docs_server: ServedApp) 
     # The check itself can fail: a page loading Swagger UI from a CDN renders nothing here.
     from fastapi.openapi.docs import get_swagger_ui_html
 
-    html = get_swagger_ui_html(openapi_url=f"{docs_server.url}/openapi.json", title="cdn").body.decode()
+    html = bytes(
+        get_swagger_ui_html(openapi_url=f"{docs_server.url}/openapi.json", title="cdn").body
+    ).decode()
     with tempfile.NamedTemporaryFile("w", suffix=".html", delete=False) as page:
         page.write(html)
     dom = dump_dom(f"file://{page.name}")

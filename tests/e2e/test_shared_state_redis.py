@@ -52,9 +52,9 @@ def replicas(
         clients = []
         for _ in range(count):
             settings = Settings(
-                auth={"keys_file": keys, "reload_seconds": 0.2},  # type: ignore[arg-type]
-                admin={"keys_file": admin},  # type: ignore[arg-type]
-                redis=redis_settings,  # type: ignore[arg-type]
+                auth={"keys_file": keys, "reload_seconds": 0.2},
+                admin={"keys_file": admin},
+                redis=redis_settings,
             )
             backend = FakeBackend()
             app = create_app(settings, backend_factory=lambda *_, backend=backend: backend)
@@ -203,7 +203,7 @@ def test_a_kubernetes_secret_swap_applies(tmp_path: Path) -> None:
     keys_file(second / "keys", key="swapped-key", key_id="swapped")
     (volume / "..data").symlink_to(first.name)
     (volume / "keys").symlink_to("..data/keys")
-    settings = Settings(auth={"keys_file": volume / "keys", "reload_seconds": 0.2})  # type: ignore[arg-type]
+    settings = Settings(auth={"keys_file": volume / "keys", "reload_seconds": 0.2})
     backend = FakeBackend()
     with TestClient(create_app(settings, backend_factory=lambda *_: backend)) as client:
         assert client.post("/classify", json=TEXT, headers=KEY).status_code == 200

@@ -58,7 +58,7 @@ def balanced_replicas(
     ``headers`` go with the warm-up requests (an API key)."""
     port = free_port()
     replicas = [
-        GatewayProcess.start(triton, tmp_path, host=host, port=port, **{**REPLICA_ENV, **env})
+        GatewayProcess.start(triton, tmp_path, host=host, port=port, env={**REPLICA_ENV, **env})
         for host in REPLICAS
     ]
     public, admin = free_port(), free_port()

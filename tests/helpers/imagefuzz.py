@@ -9,8 +9,10 @@ so a failure shrinks to a small reproducible mutation.
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
+from typing import Literal
 
 import numpy as np
 from hypothesis import strategies as st
@@ -24,7 +26,8 @@ XMP = (
 )
 
 
-Field = tuple[int, int, str]  # offset, width in bytes, byte order
+Order = Literal["little", "big"]
+Field = tuple[int, int, Order]  # offset, width in bytes, byte order
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,7 @@ def _exif() -> bytes:
 def _photo() -> np.ndarray:
     from skimage import data
 
-    photo = Image.fromarray(data.chelsea()).resize((72, 48))
+    photo = Image.fromarray(data.chelsea()).resize((72, 48))  # type: ignore[no-untyped-call]
     return np.asarray(photo)
 
 
@@ -69,7 +72,7 @@ def _exif_entries(data: bytes) -> list[Field]:
     else:
         start += 6
     tiff = data[start:]
-    order = "little" if tiff[:2] == b"II" else "big"
+    order: Order = "little" if tiff[:2] == b"II" else "big"
     fields: list[Field] = []
     pending, seen = [int.from_bytes(tiff[4:8], order)], set()
     while pending:
@@ -125,16 +128,16 @@ def seeds() -> tuple[Seed, ...]:
     exif = _exif()
     made: list[Seed] = []
 
-    def add(name: str, fmt: str, finder, **options: object) -> None:  # type: ignore[no-untyped-def]
+    def add(name: str, fmt: str, finder: Callable[[bytes], list[tuple[int, int]]], **options: object) -> None:
         buffer = io.BytesIO()
         photo.save(buffer, fmt, **options)
         data = buffer.getvalue()
         segments = finder(data)
-        lengths: list[Field] = {
-            "JPEG": [(start + 2, 2, "big") for start, _ in segments],
-            "PNG": [(start, 4, "big") for start, _ in segments],
-            "WEBP": [(start + 4, 4, "little") for start, _ in segments],
-        }[fmt]
+        # where each segment's length field sits: offset from its start, width, byte order
+        shift, width, order = {"JPEG": (2, 2, "big"), "PNG": (0, 4, "big"), "WEBP": (4, 4, "little")}[fmt]
+        lengths: list[Field] = [
+            (start + shift, width, "big" if order == "big" else "little") for start, _ in segments
+        ]
         made.append(Seed(name, data, tuple(segments), tuple(lengths), tuple(_exif_entries(data))))
 
     add("jpeg-exif-icc-xmp", "JPEG", _jpeg_segments, quality=85, exif=exif, icc_profile=icc, xmp=XMP)

@@ -53,8 +53,8 @@ def add_second_classifiers(repository: Path) -> None:
         repository / "image_postprocess_upper",
         {"image_postprocess": "image_postprocess_upper"},
     )
-    labels = (REPOSITORY / "image_postprocess" / "labels.txt").read_text().upper()
-    (repository / "image_postprocess_upper" / "labels.txt").write_text(labels)
+    upper = (REPOSITORY / "image_postprocess" / "labels.txt").read_text().upper()
+    (repository / "image_postprocess_upper" / "labels.txt").write_text(upper)
     renamed(
         REPOSITORY / "image_classifier",
         repository / "image_classifier_upper",

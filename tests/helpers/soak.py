@@ -240,7 +240,7 @@ def run_soak(
 ) -> SoakReport:
     """Start a gateway process in front of ``triton``, measure capacity, then soak it at
     ``load`` times that."""
-    gateway = GatewayProcess.start(triton, workdir, **env)
+    gateway = GatewayProcess.start(triton, workdir, env=env)
     try:
         gateway.wait("/readyz")
         kinds = traffic()

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import numpy as np
@@ -372,6 +372,20 @@ def jpeg_with_app_segments(count: int) -> bytes:
     """A valid JPEG with ``count`` extra empty APP9 segments after SOI (marker walk cost)."""
     real = chelsea_jpeg()
     return real[:2] + b"\xff\xe9\x00\x02" * count + real[2:]
+
+
+class Answer(Protocol):
+    """An HTTP answer as the tests read it: httpx's, and the test client's (httpx2)."""
+
+    @property
+    def status_code(self) -> int: ...
+    @property
+    def headers(self) -> Any: ...
+    @property
+    def text(self) -> str: ...
+    @property
+    def content(self) -> bytes: ...
+    def json(self) -> Any: ...
 
 
 def load_script(path: Path, name: str) -> Any:

@@ -54,6 +54,7 @@ def draw(spans: list[ReceivedSpan], caller_span: str, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
 
     rows = ordered(spans, caller_span)
     start = min(s.start_ns for _, s in rows)
@@ -68,7 +69,7 @@ def draw(spans: list[ReceivedSpan], caller_span: str, path: Path) -> None:
     axes.invert_yaxis()
     axes.set_xlabel("milliseconds since the gateway received the request")
     axes.set_xlim(left=0)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLOURS.values()][:2]
+    handles = [Rectangle((0, 0), 1, 1, color=c) for c in COLOURS.values()][:2]
     axes.legend(handles, ["gateway (triton-gateway)", "Triton (triton-inference-server)"], loc="lower left")
     axes.set_title("One POST /classify (two texts), gateway and Triton spans in one trace", fontsize=10)
     figure.tight_layout()
@@ -106,9 +107,11 @@ def main() -> int:
                     headers = {"traceparent": f"00-{trace_id}-{caller}-01"}
                     response = httpx.post(f"{gateway.url}/classify", json={"texts": texts}, headers=headers)
                     response.raise_for_status()
-                    spans = receiver.wait_for(
-                        lambda s, t=trace_id: sum(x.trace_id == t for x in s) >= 13, timeout=10
-                    )
+
+                    def all_in(spans: list[ReceivedSpan], trace: str = trace_id) -> bool:
+                        return sum(x.trace_id == trace for x in spans) >= 13
+
+                    spans = receiver.wait_for(all_in, timeout=10)
                     mine = [s for s in spans if s.trace_id == trace_id]
                     if any(s.service == "triton-inference-server" for s in mine):
                         break

@@ -211,7 +211,7 @@ def spawn_gateway(tmp_path: Path) -> Iterator[Callable[..., GatewayProcess]]:
     started: list[GatewayProcess] = []
 
     def spawn(triton: TritonServer, **env: str) -> GatewayProcess:
-        served = GatewayProcess.start(triton, tmp_path, "127.0.0.1", 0, **env)
+        served = GatewayProcess.start(triton, tmp_path, env=env)
         started.append(served)
         return served.wait()
 

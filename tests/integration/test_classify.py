@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import concurrent.futures
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 import numpy as np
@@ -185,9 +186,9 @@ def test_request_id_round_trip(http: httpx.Client) -> None:
 def test_bad_input_is_a_4xx_problem_and_the_next_request_succeeds(
     http: httpx.Client,
     name: str,
-    request_kwargs: dict,
+    request_kwargs: dict[str, Any],
     status: int,
-    slug: str,  # type: ignore[type-arg]
+    slug: str,
 ) -> None:
     assert_problem(http.post("/classify", **request_kwargs), status, slug)
     after = http.post("/classify", content=coffee_png(), headers={"content-type": "image/png"})

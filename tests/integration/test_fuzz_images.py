@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Literal
 
 import httpx
 import pytest
@@ -37,7 +38,7 @@ def exif_type_confusion() -> bytes:
     exif = Image.open(io.BytesIO(seed)).getexif()
     assert exif[0x010F] == "triton-gateway"
     start = seed.index(b"Exif\x00\x00") + 6
-    order = "little" if seed[start : start + 2] == b"II" else "big"
+    order: Literal["little", "big"] = "little" if seed[start : start + 2] == b"II" else "big"
     make = seed.index((0x010F).to_bytes(2, order) + (2).to_bytes(2, order), start)
     data = bytearray(seed)
     data[make + 2 : make + 4] = (5).to_bytes(2, order)

@@ -71,9 +71,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     gateway = GatewayProcess.start(
         triton,
         root,
-        GATEWAY_ADMIN__KEYS_FILE=str(keys),
-        GATEWAY_ADMIN__PORT=str(admin_port),
-        GATEWAY_TRITON__HEALTH_TIMEOUT_SECONDS="5",
+        env={
+            "GATEWAY_ADMIN__KEYS_FILE": str(keys),
+            "GATEWAY_ADMIN__PORT": str(admin_port),
+            "GATEWAY_TRITON__HEALTH_TIMEOUT_SECONDS": "5",
+        },
     )
     try:
         gateway.wait("/readyz", timeout=60)

@@ -164,8 +164,8 @@ def test_invalid_text_tensors_are_refused_before_triton(
 
 
 def test_invalid_binary_and_image_tensors_are_refused_before_triton(http: httpx.Client) -> None:
-    image = {"name": "IMAGE", "shape": [1, 1], "datatype": "BYTES"}
-    top_k = {"name": "TOP_K", "shape": [1, 1], "datatype": "INT32", "data": [3]}
+    image: dict[str, object] = {"name": "IMAGE", "shape": [1, 1], "datatype": "BYTES"}
+    top_k: dict[str, object] = {"name": "TOP_K", "shape": [1, 1], "datatype": "INT32", "data": [3]}
     cases = [
         # not an image: the same check as /classify
         (

@@ -99,7 +99,7 @@ def _classify(stack: LocalStack, model: str, texts: list[str], **query: Any) -> 
 
 def _accuracy(stack: LocalStack, model: str, examples: list[tuple[list[str], str]]) -> float:
     got = _classify(stack, model, [text for _, text in examples], top_k=1)
-    return sum(p[0]["label"] == labels[0] for p, (labels, _) in zip(got, examples, strict=True)) / len(
+    return float(sum(p[0]["label"] == labels[0] for p, (labels, _) in zip(got, examples, strict=True))) / len(
         examples
     )
 
@@ -131,7 +131,8 @@ def test_the_fine_tuned_classifier_gets_held_out_sentences_right_and_zero_shot_i
 
 def _softmax(x: np.ndarray) -> np.ndarray:
     e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
+    out: np.ndarray = e / e.sum(axis=-1, keepdims=True)
+    return out
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:

@@ -207,7 +207,11 @@ def test_without_traceparent_the_gateway_starts_the_trace_triton_joins(
         before = {s.trace_id for s in receiver.spans}
         response = send_text(traced_gateway, "A quiet night.")
         assert response.status_code == 200
-        spans = receiver.wait_for(lambda s, b=before: any(joined(s, r) for r in roots(s, b)), timeout=15)
+
+        def complete(spans: list[ReceivedSpan], before: set[str] = before) -> bool:
+            return any(joined(spans, r) for r in roots(spans, before))
+
+        spans = receiver.wait_for(complete, timeout=15)
         if any(joined(spans, r) for r in roots(spans, before)):
             break
     [root] = roots(spans, before)  # a fresh trace, rooted at the gateway's server span

@@ -5,11 +5,16 @@ from __future__ import annotations
 from gateway.serving.breaker import CircuitBreaker, CircuitState
 
 
+def state_of(breaker: CircuitBreaker) -> CircuitState:
+    """The state now (a call, so a check after a transition is not narrowed away)."""
+    return breaker.state
+
+
 def test_probe_failure_opens_and_refuses() -> None:
     breaker = CircuitBreaker()
     assert breaker.allow()
     breaker.on_probe(ready=False)
-    assert breaker.state == CircuitState.OPEN
+    assert state_of(breaker) is CircuitState.OPEN
     assert not breaker.allow()
 
 
@@ -17,11 +22,11 @@ def test_recovery_goes_through_one_trial() -> None:
     breaker = CircuitBreaker()
     breaker.on_probe(ready=False)
     breaker.on_probe(ready=True)
-    assert breaker.state == CircuitState.HALF_OPEN
+    assert state_of(breaker) is CircuitState.HALF_OPEN
     assert breaker.allow()  # the trial
     assert not breaker.allow()  # everyone else waits for it
     breaker.on_success()
-    assert breaker.state == CircuitState.CLOSED
+    assert state_of(breaker) is CircuitState.CLOSED
     assert breaker.allow()
 
 
@@ -31,7 +36,7 @@ def test_failed_trial_reopens_and_wakes_the_probe() -> None:
     breaker.on_probe(ready=True)
     assert breaker.allow()
     breaker.on_unreachable()
-    assert breaker.state == CircuitState.OPEN
+    assert state_of(breaker) is CircuitState.OPEN
     assert breaker.wake.is_set()
 
 
@@ -39,10 +44,10 @@ def test_unavailable_call_alone_does_not_open() -> None:
     # Triton says UNAVAILABLE for a full queue too: only the probe decides.
     breaker = CircuitBreaker()
     breaker.on_unreachable()
-    assert breaker.state == CircuitState.CLOSED
+    assert state_of(breaker) is CircuitState.CLOSED
     assert breaker.wake.is_set()
     breaker.on_probe(ready=True)
-    assert breaker.state == CircuitState.CLOSED
+    assert state_of(breaker) is CircuitState.CLOSED
 
 
 def test_on_change_hears_transitions_only() -> None:
@@ -63,9 +68,9 @@ def test_with_no_traffic_the_next_live_probe_closes_it() -> None:
     breaker = CircuitBreaker()
     breaker.on_probe(ready=False)
     breaker.on_probe(ready=True)
-    assert breaker.state == CircuitState.HALF_OPEN
+    assert state_of(breaker) is CircuitState.HALF_OPEN
     breaker.on_probe(ready=True)
-    assert breaker.state == CircuitState.CLOSED
+    assert state_of(breaker) is CircuitState.CLOSED
 
 
 def test_a_trial_in_flight_is_not_overtaken_by_the_probe() -> None:
@@ -74,6 +79,6 @@ def test_a_trial_in_flight_is_not_overtaken_by_the_probe() -> None:
     breaker.on_probe(ready=True)
     assert breaker.allow()  # the trial goes
     breaker.on_probe(ready=True)
-    assert breaker.state == CircuitState.HALF_OPEN  # its outcome decides
+    assert state_of(breaker) is CircuitState.HALF_OPEN  # its outcome decides
     breaker.on_unreachable()
-    assert breaker.state == CircuitState.OPEN
+    assert state_of(breaker) is CircuitState.OPEN

@@ -24,7 +24,8 @@ class Request:
 
 def _unit(rows: int, seed: int) -> np.ndarray:
     vectors = np.random.default_rng(seed).normal(size=(rows, DIM)).astype(np.float32)
-    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    unit: np.ndarray = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    return unit
 
 
 EMBEDDED: list[list[bytes]] = []  # what the fake embedder was asked, call by call
