@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 import uuid
 
-from starlette.datastructures import MutableHeaders
 from starlette.types import Message, Scope
 
 HEADER = "X-Request-ID"
@@ -33,11 +32,24 @@ def request_id_of_scope(scope: Scope) -> str:
     return accept_or_generate(None)
 
 
+_NOSNIFF = (b"x-content-type-options", b"nosniff")
+_NO_STORE = (b"cache-control", b"no-store")
+_CLOSE = (b"connection", b"close")
+
+
 def add_response_headers(message: Message, request_id: str, draining: bool) -> None:
-    """The headers every answer carries (on its ``http.response.start`` message)."""
-    headers = MutableHeaders(scope=message)
-    headers[HEADER] = request_id
-    headers["X-Content-Type-Options"] = "nosniff"
-    headers.setdefault("Cache-Control", "no-store")
+    """The headers every answer carries (on its ``http.response.start`` message): the
+    request id and nosniff replace any the app set, a Cache-Control of the app's stays.
+    Raw header pairs (names lower case, as ASGI sends them), not a headers object: this
+    runs on every response."""
+    replaced = {b"x-request-id", b"x-content-type-options"}
     if draining:
-        headers["Connection"] = "close"  # draining: no new request on this connection
+        replaced.add(b"connection")
+    headers = [(name, value) for name, value in message.get("headers", ()) if name.lower() not in replaced]
+    headers.append((b"x-request-id", request_id.encode("latin-1")))
+    headers.append(_NOSNIFF)
+    if not any(name.lower() == b"cache-control" for name, _ in headers):
+        headers.append(_NO_STORE)
+    if draining:
+        headers.append(_CLOSE)  # draining: no new request on this connection
+    message["headers"] = headers

@@ -97,12 +97,13 @@ class TelemetryMiddleware:
         model = str(state.get("model", ""))
         request_id = state.get("request_id", "")
         trace_id, sampled = current_trace()
-        self.metrics.requests.labels(route=route, method=method, status=str(status), model=model).inc()
-        self.metrics.request_duration.labels(route=route, method=method, model=model).observe(
+        metrics = self.metrics
+        metrics.child(metrics.requests, route, method, str(status), model).inc()
+        metrics.child(metrics.request_duration, route, method, model).observe(
             elapsed, exemplar={"trace_id": trace_id} if sampled and trace_id else None
         )
         if method in ("POST", "PUT", "PATCH"):
-            self.metrics.request_body.labels(route=route).observe(received)
+            metrics.child(metrics.request_body, route).observe(received)
         access_log.info(
             "%s %s %d %.1f ms request_id=%s%s",
             method,

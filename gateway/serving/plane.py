@@ -91,8 +91,9 @@ class InferencePlane:
         async with slot:
             with tracing.span(f"validate {kind.noun}s", {"gateway.inputs": kind.count(payload)}):
                 await self.workers.run(kind.payload_bytes(payload), kind.check, payload, entry.caps)
-            self.metrics.validation_duration.labels(model=model).observe(perf_counter() - started)
-            self.metrics.inputs.labels(model=model).observe(kind.count(payload))
+            metrics = self.metrics
+            metrics.child(metrics.validation_duration, model).observe(perf_counter() - started)
+            metrics.child(metrics.inputs, model).observe(kind.count(payload))
             calls = kind.calls(payload, top_k)
             invalid = kind.invalid()
             with self.backend.circuit(model):
