@@ -124,6 +124,7 @@ def server_config(app: FastAPI, settings: Settings, host: str, port: int) -> uvi
         host=host,
         port=port,
         http=protocol,
+        loop=settings.server.event_loop,
         log_config=None,
         access_log=False,  # the gateway writes its own access log
         server_header=False,

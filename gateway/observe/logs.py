@@ -23,6 +23,13 @@ def configure_logging(level: str, fmt: str) -> None:
         )
     else:
         handler.setFormatter(logging.Formatter(TEXT_FORMAT))
+    # The formats use none of these: a record skips finding its caller's file and line,
+    # its thread and its process (the logging HOWTO's "Optimization"; the access log line
+    # is written on every request).
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -1,0 +1,137 @@
+"""The hot path's cost ledger: what share of the gateway's CPU each stage takes, from a
+py-spy profile of the gateway under load (`make bench-ledger`).
+
+    .venv/bin/python -m gateway.bench.ledger [--seconds 15] [--scenarios text raw]
+        [--out .reports/ledger.json]
+
+It starts Triton on the trivial repository and one gateway, loads it with wrk at c=8, and
+samples the gateway with py-spy (installed into the gateway's environment on first use).
+Each sample goes to the stage of the innermost frame that names one (the rules below, in
+order), so a sample inside the logging package under the telemetry middleware counts as
+the access log, one in asyncio's socket writes as the event loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+from gateway.bench import side_by_side as bench
+
+# (stage, pattern over a frame "function (file:line)"), innermost match wins
+STAGES: list[tuple[str, re.Pattern[str]]] = [
+    (stage, re.compile(pattern))
+    for stage, pattern in [
+        ("access log", r"logging/|pythonjsonlogger"),
+        ("metrics", r"prometheus_client|gateway/observe/metrics\.py"),
+        ("spans", r"opentelemetry|gateway/observe/tracing\.py"),
+        ("gRPC call machinery (grpc.aio)", r"grpc/|grpc\._cython"),
+        ("Triton request building and reading", r"gateway/triton/"),
+        ("rendering the answer", r"gateway/http/schemas\.py|jsoncodec\.py:2[0-9]\)|starlette/responses\.py"),
+        (
+            "body read and JSON parsing",
+            r"gateway/http/bodies\.py|starlette/requests\.py|starlette/formparsers|"
+            r"python_multipart|multipart/|jsoncodec\.py|pydantic",
+        ),
+        ("input checks", r"gateway/serving/validation\.py|gateway/serving/kinds/|PIL/"),
+        (
+            "routing decision (model, pin, rollout, top-k)",
+            r"gateway/serving/dispatch\.py|gateway/serving/catalog|"
+            r"gateway/shared/routing",
+        ),
+        ("admission", r"gateway/serving/admission\.py"),
+        (
+            "plane and breaker",
+            r"gateway/serving/plane\.py|gateway/serving/guard\.py|gateway/serving/breaker\.py|"
+            r"gateway/serving/workers\.py",
+        ),
+        (
+            "telemetry middleware (request id, headers)",
+            r"gateway/http/telemetry\.py|gateway/http/requestid\.py",
+        ),
+        ("routes and the fast lane", r"gateway/http/"),
+        ("framework (FastAPI, Starlette)", r"fastapi/|starlette/"),
+        ("HTTP server (uvicorn, httptools)", r"uvicorn/|httptools"),
+        ("event loop, sockets, threads", r"asyncio/|selectors|threading|concurrent/|anyio/"),
+    ]
+]
+OTHER = "other"
+
+
+def stage_of(stack: str) -> str:
+    for frame in reversed(stack.split(";")):
+        for stage, pattern in STAGES:
+            if pattern.search(frame):
+                return stage
+    return OTHER
+
+
+def shares(raw_profile: str) -> dict[str, float]:
+    """py-spy's raw (collapsed) output -> stage -> share of the samples."""
+    counts: Counter[str] = Counter()
+    for line in raw_profile.splitlines():
+        stack, _, number = line.rpartition(" ")
+        if stack and number.isdigit():
+            counts[stage_of(stack)] += int(number)
+    total = sum(counts.values()) or 1
+    return {stage: counts[stage] / total for stage, _ in [*STAGES, (OTHER, None)] if counts[stage]}
+
+
+def _py_spy() -> Path:
+    found = Path(sys.executable).with_name("py-spy")
+    if not found.exists():
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "py-spy"], check=True)
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--scenarios", nargs="+", default=["text", "raw"])
+    parser.add_argument("--triton-env", type=Path, default=bench.ROOT / ".venv-triton")
+    parser.add_argument("--out", type=Path, default=bench.ROOT / ".reports" / "ledger.json")
+    options = parser.parse_args(argv)
+    spy = _py_spy()
+    report: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="ledger-") as folder:
+        workdir = Path(folder)
+        stack = bench.start_stack(bench.REPOSITORIES["trivial"], workdir, options.triton_env, None, None)
+        try:
+            for scenario in bench.scenarios():
+                if not any(scenario.name.startswith(name) for name in options.scenarios):
+                    continue
+                bench.measure(stack, "trivial", scenario, "gateway", 8, 2, workdir)  # warm
+                out = workdir / "profile.txt"
+                command = [str(spy), "record", "--pid", str(stack.gateway.process.pid), "--rate", "250",
+                           "--duration", str(int(options.seconds)), "--format", "raw", "--output", str(out),
+                           "--nonblocking"]  # fmt: skip
+                sampler = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                measured = bench.measure(stack, "trivial", scenario, "gateway", 8, options.seconds, workdir)
+                sampler.wait(timeout=options.seconds + 30)
+                report[scenario.name] = {
+                    "gateway_cpu_ms": measured.gateway_cpu_ms,
+                    **shares(out.read_text()),
+                }
+        finally:
+            stack.stop()
+    for name, row in report.items():
+        print(f"\n{name}: {row['gateway_cpu_ms']:.2f} ms of gateway CPU per request (under py-spy)")
+        for stage, share in sorted(
+            ((k, v) for k, v in row.items() if k != "gateway_cpu_ms"), key=lambda x: -x[1]
+        ):
+            print(f"  {100 * share:5.1f} %  {stage}")
+    options.out.parent.mkdir(parents=True, exist_ok=True)
+    options.out.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
