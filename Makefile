@@ -13,14 +13,15 @@ PIP := --disable-pip-version-check --quiet
 PYTRITON := nvidia-pytriton==0.7.0
 APT_TEST_PACKAGES := chromium prometheus docker-compose wrk haproxy redis-server
 
-.PHONY: help run test lint typecheck models install system-deps test-system-deps clean bench bench-shared-state soak gpu-smoke docs docs-serve
+.PHONY: help run test lint typecheck models install system-deps test-system-deps clean bench bench-ledger bench-shared-state soak gpu-smoke docs docs-serve
 
 help:
 	@echo "make run    install, build the models, start Triton (CPU) and the gateway on :$(PORT)"
 	@echo "make test   install (apt packages included), build the models, lint and run the whole suite"
 	@echo "make models export the ONNX models into model_repository/ (skips what is up to date)"
 	@echo "make lint   ruff + mypy"
-	@echo "make bench  the gateway side by side with Triton direct: table, JSON and plot in .reports/"
+	@echo "make bench  the gateway beside Triton direct, a reference gateway and KServe: table, JSON, plot in .reports/"
+	@echo "make bench-ledger  what each stage of the hot path costs (py-spy under load)"
 	@echo "make soak   5 minutes at 80 % of capacity: RSS drift, descriptors, metric series, errors"
 	@echo "make gpu-smoke  on a GPU host: docker compose up, then every check in one report"
 	@echo "make docs   build the documentation site into site/ (make docs-serve: serve it)"
@@ -95,6 +96,11 @@ clean:
 BENCH_OPTIONS ?=
 bench: test-system-deps install models
 	$(VENV)/bin/triton-gateway bench --out .reports/bench $(BENCH_OPTIONS)
+
+# The hot path's cost ledger: each stage's share of the gateway's CPU (py-spy under wrk load,
+# trivial model, c=8): .reports/ledger.json.
+bench-ledger: test-system-deps install models
+	$(VENV)/bin/python -m gateway.bench.ledger --out .reports/ledger.json
 
 # The documentation site (mkdocs.yml, docs/): built offline into site/, or served.
 docs: $(VENV)/.installed

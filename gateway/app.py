@@ -180,11 +180,13 @@ def create_app(
         docs_url=None,
         redoc_url=None,
         openapi_url=openapi_url,
+        # The gateway's own telemetry (gateway.http.telemetry, gateway.observe.tracing) is the
+        # one: FastAPI's native OpenTelemetry would look its providers up on every request
+        # (environment reads) and, with a global provider, record every request twice.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     # The server drains through it at SIGTERM (gateway.http.server).
     app.state.admission = admission
-    app.state.settings = settings
-    app.state.routing = routing  # run-time routing (pins, rollouts): what /admin changes
     # Added last = outermost: the request id and telemetry wrap everything else.
     # Innermost: the classify routes answered beneath the framework (gateway.http.fastlane).
     app.add_middleware(FastLane, routes=classify.router.routes)

@@ -48,7 +48,7 @@ def _post(client: httpx.Client) -> httpx.Response:
 def test_over_the_cap_is_503_overloaded_with_retry_after() -> None:
     backend = HeldBackend()
     settings = Settings(server=ServerSettings(max_in_flight=2, queue_seconds=0.05))
-    served = ServedApp(create_app(settings, backend_factory=lambda *_: backend)).start()
+    served = ServedApp(create_app(settings, backend_factory=lambda *_: backend), settings).start()
     try:
         with httpx.Client(base_url=served.url, timeout=10) as client, ThreadPoolExecutor(2) as pool:
             held = [pool.submit(_post, client) for _ in range(2)]

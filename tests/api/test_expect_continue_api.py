@@ -49,7 +49,7 @@ class SlowBackend(FakeBackend):
 def saturated() -> Iterator[ServedApp]:
     settings = Settings(server={"max_in_flight": 2, "queue_seconds": 0.02})
     backend = SlowBackend()
-    served = ServedApp(create_app(settings, backend_factory=lambda *_: backend)).start()
+    served = ServedApp(create_app(settings, backend_factory=lambda *_: backend), settings).start()
     stop = threading.Event()
 
     def occupy() -> None:
@@ -166,7 +166,7 @@ def test_in_flight_returns_to_zero_after_refusals_and_answers() -> None:
     settings = Settings(server={"max_in_flight": 1, "queue_seconds": 0.05})
     backend = SlowBackend()
     backend.seconds = 0.3
-    served = ServedApp(create_app(settings, backend_factory=lambda *_: backend)).start()
+    served = ServedApp(create_app(settings, backend_factory=lambda *_: backend), settings).start()
     try:
         body = small_png()
 

@@ -106,3 +106,7 @@ def test_the_lane_serves_the_common_case_and_leaves_the_rest(
     assert with_lane.post("/classify?top_k=0", **TEXT).status_code == 422  # the framework's 422
     assert with_lane.get("/classify").status_code == 405
     assert served == ["/classify", "/models/text_classifier/versions/1/classify"]
+    # labelled by the route's template, as the router labels it
+    metrics = with_lane.get("/metrics").text
+    assert 'route="/models/{model}/versions/{version}/classify"' in metrics
+    assert 'route="/classify"' in metrics

@@ -16,7 +16,8 @@ from helpers.support import FakeBackend, ServedApp
 
 @pytest.fixture(scope="module")
 def docs_server() -> Iterator[ServedApp]:
-    served = ServedApp(create_app(Settings(), backend_factory=lambda *_: FakeBackend())).start()
+    settings = Settings()
+    served = ServedApp(create_app(settings, backend_factory=lambda *_: FakeBackend()), settings).start()
     yield served
     served.stop()
 

@@ -7,7 +7,6 @@ input); then every PromQL expression of every panel and rule is run against Prom
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import math
@@ -20,7 +19,10 @@ import httpx
 import pytest
 import yaml
 
-from gateway.shared.routing import Rollout, Target
+from gateway.app import create_app
+from gateway.dev.tritonserver import TritonServer
+from gateway.settings import AdminSettings
+from gateway.shared.keyfiles import hash_key
 
 from helpers.support import (
     ServedApp,
@@ -30,6 +32,7 @@ from helpers.support import (
     running_prometheus,
     truncated_jpeg,
 )
+from helpers.triton_fixtures import gateway_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "rules"
@@ -40,6 +43,20 @@ GPU_ONLY = ("nv_gpu_utilization", "nv_gpu_memory_used_bytes", "nv_gpu_memory_tot
 # The suite's Triton runs without a response cache (Triton counts no hits and no misses):
 # tests/integration/test_response_cache.py proves that panel on a cached Triton.
 CACHE_ONLY = ("nv_cache_num_hits_per_model",)
+
+
+ADMIN = {"Authorization": "Bearer ops-secret"}
+
+
+@pytest.fixture(scope="module")
+def gateway(triton: TritonServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedApp]:
+    """The session's gateway with an admin surface: the rollout is started as operators do."""
+    keys = tmp_path_factory.mktemp("admin") / "keys"
+    keys.write_text(f"ops {hash_key('ops-secret')}\n")
+    settings = gateway_settings(triton, admin=AdminSettings(keys_file=keys))
+    served = ServedApp(create_app(settings), settings).start()
+    yield served
+    served.stop()
 
 
 @pytest.fixture(scope="module")
@@ -110,18 +127,15 @@ def traffic(prometheus: str, gateway: ServedApp) -> Iterator[str]:
     """Mixed traffic, with the text model under a rollout (shadowed by its version 1 at
     100 %) so the rollout panels have data; the rollout ends with the module."""
 
-    def rollout(value: Rollout | None) -> None:
-        change = gateway.app.state.routing.set_rollout("text_classifier", value)
-        assert gateway._loop is not None
-        asyncio.run_coroutine_threadsafe(change, gateway._loop).result(timeout=10)
-
-    rollout(Rollout(shadow=Target("text_classifier", "1"), sample=1.0))
+    path = f"{gateway.url}/admin/models/text_classifier/rollout"
+    started = httpx.put(path, json={"shadow": {"target": "text_classifier:1", "sample": 1.0}}, headers=ADMIN)
+    assert started.status_code == 200, started.text
     try:
         send_mixed_traffic(gateway.url, seconds=12)
         time.sleep(3)  # a few more scrapes after the last request
         yield prometheus
     finally:
-        rollout(None)
+        assert httpx.delete(path, headers=ADMIN).status_code == 200
 
 
 def test_prometheus_scrapes_the_gateway(traffic: str) -> None:

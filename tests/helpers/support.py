@@ -32,6 +32,7 @@ from PIL import Image
 from gateway.dev.tritonserver import free_port
 from gateway.errors import GatewayError, InvalidInputError, NotFoundError, TritonUnavailableError
 from gateway.http.server import server_config
+from gateway.settings import Settings
 from gateway.triton.backend import (
     InferenceBackend,
     InferResult,
@@ -112,6 +113,7 @@ class ServedApp:
     """A FastAPI app served by uvicorn on a free loopback port, in a thread."""
 
     app: FastAPI
+    settings: Settings  # what the app was built with: the server's timeouts and caps
     port: int = 0
     _server: uvicorn.Server | None = None
     _thread: threading.Thread | None = None
@@ -135,7 +137,7 @@ class ServedApp:
     def start(self, timeout: float = 20.0) -> ServedApp:
         self.port = self.port or free_port()
         # The gateway's own uvicorn configuration (timeouts, caps, no banner).
-        config = server_config(self.app, self.app.state.settings, "127.0.0.1", self.port)
+        config = server_config(self.app, self.settings, "127.0.0.1", self.port)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()

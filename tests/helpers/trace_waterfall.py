@@ -98,7 +98,7 @@ def main() -> int:
             settings = Settings(
                 triton=TritonSettings(url=triton.grpc_url, metrics_url=triton.metrics_url), tracing=tracing
             )
-            gateway = ServedApp(create_app(settings)).start()
+            gateway = ServedApp(create_app(settings), settings).start()
             try:
                 texts = ["The striker scored twice in the final.", "Parliament passed the budget."]
                 httpx.post(f"{gateway.url}/classify", json={"texts": texts}, timeout=60)  # warm-up

@@ -105,7 +105,8 @@ def gateway_settings(triton: TritonServer, **overrides: object) -> Settings:
 
 @pytest.fixture(scope="session")
 def gateway(triton: TritonServer) -> Iterator[ServedApp]:
-    served = ServedApp(create_app(gateway_settings(triton))).start()
+    settings = gateway_settings(triton)
+    served = ServedApp(create_app(settings), settings).start()
     yield served
     served.stop()
 
@@ -122,7 +123,7 @@ def serve_gateway() -> Iterator[Callable[[Settings], httpx.Client]]:
     started: list[tuple[ServedApp, httpx.Client]] = []
 
     def serve(settings: Settings) -> httpx.Client:
-        served = ServedApp(create_app(settings)).start()
+        served = ServedApp(create_app(settings), settings).start()
         client = httpx.Client(base_url=served.url, timeout=60)
         started.append((served, client))
         return client

@@ -16,7 +16,7 @@ def test_bench_runs_and_writes_a_table_json_and_plot(tmp_path: Path, triton_pyth
         [
             sys.executable, "-m", "gateway", "bench",
             "--seconds", "1", "--rounds", "1", "--concurrency", "1", "4",
-            "--repositories", "trivial", "--scenarios", "text", "jpeg", "error",
+            "--repositories", "trivial", "--scenarios", "text", "raw", "error",
             "--out", str(out), "--triton-env", str(triton_python_env), "--tracing", "--pin",
         ],
         capture_output=True, text=True, timeout=300, check=False,
@@ -25,7 +25,7 @@ def test_bench_runs_and_writes_a_table_json_and_plot(tmp_path: Path, triton_pyth
     assert "| trivial | text | 1 |" in result.stdout
     report = json.loads(out.with_suffix(".json").read_text())
     rows = {(r["scenario"].split()[0], r["concurrency"]): r for r in report["rows"]}
-    assert set(rows) == {(s, c) for s in ("text", "jpeg", "error") for c in (1, 4)}
+    assert set(rows) == {(s, c) for s in ("text", "raw", "error") for c in (1, 4)}
     for (scenario, _), row in rows.items():
         assert row["gateway_rps"] > 0
         assert 0 < row["gateway_p50_ms"] <= row["gateway_p99_ms"]  # parsed from wrk (NaN fails)
@@ -38,6 +38,9 @@ def test_bench_runs_and_writes_a_table_json_and_plot(tmp_path: Path, triton_pyth
         if scenario != "error":
             assert row["reference_rps"] > 0
             assert row["cpu_vs_reference"] > 0
+            # the KServe transformer (its own venv in .cache), in the same rounds
+            assert row["kserve_rps"] > 0
+            assert row["cpu_vs_kserve"] > 0
         if scenario != "error":
             assert row["direct_rps"] > 0
             assert row["errors"] == 0
@@ -45,6 +48,7 @@ def test_bench_runs_and_writes_a_table_json_and_plot(tmp_path: Path, triton_pyth
     assert report["spans_received"] > 0  # the traced gateway (and Triton) really exported
     assert "variant adds" in result.stdout
     assert "Against the reference gateway" in result.stdout
+    assert "a KServe 0.21 custom transformer" in result.stdout
     assert "GATEWAY_TRACING__ENABLED=true" in result.stdout
     assert report["machine"]["pinned"] == "Triton on CPU 0; gateway and load generators on CPU 1"
 
@@ -58,7 +62,7 @@ def test_bench_shared_state_variant_checks_keys_in_redis(tmp_path: Path, triton_
             sys.executable, "-m", "gateway", "bench",
             "--seconds", "1", "--rounds", "1", "--concurrency", "2",
             "--repositories", "trivial", "--scenarios", "text",
-            "--out", str(out), "--triton-env", str(triton_python_env), "--shared-state",
+            "--out", str(out), "--triton-env", str(triton_python_env), "--shared-state", "--no-kserve",
         ],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
@@ -111,3 +115,25 @@ def test_processes_bench_runs_one_and_two_gateways(tmp_path: Path, triton_python
         assert row["errors"] == 0
         assert 0 < row["p50_ms"] <= row["p99_ms"]
         assert row["gateway_cpu_ms"] > 0
+
+
+def test_cost_ledger_attributes_a_profile_to_the_stages(tmp_path: Path, triton_python_env: Path) -> None:
+    out = tmp_path / "ledger.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway.bench.ledger", "--seconds", "3", "--scenarios", "text",
+         "--out", str(out), "--triton-env", str(triton_python_env)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (row,) = json.loads(out.read_text()).values()
+    assert row.pop("gateway_cpu_ms") > 0
+    assert abs(sum(row.values()) - 1) < 1e-6
+    # a real profile of the real path: these stages are always on it
+    for stage in (
+        "gRPC call machinery (grpc.aio)",
+        "access log",
+        "metrics",
+        "HTTP server (uvicorn, httptools)",
+    ):
+        assert row[stage] > 0, row
+    assert row.get("other", 0) < 0.1, row  # the rules name nearly every sample

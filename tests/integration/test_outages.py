@@ -126,7 +126,7 @@ def test_health_signals_are_true_at_rest(faults_triton: TritonServer) -> None:
     settings = settings.model_copy(
         update={"triton": settings.triton.model_copy(update={"probe_interval_seconds": 0.5})}
     )
-    served = ServedApp(create_app(settings, registry=registry)).start()
+    served = ServedApp(create_app(settings, registry=registry), settings).start()
     open_ = {"gateway_triton_circuit_state": "open"}
     closed = {"gateway_triton_circuit_state": "closed"}
     try:

@@ -44,7 +44,8 @@ def send_image(http: httpx.Client, top_k: int) -> httpx.Response:
 def test_repeated_images_are_answered_from_the_cache_and_texts_never(
     cached_triton: TritonServer, tmp_path: Path
 ) -> None:
-    served = ServedApp(create_app(gateway_settings(cached_triton))).start()
+    settings = gateway_settings(cached_triton)
+    served = ServedApp(create_app(settings), settings).start()
     try:
         with httpx.Client(base_url=served.url, timeout=60) as http:
             image = "image_classifier"
@@ -75,7 +76,8 @@ def test_the_dashboards_hit_ratio_panel_shows_the_cache(cached_triton: TritonSer
         p for p in json.loads(dashboard.read_text())["panels"] if p["title"] == "Response cache hit ratio"
     ]
     expr = panel["targets"][0]["expr"].replace("$__rate_interval", "1m").replace("$model", ".*")
-    served = ServedApp(create_app(gateway_settings(cached_triton))).start()
+    settings = gateway_settings(cached_triton)
+    served = ServedApp(create_app(settings), settings).start()
     try:
         with (
             running_prometheus(served.url, tmp_path) as prometheus,

@@ -56,7 +56,7 @@ def serve(triton: TritonServer, tracing: TracingSettings) -> ServedApp:
     settings = Settings(
         triton=TritonSettings(url=triton.grpc_url, metrics_url=triton.metrics_url), tracing=tracing
     )
-    return ServedApp(create_app(settings)).start()
+    return ServedApp(create_app(settings), settings).start()
 
 
 @pytest.fixture(scope="module")

@@ -12,15 +12,12 @@ a circle through ``TYPE_CHECKING`` is still two modules that cannot be read apar
   (`triton-gateway bench`) are tools: they may use anything; only the CLI imports bench/,
   which measures Triton directly with tritonclient (the one exception to its boundary).
 
-And at run time: building the app loads neither the launcher, nor add-model's writer,
-nor tritonclient (until the lifespan builds the backend).
+What building the app loads at run time is checked in a fresh interpreter: tests/e2e/test_import_side_effects.py.
 """
 
 from __future__ import annotations
 
 import ast
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -190,26 +187,3 @@ def test_routes_never_touch_routing_state(path: Path) -> None:
         if isinstance(node, ast.Attribute) and node.attr in {"routing", "rollouts", "canary_for", "shadowed"}
     }
     assert not touched, f"{path.name} reads routing state: {sorted(touched)}"
-
-
-PROBE = """
-import sys
-from gateway.app import create_app
-from gateway.settings import Settings
-create_app(Settings())
-print(' '.join(sorted(m for m in sys.modules if m.startswith(('gateway.', 'tritonclient')))))
-import gateway.triton.client
-print(' '.join(sorted(m for m in sys.modules if m.startswith('gateway.'))))
-"""
-
-
-def test_serving_does_not_import_the_launcher() -> None:
-    run = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True)
-    app_only, with_triton = (line.split() for line in run.stdout.splitlines())
-    assert "gateway.app" in app_only
-    assert "gateway.serving.dispatch" in app_only
-    assert not [m for m in app_only if m.startswith("tritonclient")]
-    for loaded in (app_only, with_triton):
-        assert not [m for m in loaded if m.startswith(("gateway.dev", "gateway.modelrepo"))]
-        assert "gateway.triton.pbtxt" not in loaded
-    assert "gateway.triton.client" in with_triton
