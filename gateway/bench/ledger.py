@@ -4,8 +4,10 @@ py-spy profile of the gateway under load (`make bench-ledger`).
     .venv/bin/python -m gateway.bench.ledger [--seconds 15] [--scenarios text raw]
         [--out .reports/ledger.json]
 
-It starts Triton on the trivial repository and one gateway, loads it with wrk at c=8, and
-samples the gateway with py-spy (installed into the gateway's environment on first use).
+It starts Triton on the trivial repository, the gateway and the reference gateway, loads
+each in turn with wrk at c=8, and samples it with py-spy (a dev dependency; installed into
+this environment if missing): per stage, the share of samples and the ms per request
+(the share times the process's CPU per request, both under the profiler).
 Each sample goes to the stage of the innermost frame that names one (the rules below, in
 order), so a sample inside the logging package under the telemetry middleware counts as
 the access log, one in asyncio's socket writes as the event loop.
@@ -83,11 +85,48 @@ def shares(raw_profile: str) -> dict[str, float]:
     return {stage: counts[stage] / total for stage, _ in [*STAGES, (OTHER, None)] if counts[stage]}
 
 
+def table(scenario: str, targets: dict[str, dict[str, float]]) -> str:
+    """Markdown: per stage, the gateway's share and ms per request beside the reference's."""
+    gateway, reference = targets["gateway"], targets["reference"]
+    stages = sorted(
+        (k for k in gateway.keys() | reference.keys() if k != "cpu_ms"), key=lambda k: -gateway.get(k, 0)
+    )
+    lines = [
+        f"{scenario}: CPU ms per request under py-spy: gateway {gateway['cpu_ms']:.2f}, "
+        f"reference {reference['cpu_ms']:.2f}",
+        "",
+        "| stage | gateway share | gateway ms/req | reference ms/req | difference |",
+        "|---|---|---|---|---|",
+    ]
+    for stage in stages:
+        ours, theirs = (
+            gateway["cpu_ms"] * gateway.get(stage, 0),
+            reference["cpu_ms"] * reference.get(stage, 0),
+        )
+        lines.append(
+            f"| {stage} | {100 * gateway.get(stage, 0):.1f} % | {ours:.3f} | {theirs:.3f} | {ours - theirs:+.3f} |"
+        )
+    return "\n".join(lines)
+
+
 def _py_spy() -> Path:
     found = Path(sys.executable).with_name("py-spy")
     if not found.exists():
         subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "py-spy"], check=True)
     return found
+
+
+def _profile(
+    stack: bench.Stack, scenario: bench.Scenario, target: str, seconds: float, spy: Path, workdir: Path
+) -> dict[str, float]:
+    bench.measure(stack, "trivial", scenario, target, 8, 2, workdir)  # warm
+    out = workdir / f"profile-{target}.txt"
+    command = [str(spy), "record", "--pid", str(stack.process(target).process.pid), "--rate", "250",
+               "--duration", str(int(seconds)), "--format", "raw", "--output", str(out), "--nonblocking"]  # fmt: skip
+    sampler = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    measured = bench.measure(stack, "trivial", scenario, target, 8, seconds, workdir)
+    sampler.wait(timeout=seconds + 30)
+    return {"cpu_ms": measured.gateway_cpu_ms, **shares(out.read_text())}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,34 +139,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=bench.ROOT / ".reports" / "ledger.json")
     options = parser.parse_args(argv)
     spy = _py_spy()
-    report: dict[str, dict[str, float]] = {}
+    report: dict[str, dict[str, dict[str, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="ledger-") as folder:
         workdir = Path(folder)
         stack = bench.start_stack(bench.REPOSITORIES["trivial"], workdir, options.triton_env, None, None)
         try:
             for scenario in bench.scenarios():
-                if not any(scenario.name.startswith(name) for name in options.scenarios):
-                    continue
-                bench.measure(stack, "trivial", scenario, "gateway", 8, 2, workdir)  # warm
-                out = workdir / "profile.txt"
-                command = [str(spy), "record", "--pid", str(stack.gateway.process.pid), "--rate", "250",
-                           "--duration", str(int(options.seconds)), "--format", "raw", "--output", str(out),
-                           "--nonblocking"]  # fmt: skip
-                sampler = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                measured = bench.measure(stack, "trivial", scenario, "gateway", 8, options.seconds, workdir)
-                sampler.wait(timeout=options.seconds + 30)
-                report[scenario.name] = {
-                    "gateway_cpu_ms": measured.gateway_cpu_ms,
-                    **shares(out.read_text()),
-                }
+                if any(scenario.name.startswith(name) for name in options.scenarios):
+                    report[scenario.name] = {
+                        target: _profile(stack, scenario, target, options.seconds, spy, workdir)
+                        for target in ("gateway", "reference")
+                    }
         finally:
             stack.stop()
-    for name, row in report.items():
-        print(f"\n{name}: {row['gateway_cpu_ms']:.2f} ms of gateway CPU per request (under py-spy)")
-        for stage, share in sorted(
-            ((k, v) for k, v in row.items() if k != "gateway_cpu_ms"), key=lambda x: -x[1]
-        ):
-            print(f"  {100 * share:5.1f} %  {stage}")
+    for name, targets in report.items():
+        print(f"\n{table(name, targets)}")
     options.out.parent.mkdir(parents=True, exist_ok=True)
     options.out.write_text(json.dumps(report, indent=1))
     return 0

@@ -1,7 +1,7 @@
 """One gateway process against two on the same host, in the same run (README, "Performance").
 
     .venv/bin/python -m gateway.bench.processes [--seconds 5] [--rounds 3]
-        [--concurrency 8 32] [--scenarios text jpeg] [--out .reports/processes.json]
+        [--concurrency 8 32] [--scenarios text multipart] [--out .reports/processes.json]
 
 A real tritonserver on the trivial repository, and two gateway processes in front of it.
 Interleaved over rounds, the same total load (wrk connections) goes either to one gateway
@@ -61,7 +61,7 @@ def measure(
     def run(index: int) -> None:
         own = folder / f"wrk-{index}"
         own.mkdir(exist_ok=True)
-        results[index] = _wrk(gateways[index].url, scenario, share, seconds, own)
+        results[index] = _wrk(f"{gateways[index].url}/classify", scenario, share, seconds, own)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(gateways))]
     for thread in threads:
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
-    parser.add_argument("--scenarios", nargs="+", default=["text", "jpeg"])
+    parser.add_argument("--scenarios", nargs="+", default=["text", "multipart"])
     parser.add_argument("--out", type=Path, default=ROOT / ".reports" / "processes.json")
     parser.add_argument("--triton-env", type=Path, default=ROOT / ".venv-triton")
     options = parser.parse_args(argv)
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for scenario in chosen:  # warm both
                 for gateway in gateways:
-                    _wrk(gateway.url, scenario, 2, 1, folder)
+                    _wrk(f"{gateway.url}/classify", scenario, 2, 1, folder)
             for _ in range(options.rounds):
                 for scenario in chosen:
                     for concurrency in options.concurrency:

@@ -2,7 +2,7 @@
 throughput and latency, measured on the real model repository (CPU twins), Triton direct.
 
     .venv/bin/python -m gateway.bench.triton_config --model image_preprocess \\
-        --variants count=1,delay=0 count=2,delay=0 count=2,delay=2000 [--scenario jpeg]
+        --variants count=1,delay=0 count=2,delay=0 count=2,delay=2000 [--scenario raw]
 
 Every variant is a copy of model_repository with that model's ``instance_group`` count
 and ``max_queue_delay_microseconds`` replaced, served by a tritonserver of its own; all of
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--variants", nargs="+", default=["count=1,delay=0", "count=2,delay=0", "count=2,delay=2000"]
     )
-    parser.add_argument("--scenario", default="jpeg", help="a side_by_side scenario name prefix")
+    parser.add_argument("--scenario", default="raw", help="a side_by_side scenario name prefix")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=4.0)

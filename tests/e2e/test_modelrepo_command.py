@@ -12,20 +12,12 @@ import pytest
 
 from gateway.modelrepo.repository import ModelRepositoryError, add_text_classifier
 
-from helpers.repositories import shipped_copy, snapshot
-
-TEXT_MODELS = ("text_classifier", "text_postprocess", "text_labels")
+from helpers.repositories import TEXT_MODELS, labels, shipped_copy, snapshot
 
 
 @pytest.fixture
 def repository(tmp_path: Path) -> Path:
     return shipped_copy(tmp_path / "models", TEXT_MODELS)
-
-
-def labels(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "labels.txt"
-    path.write_text(text)
-    return path
 
 
 def test_the_command_line(repository: Path, tmp_path: Path) -> None:

@@ -22,3 +22,14 @@ def shipped_copy(root: Path, names: Iterable[str]) -> Path:
 
 def snapshot(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+# The shipped text models a zero-shot text entry builds on.
+TEXT_MODELS = ("text_classifier", "text_postprocess", "text_labels")
+
+
+def labels(folder: Path, text: str) -> Path:
+    """A labels file holding ``text``, in ``folder``."""
+    path = folder / "labels.txt"
+    path.write_text(text)
+    return path

@@ -12,21 +12,13 @@ import pytest
 from gateway.modelrepo.repository import ModelRepositoryError, add_text_classifier, remove_model
 from gateway.triton import pbtxt
 
-from helpers.repositories import shipped_copy, snapshot
-
-SHIPPED = ("text_classifier", "text_postprocess", "text_labels")
+from helpers.repositories import TEXT_MODELS, labels, shipped_copy, snapshot
 
 
 @pytest.fixture
 def repository(tmp_path: Path) -> Path:
     """The shipped text models' configs and code (what add-model builds on)."""
-    return shipped_copy(tmp_path / "models", SHIPPED)
-
-
-def labels(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "labels.txt"
-    path.write_text(text)
-    return path
+    return shipped_copy(tmp_path / "models", TEXT_MODELS)
 
 
 def test_a_text_classifier_is_written_sharing_the_shipped_code(repository: Path, tmp_path: Path) -> None:
@@ -88,7 +80,7 @@ def test_bad_or_shipped_names_are_refused(repository: Path, tmp_path: Path, name
 def test_remove_takes_out_only_what_add_model_wrote(repository: Path, tmp_path: Path) -> None:
     add_text_classifier(repository, "sentiment", labels(tmp_path, "a\nb\n"))
     assert remove_model(repository, "sentiment") == ["sentiment", "sentiment_postprocess", "sentiment_labels"]
-    assert sorted(p.name for p in repository.iterdir()) == sorted(SHIPPED)
+    assert sorted(p.name for p in repository.iterdir()) == sorted(TEXT_MODELS)
     hand_made = repository / "hand_made"
     hand_made.mkdir()
     (hand_made / "config.pbtxt").write_text('name: "hand_made"\n')
