@@ -17,7 +17,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: .cache/ sits beside gateway/
 CACHE = ROOT / ".cache" / "perf-analyzer"
 VERSION = "2.60.0"
 PACKAGES = ("libc6", "libstdc++6", "libgcc-s1")

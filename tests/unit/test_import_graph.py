@@ -77,8 +77,17 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
+def _sources() -> list[Path]:
+    """The package's modules (not what tools leave in hidden folders beneath it)."""
+    return [
+        p
+        for p in PACKAGE.rglob("*.py")
+        if not any(part.startswith(".") for part in p.relative_to(PACKAGE).parts)
+    ]
+
+
 def _graph() -> dict[str, set[str]]:
-    modules = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+    modules = {_module_name(path): path for path in _sources()}
     return {name: {m for m in _imports(path) if m in modules} for name, path in modules.items()}
 
 
@@ -109,7 +118,7 @@ def test_packages_import_only_what_their_rules_allow() -> None:
 
 def test_foreign_libraries_have_one_boundary() -> None:
     broken = []
-    for path in PACKAGE.rglob("*.py"):
+    for path in _sources():
         module = _module_name(path)
         for imported in _imports(path):
             owner = BOUNDARIES.get(imported.split(".")[0])
