@@ -5,8 +5,7 @@ py-spy profile of the gateway under load (`make bench-ledger`).
         [--out .reports/ledger.json]
 
 It starts Triton on the trivial repository, the gateway and the reference gateway, loads
-each in turn with wrk at c=8, and samples it with py-spy (a dev dependency; installed into
-this environment if missing): per stage, the share of samples and the ms per request
+each in turn with wrk at c=8, and samples it with py-spy (a dev dependency): per stage, the share of samples and the ms per request
 (the share times the process's CPU per request, both under the profiler).
 Each sample goes to the stage of the innermost frame that names one (the rules below, in
 order), so a sample inside the logging package under the telemetry middleware counts as
@@ -112,7 +111,7 @@ def table(scenario: str, targets: dict[str, dict[str, float]]) -> str:
 def _py_spy() -> Path:
     found = Path(sys.executable).with_name("py-spy")
     if not found.exists():
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "py-spy"], check=True)
+        raise SystemExit("py-spy is missing: it is a dev dependency (`make bench-ledger` installs it)")
     return found
 
 

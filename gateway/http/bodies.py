@@ -106,11 +106,16 @@ def content_encoding(request: Request) -> str:
     )
 
 
-def _capped(receive: Receive, limit: int, timeout: float, encoding: str) -> Receive:
-    """A receive channel that raises once more than ``limit`` body bytes have arrived (or,
-    for a compressed body, once it decompresses past ``limit``), or when the whole body
-    has not arrived within ``timeout`` seconds (a stalled client). A compressed body comes
-    out decompressed."""
+def _capped(request: Request, limit: int, timeout: float) -> Receive:
+    """The request's receive channel, refused past ``limit`` body bytes (a declared
+    Content-Length over it at once; a compressed body once it decompresses past it: it
+    comes out decompressed) or when the whole body has not arrived within ``timeout``
+    seconds (a stalled client): 413 or 408."""
+    encoding = content_encoding(request)
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLargeError(f"the body ({declared} bytes) exceeds the {limit} byte limit")
+    receive = request.receive
     seen = 0
     deadline = asyncio.get_running_loop().time() + timeout
     inflater = _Inflater(encoding, limit) if encoding in ENCODINGS else None
@@ -134,49 +139,24 @@ def _capped(receive: Receive, limit: int, timeout: float, encoding: str) -> Rece
     return wrapped
 
 
-def _limited(request: Request, limit: int, timeout: float) -> Request:
-    encoding = content_encoding(request)
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLargeError(f"the body ({declared} bytes) exceeds the {limit} byte limit")
-    return Request(request.scope, _capped(request.receive, limit, timeout, encoding))
-
-
 async def limited_body(request: Request, limit: int, seconds: float) -> bytes:
-    """The whole body, refused past ``limit`` bytes (413, a compressed body once it
-    decompresses past it) or when it has not all arrived within ``seconds`` (408). One
-    deadline for the whole body, read straight from the channel (the hot path's reader:
-    no request object or deadline per chunk)."""
-    encoding = content_encoding(request)
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLargeError(f"the body ({declared} bytes) exceeds the {limit} byte limit")
-    inflater = _Inflater(encoding, limit) if encoding in ENCODINGS else None
+    """The whole body through :func:`_capped` (413 past ``limit``, 408 past ``seconds``),
+    read straight from the channel: no request object in between."""
+    receive = _capped(request, limit, seconds)
     chunks: list[bytes] = []
-    seen = 0
-    try:
-        async with asyncio.timeout(seconds):
-            while True:
-                message = await request.receive()
-                if message["type"] == "http.disconnect":
-                    raise ClientDisconnect
-                body = message.get("body", b"")
-                seen += len(body)
-                if seen > limit:
-                    raise PayloadTooLargeError(
-                        f"the body exceeds the {limit} byte limit for this content type"
-                    )
-                more = message.get("more_body", False)
-                chunks.append(body if inflater is None else inflater.feed(body, last=not more))
-                if not more:
-                    break
-    except TimeoutError:
-        raise RequestTimeoutError(f"the body did not arrive within {seconds:g} s") from None
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 async def _read_multipart(request: Request, settings: Settings) -> ClassifyInput:
-    capped = _limited(request, settings.max_body_bytes, settings.server.body_timeout_seconds)
+    capped = Request(
+        request.scope, _capped(request, settings.max_body_bytes, settings.server.body_timeout_seconds)
+    )
     try:
         async with capped.form(max_files=_MAX_PARTS, max_fields=_MAX_PARTS) as form:
             parts = form.getlist("file")

@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.errors import GatewayError
 from gateway.http.problems import gateway_error_response
-from gateway.http.routes.classify import classify_request
+from gateway.http.routes.classify import CLASSIFY, CLASSIFY_MODEL, CLASSIFY_VERSION, classify_request
 from gateway.settings import TOP_K_CEILING
 
 # path -> (route template, model, version); the segments as FastAPI's {param} matches them
@@ -34,10 +34,8 @@ _THRESHOLD = re.compile(r"(?:0\.[0-9]{1,17}|1(?:\.0{1,17})?)")
 
 def _template(model: str | None, version: str | None) -> str:
     if model is None:
-        return "/classify"
-    if version is None:
-        return "/models/{model}/classify"
-    return "/models/{model}/versions/{version}/classify"
+        return CLASSIFY
+    return CLASSIFY_MODEL if version is None else CLASSIFY_VERSION
 
 
 def _query(raw: bytes) -> tuple[int | None, float | None] | None:
@@ -105,9 +103,9 @@ class FastLane:
         model: str | None,
         version: str | None,
     ) -> None:
-        params = {"model": model, "version": version} if version is not None else {}
-        if model is not None and version is None:
-            params = {"model": model}
+        params = {
+            name: value for name, value in (("model", model), ("version", version)) if value is not None
+        }
         scope["route"] = route
         scope["endpoint"] = getattr(route, "endpoint", None)
         scope["path_params"] = params

@@ -35,6 +35,8 @@ def request_id_of_scope(scope: Scope) -> str:
 _NOSNIFF = (b"x-content-type-options", b"nosniff")
 _NO_STORE = (b"cache-control", b"no-store")
 _CLOSE = (b"connection", b"close")
+_REPLACED = frozenset({b"x-request-id", b"x-content-type-options"})
+_REPLACED_DRAINING = _REPLACED | {b"connection"}
 
 
 def add_response_headers(message: Message, request_id: str, draining: bool) -> None:
@@ -42,9 +44,7 @@ def add_response_headers(message: Message, request_id: str, draining: bool) -> N
     request id and nosniff replace any the app set, a Cache-Control of the app's stays.
     Raw header pairs (names lower case, as ASGI sends them), not a headers object: this
     runs on every response."""
-    replaced = {b"x-request-id", b"x-content-type-options"}
-    if draining:
-        replaced.add(b"connection")
+    replaced = _REPLACED_DRAINING if draining else _REPLACED
     headers = [(name, value) for name, value in message.get("headers", ()) if name.lower() not in replaced]
     headers.append((b"x-request-id", request_id.encode("latin-1")))
     headers.append(_NOSNIFF)

@@ -16,6 +16,10 @@ from gateway.serving.dispatch import Call
 from gateway.settings import TOP_K_CEILING
 
 router = APIRouter(tags=["classify"])
+# The routes' templates (also what gateway.http.fastlane serves and labels them by).
+CLASSIFY = "/classify"
+CLASSIFY_MODEL = "/models/{model}/classify"
+CLASSIFY_VERSION = "/models/{model}/versions/{version}/classify"
 
 _BINARY = {"schema": {"type": "string", "format": "binary"}}
 REQUEST_BODY: dict[str, Any] = {
@@ -88,7 +92,7 @@ ModelVersion = Annotated[str, Path(description="A version number of that model."
 
 
 @router.post(
-    "/classify",
+    CLASSIFY,
     summary="Classify images or texts with the default model of their kind",
     description=(
         "Images: each is checked cheaply (magic bytes, size, header dimensions) and sent to the "
@@ -107,7 +111,7 @@ async def classify(request: Request, top_k: TopK = None, threshold: Threshold = 
 
 
 @router.post(
-    "/models/{model}/classify",
+    CLASSIFY_MODEL,
     summary="Classify with one model of the catalog",
     description="As POST /classify, with the model named: any exposed classifier (GET /models). "
     "Its kind decides what it takes: images for an image classifier, texts for a text one.",
@@ -123,7 +127,7 @@ async def classify_with(
 
 
 @router.post(
-    "/models/{model}/versions/{version}/classify",
+    CLASSIFY_VERSION,
     summary="Classify with one version of one model of the catalog",
     description="As POST /models/{model}/classify, with the version named (it overrides a pin).",
     response_model=ClassifyResponse,

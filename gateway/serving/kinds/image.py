@@ -18,12 +18,14 @@ from gateway.names import IMAGE_TASK
 from gateway.serving.kinds.base import Caps, CapsReader, Kind, classifications, top_k_tensor
 from gateway.serving.payload import RAW_IMAGE_TYPES, ClassifyInput
 from gateway.serving.validation import ACCEPTED_FORMATS, check_count, inspect_images
+from gateway.serving.workers import INLINE_BYTES
 from gateway.settings import Settings
 from gateway.triton.backend import Classification, InferResult, ModelConfig
 from gateway.triton.tensors import Tensor
 
-# What checking one image's header weighs, in the workers' unit (bytes of work).
-HEADER_CHECK_BYTES = 8 * 1024
+# What checking one image's header weighs in the workers' unit (bytes of work): up to
+# eight images are checked on the event loop, more in a worker thread.
+HEADER_CHECK_BYTES = INLINE_BYTES // 8
 
 
 class ImageKind(Kind):
@@ -54,8 +56,8 @@ class ImageKind(Kind):
 
     def payload_bytes(self, payload: ClassifyInput) -> int:
         # The checks read headers only (about 40 us for a 220 KiB photo): their work grows
-        # with the number of images, not their size. A few stay on the event loop, where a
-        # thread hop cost more than the checks (a 220 KiB JPEG: 1.61 -> see performance.md).
+        # with the number of images, not their size; on the event loop a thread hop costs
+        # more than the checks (docs/explanation/performance.md).
         return len(payload.images) * HEADER_CHECK_BYTES
 
     def check(self, payload: ClassifyInput, caps: Caps) -> None:
