@@ -497,15 +497,15 @@ def table(rows: list[Row], variant_label: str = "") -> str:
             "and a KServe 0.21 custom transformer (its ModelServer, one worker, one log line per request):",
             "",
             "| models | scenario | c | req/s (reference / KServe / gateway) | CPU ms/req (reference / KServe / gateway) "
-            "| gateway / reference CPU | gateway / KServe CPU |",
+            "| gateway / reference CPU (x) | gateway / KServe CPU (x) |",
             "|---|---|---|---|---|---|---|",
         ]
         for r in against:
             lines.append(
                 f"| {r.repository} | {r.scenario} | {r.concurrency} | {fmt(r.reference_rps, '.0f')} / "
                 f"{fmt(r.kserve_rps, '.0f')} / {r.gateway_rps:.0f} | {fmt(r.reference_cpu_ms, '.2f')} / "
-                f"{fmt(r.kserve_cpu_ms, '.2f')} / {r.gateway_cpu_ms:.2f} | {fmt(r.cpu_vs_reference, '.2f')}x "
-                f"| {fmt(r.cpu_vs_kserve, '.2f')}x |"
+                f"{fmt(r.kserve_cpu_ms, '.2f')} / {r.gateway_cpu_ms:.2f} | {fmt(r.cpu_vs_reference, '.2f')} "
+                f"| {fmt(r.cpu_vs_kserve, '.2f')} |"
             )
     compared = [r for r in rows if r.variant_cpu_ms is not None]
     if compared:
