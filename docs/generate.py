@@ -154,19 +154,21 @@ def cli_page() -> str:
 def api_page() -> str:
     import tempfile
 
-    from gateway.app import create_app
+    from gateway.app import create_app, openapi_document
     from gateway.settings import Settings
     from gateway.shared.keyfiles import hash_key
 
     with tempfile.TemporaryDirectory() as folder:
         keys = Path(folder) / "admin-keys"
         keys.write_text(f"docs {hash_key('docs')}\n")  # the admin routes exist only with a keys file
-        document = create_app(Settings(admin={"keys_file": keys})).openapi()  # type: ignore[arg-type]
+        settings = Settings(admin={"keys_file": keys})  # type: ignore[arg-type]
+        document = openapi_document(create_app(settings), settings, admin=True)
     lines = [
         "# HTTP API",
         "",
         "Every route of the OpenAPI document the gateway serves (`/openapi.json`; the interactive",
-        "page `/docs` works offline). `/admin` routes exist only with `GATEWAY_ADMIN__KEYS_FILE`.",
+        "page `/docs` works offline). `/admin` routes exist only with `GATEWAY_ADMIN__KEYS_FILE`, and",
+        "are listed here but never in the document the gateway serves.",
         "Errors: [problem types](errors.md).",
         "",
         "| Method | Path | What | Answers |",
@@ -188,24 +190,25 @@ def api_page() -> str:
     return HEADER + "\n".join(lines) + "\n"
 
 
-def openapi_document() -> str:
+def openapi_page() -> str:
     import json
     import tempfile
 
-    from gateway.app import create_app
+    from gateway.app import create_app, openapi_document
     from gateway.settings import Settings
     from gateway.shared.keyfiles import hash_key
 
     with tempfile.TemporaryDirectory() as folder:
         keys = Path(folder) / "admin-keys"
         keys.write_text(f"docs {hash_key('docs')}\n")
-        document = create_app(Settings(admin={"keys_file": keys})).openapi()  # type: ignore[arg-type]
+        settings = Settings(admin={"keys_file": keys})  # type: ignore[arg-type]
+        document = openapi_document(create_app(settings), settings, admin=True)
     return json.dumps(document, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
 
 
 PAGES: dict[str, Callable[[], str]] = {
     "api.md": api_page,
-    "openapi.json": openapi_document,
+    "openapi.json": openapi_page,
     "settings.md": settings_page,
     "errors.md": errors_page,
     "metrics.md": metrics_page,

@@ -180,12 +180,17 @@ def main(argv: list[str] | None = None) -> int:
     from gateway.observe.logs import configure_logging
 
     configure_logging(settings.log_level, settings.log_format)
+    host = (args.host or settings.host) if args.command == "serve" else args.host
+    problem = settings.exposure_problem(host)
+    if problem is not None:
+        print(f"triton-gateway: {problem}", file=sys.stderr)
+        return 2
     try:
         if args.command == "serve":
             from gateway.app import create_app
             from gateway.http.server import run_server
 
-            run_server(create_app(settings), settings, args.host or settings.host, args.port or settings.port)
+            run_server(create_app(settings), settings, host, args.port or settings.port)
             return 0
         from gateway.dev.local import LocalOptions, run_local
 

@@ -13,7 +13,8 @@ from fastapi.openapi.utils import get_openapi
 from prometheus_client import CollectorRegistry
 
 from gateway import __version__
-from gateway.http.auth import AuthMiddleware
+from gateway.http.auth import ADMIN_PREFIX, AdminGate, AuthMiddleware
+from gateway.http.budget import BodyBudget, BodyBudgetMiddleware
 from gateway.http.compression import OipCompression
 from gateway.http.dependencies import GatewayState
 from gateway.http.docs import install_docs
@@ -109,8 +110,11 @@ def create_app(
 
     # Read at build time: a keys file that does not parse refuses to start. Watched while
     # serving (the lifespan starts the watch): a rotated file applies without a restart.
-    api_keys = KeyRing(settings.auth.keys_file, "api", metrics) if settings.auth.keys_file else None
-    admin_keys = KeyRing(settings.admin.keys_file, "admin", metrics) if settings.admin.keys_file else None
+    keep = settings.auth.on_invalid_keys_file == "keep"
+    api_keys = KeyRing(settings.auth.keys_file, "api", metrics, keep) if settings.auth.keys_file else None
+    admin_keys = (
+        KeyRing(settings.admin.keys_file, "admin", metrics, keep) if settings.admin.keys_file else None
+    )
     limiter = RateLimiter(None, settings.redis, metrics)
     routing = Routing(settings.default_pins())
 
@@ -201,6 +205,15 @@ def create_app(
             protect_metrics=settings.auth.protect_metrics,
             protect_docs=settings.auth.protect_docs,
         )
+    if admin_keys is not None:
+        app.add_middleware(
+            AdminGate, keys=admin_keys, metrics=metrics, body_seconds=settings.server.body_timeout_seconds
+        )
+    # Inside telemetry (its refusals are counted and logged), outside everything that reads a body.
+    app.add_middleware(
+        BodyBudgetMiddleware,
+        budget=BodyBudget(settings.server.max_body_bytes_in_flight, settings.server.retry_after_seconds),
+    )
     app.add_middleware(TelemetryMiddleware, metrics=metrics, tracing=tracing, admission=admission)
     if settings.auth.cors_origins:
         app.add_middleware(
@@ -224,21 +237,25 @@ def create_app(
     return app
 
 
+def openapi_document(app: FastAPI, settings: Settings, *, admin: bool = False) -> dict[str, Any]:
+    """FastAPI's schema plus the models referenced only from hand-written request/response
+    specs; the ``/admin`` routes only with ``admin`` (the operators' reference, not the
+    document the gateway serves to whoever reaches its port)."""
+    routes = [r for r in app.routes if admin or not str(getattr(r, "path", "")).startswith(ADMIN_PREFIX)]
+    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=routes)
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    request_model = classify_json_model(**settings.list_caps())
+    for model in (Problem, request_model):
+        components[model.__name__] = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    return schema
+
+
 def _openapi_with_components(app: FastAPI, settings: Settings) -> Callable[[], dict[str, Any]]:
-    """FastAPI's schema plus the models referenced only from hand-written request/response specs."""
+    """The served document (:func:`openapi_document` without the admin routes), built once."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            schema = get_openapi(
-                title=app.title, version=app.version, description=app.description, routes=app.routes
-            )
-            components = schema.setdefault("components", {}).setdefault("schemas", {})
-            request_model = classify_json_model(**settings.list_caps())
-            for model in (Problem, request_model):
-                components[model.__name__] = model.model_json_schema(
-                    ref_template="#/components/schemas/{model}"
-                )
-            app.openapi_schema = schema
+            app.openapi_schema = openapi_document(app, settings)
         return app.openapi_schema
 
     return openapi

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 
-def loads(data: bytes) -> Any:
+def loads(data: bytes | bytearray | memoryview) -> Any:
     """The document in ``data``; raises ValueError for anything orjson refuses."""
     return orjson.loads(data)
 

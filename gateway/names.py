@@ -7,8 +7,9 @@ from __future__ import annotations
 import re
 
 # A Triton model version: a positive decimal number (Triton's are int64; ten digits is
-# what the gateway accepts, so a path segment never becomes a huge integer).
-VERSION = r"\d{1,10}"
+# what the gateway accepts, so a path segment never becomes a huge integer). ASCII digits:
+# Python's \d also takes other scripts' digits (a fullwidth one, U+FF11).
+VERSION = r"[0-9]{1,10}"
 # A model name as Triton's repository may hold it (a path segment of /v2 and /admin).
 MODEL_NAME = r"[A-Za-z0-9_.\-]{1,128}"
 # A model reference with an optional version: "model" or "model:3".
@@ -44,9 +45,16 @@ TASKS = (IMAGE_TASK, TEXT_TASK)
 ACTIVATIONS = ("softmax", "sigmoid", "none")
 DEFAULT_ACTIVATION = "softmax"
 
-_VERSION = re.compile(rf"^{VERSION}$")
+_VERSION = re.compile(VERSION)
+_MODEL_NAME = re.compile(MODEL_NAME)
 
 
 def is_version(text: str) -> bool:
-    """Whether ``text`` is a model version (digits only, at most ten)."""
-    return _VERSION.match(text) is not None
+    """Whether ``text`` is a model version (ASCII digits only, at most ten; the whole of it:
+    ``re.match`` with ``$`` would let a trailing newline through)."""
+    return _VERSION.fullmatch(text) is not None
+
+
+def is_model_name(text: str) -> bool:
+    """Whether ``text`` is a model name as Triton's repository may hold it (the whole of it)."""
+    return _MODEL_NAME.fullmatch(text) is not None

@@ -7,6 +7,7 @@ model repository supports.
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Literal
 
@@ -19,6 +20,16 @@ MiB = 1024 * 1024
 # The most predictions a client may ever ask for; each model's own max_top_k (its
 # config.pbtxt) lowers it.
 TOP_K_CEILING = 1000
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (or localhost): reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 class TritonSettings(BaseModel):
@@ -149,6 +160,22 @@ class ServerSettings(BaseModel):
     keep_alive_seconds: float = Field(
         5.0, gt=0, le=300, description="Idle keep-alive connections are closed after this."
     )
+    max_body_bytes_in_flight: int = Field(
+        256 * MiB,
+        ge=1 * MiB,
+        le=64 * 1024 * MiB,
+        description="Body bytes the gateway holds at once for requests being read (memory and "
+        "multipart spool together, counted after decompression); a request that does not fit gets "
+        "503 overloaded before its body is read. Size it to the container: a request's parse and "
+        "decode can take about 3x its body, so 256 MiB fits a 1 GiB pod.",
+    )
+    max_json_values: int = Field(
+        65_536,
+        ge=1024,
+        le=16_777_216,
+        description="Most values (numbers, strings, lists, objects) in one /v2 JSON body; a "
+        "larger tensor goes in the binary extension, as tritonclient sends it.",
+    )
     event_loop: Literal["uvloop", "asyncio"] = Field(
         "uvloop",
         description="The event loop uvicorn runs the gateway on: uvloop (libuv's; 0.05 ms less CPU per "
@@ -179,7 +206,11 @@ class AuthSettings(BaseModel):
         description="File of API keys, one '<id> <sha256 hex> [<rate/s> [<burst>]]' a line "
         "(see `triton-gateway hash-key`); unset: no authentication.",
     )
-    protect_metrics: bool = Field(False, description="Require a key for /metrics too.")
+    protect_metrics: bool = Field(
+        True,
+        description="With a keys file: /metrics needs a key too (it names client key ids; Prometheus "
+        "scrapes with a key of its own). False: /metrics is open to anyone who reaches the port.",
+    )
     protect_docs: bool = Field(False, description="Require a key for /docs, /redoc and /openapi.json too.")
     cors_origins: list[str] = Field(
         default_factory=list, description="Origins allowed by CORS (JSON list); empty: CORS off."
@@ -189,7 +220,18 @@ class AuthSettings(BaseModel):
         gt=0,
         le=60,
         description="How often the API keys and admin keys files are checked for changes (a rotated "
-        "Kubernetes Secret, a rewritten file); a file that does not parse keeps the previous keys.",
+        "Kubernetes Secret, a rewritten file).",
+    )
+    on_invalid_keys_file: Literal["refuse", "keep"] = Field(
+        "refuse",
+        description="When a changed keys file does not parse (gateway_keys_file_valid 0, an alert): "
+        "'refuse' accepts no key until it parses (a rotation that revokes a leaked key never leaves "
+        "it working); 'keep' keeps the previous keys in force (availability first).",
+    )
+    allow_anonymous: bool = Field(
+        False,
+        description="Let `triton-gateway serve` run on a non-loopback address with no keys file: "
+        "anyone who reaches the port can classify. Off: such a start is refused.",
     )
 
 
@@ -381,6 +423,18 @@ class Settings(BaseSettings):
                 "or a request in flight at SIGTERM could be cut off"
             )
         return self
+
+    def exposure_problem(self, host: str) -> str | None:
+        """Why serving on ``host`` as configured would be open to anyone who reaches it, or
+        None: a non-loopback address with no keys file is refused unless the operator
+        wrote the choice down (auth.allow_anonymous)."""
+        if self.auth.keys_file is not None or self.auth.allow_anonymous or is_loopback(host):
+            return None
+        return (
+            f"refusing to serve on {host} with no API keys: anyone who reaches the port could classify. "
+            "Set GATEWAY_AUTH__KEYS_FILE (see `triton-gateway hash-key`), listen on 127.0.0.1, "
+            "or set GATEWAY_AUTH__ALLOW_ANONYMOUS=true to serve without keys on purpose"
+        )
 
     @property
     def admin_listener_port(self) -> int | None:

@@ -9,9 +9,11 @@ with ``WWW-Authenticate``. A known key past its rate: 429 with ``Retry-After`` a
 ``RateLimit`` / ``RateLimit-Policy`` headers (draft-ietf-httpapi-ratelimit-headers), which
 every answer to a limited key carries. Metrics name the key's id, never the key.
 
-``/livez`` and ``/readyz`` are always open (probes carry no keys); ``/metrics`` and the
-docs are protected only when configured to be. ``/admin`` takes admin keys only (a keys
-file of its own), checked by its router: a client key never opens it.
+``/livez`` and ``/readyz`` are always open (probes carry no keys); ``/metrics`` needs a
+key unless configured open, the docs only when configured. ``/admin`` takes admin keys
+only (a keys file of its own), checked by :class:`AdminGate` before a byte of its body is
+read (FastAPI reads a route's body before its dependencies run): a client key never
+opens it, and an admin body has its own small cap and deadline.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from gateway.errors import (
     RateLimitedError,
     UnauthorizedError,
 )
+from gateway.http.bodies import limited_body
 from gateway.http.problems import log_problem, problem_response
 from gateway.observe.metrics import GatewayMetrics
 from gateway.shared.keyfiles import ApiKey
@@ -146,3 +149,52 @@ class AuthMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_limits)
+
+
+# An admin body is a small JSON document (a rollout, a pin): this is far above any.
+ADMIN_BODY_BYTES = 64 * 1024
+
+
+class AdminGate:
+    """``/admin``: the admin key checked before anything is read (401 with the body unread,
+    ``Connection: close``), then the body read under its cap and deadline and handed on."""
+
+    def __init__(self, app: ASGIApp, keys: KeyRing, metrics: GatewayMetrics, body_seconds: float) -> None:
+        self.app = app
+        self.keys = keys
+        self.metrics = metrics
+        self.body_seconds = body_seconds
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, error: GatewayError) -> None:
+        self.metrics.rejections.labels(reason=error.slug).inc()
+        request = Request(scope)
+        log_problem(request, error)
+        await problem_response(error, request)(scope, receive, send)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith(ADMIN_PREFIX):
+            await self.app(scope, receive, send)
+            return
+        key = identify(self.keys.keys, scope)
+        if key is None:
+            error = missing_key_error()
+            error.headers = {**error.headers, "Connection": "close"}  # the body stays unread
+            await self._refuse(scope, receive, send, error)
+            return
+        scope.setdefault("state", {})["client"] = key.id
+        try:
+            body = await limited_body(Request(scope, receive), ADMIN_BODY_BYTES, self.body_seconds)
+        except GatewayError as error:
+            error.headers = {**error.headers, "Connection": "close"}
+            await self._refuse(scope, receive, send, error)
+            return
+        delivered = False
+
+        async def replay() -> Message:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: a disconnect, when it comes
+
+        await self.app(scope, replay, send)

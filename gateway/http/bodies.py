@@ -8,7 +8,9 @@ Turns the three accepted transports (multipart, raw image bytes, JSON) into one
 from __future__ import annotations
 
 import asyncio
+import re
 import zlib
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -26,7 +28,9 @@ from gateway.errors import (
     UnsupportedMediaTypeError,
     summarise_validation_errors,
 )
+from gateway.http.budget import reservation_of
 from gateway.http.schemas import ClassifyJSONRequest, classify_json_model
+from gateway.serving.jsonguard import WHOLE_BYTES, JsonBounds, JsonScan, parse_scanned
 from gateway.serving.payload import RAW_IMAGE_TYPES, ClassifyInput
 from gateway.serving.validation import (
     check_count,
@@ -34,6 +38,7 @@ from gateway.serving.validation import (
     normalize_labels,
     normalize_text,
     parse_json_object,
+    parse_json_value,
 )
 from gateway.serving.workers import CheckWorkers
 from gateway.settings import Settings
@@ -57,41 +62,57 @@ def media_type(request: Request) -> str:
 ENCODINGS = {"gzip": 31, "x-gzip": 31, "deflate": 15}
 
 
+# A compressed body comes out in pieces of at most this many bytes, the event loop free
+# between them: one 64 KiB chunk of a bomb would otherwise inflate to 64 MiB in one call.
+INFLATE_PIECE = 256 * 1024
+
+
 class _Inflater:
-    """Decompresses a body chunk by chunk, never holding more than ``limit`` + 1 bytes of
-    its output: a small body that would expand past the cap (a zip bomb) is refused
-    while it is being decompressed, not after."""
+    """Decompresses a body a piece at a time, counting what it produced against ``limit``:
+    a small body that would expand past the cap (a zip bomb) is refused while it is being
+    decompressed, and no call produces more than :data:`INFLATE_PIECE` bytes."""
 
     def __init__(self, encoding: str, limit: int) -> None:
         self.encoding = encoding
         self.limit = limit
         self.produced = 0
         self._decoder: Any = None
+        self._input = b""
+        self._full = False  # the last piece filled its size: zlib may hold more output
 
-    def feed(self, chunk: bytes, last: bool) -> bytes:
-        if self._decoder is None:
+    @property
+    def busy(self) -> bool:
+        """Whether input pushed so far may still give output."""
+        return bool(self._input) or self._full
+
+    def push(self, chunk: bytes) -> None:
+        if self._decoder is None and chunk:
             wbits = ENCODINGS[self.encoding]
             # a raw deflate stream (no zlib header), as some clients send: accepted too
-            if wbits == 15 and chunk and not (chunk[0] & 0x0F == 8 and int.from_bytes(chunk[:2]) % 31 == 0):
+            if wbits == 15 and not (chunk[0] & 0x0F == 8 and int.from_bytes(chunk[:2]) % 31 == 0):
                 wbits = -15
             self._decoder = zlib.decompressobj(wbits)
-        out = []
-        data = chunk
+        self._input = chunk
+
+    def piece(self) -> bytes:
+        if self._decoder is None:
+            return b""
         try:
-            while data:
-                piece = self._decoder.decompress(data, self.limit - self.produced + 1)
-                self.produced += len(piece)
-                if self.produced > self.limit:
-                    raise PayloadTooLargeError(
-                        f"the body decompresses to over the {self.limit} byte limit for this content type"
-                    )
-                out.append(piece)
-                data = self._decoder.unconsumed_tail
+            out: bytes = self._decoder.decompress(self._input, INFLATE_PIECE)
         except zlib.error as exc:
             raise MalformedRequestError(f"the {self.encoding} body is corrupt") from exc
-        if last and not self._decoder.eof:
+        self._input = self._decoder.unconsumed_tail
+        self._full = len(out) == INFLATE_PIECE
+        self.produced += len(out)
+        if self.produced > self.limit:
+            raise PayloadTooLargeError(
+                f"the body decompresses to over the {self.limit} byte limit for this content type"
+            )
+        return out
+
+    def finish(self) -> None:
+        if self._decoder is None or not self._decoder.eof:
             raise MalformedRequestError(f"the {self.encoding} body is cut short")
-        return b"".join(out)
 
 
 def content_encoding(request: Request) -> str:
@@ -106,22 +127,52 @@ def content_encoding(request: Request) -> str:
     )
 
 
+_DIGITS = re.compile(r"[0-9]{1,19}")
+
+
+def byte_count(value: str | None, what: str) -> int | None:
+    """A header's byte count (ASCII digits only: ``str.isdigit`` takes other scripts'
+    digits, which ``int`` then refuses); None when absent, 400 when not a count."""
+    if value is None:
+        return None
+    value = value.strip()
+    if not _DIGITS.fullmatch(value):
+        raise MalformedRequestError(f"{what} must be a byte count (ASCII digits)")
+    return int(value)
+
+
 def _capped(request: Request, limit: int, timeout: float) -> Receive:
     """The request's receive channel, refused past ``limit`` body bytes (a declared
     Content-Length over it at once; a compressed body once it decompresses past it: it
-    comes out decompressed) or when the whole body has not arrived within ``timeout``
-    seconds (a stalled client): 413 or 408."""
+    comes out decompressed, a piece at a time) or when the whole body has not arrived
+    within ``timeout`` seconds (a stalled client): 413 or 408. Each byte is charged to
+    the gateway's budget of body bytes in flight (:mod:`gateway.http.budget`)."""
     encoding = content_encoding(request)
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    declared = byte_count(request.headers.get("content-length"), "Content-Length")
+    if declared is not None and declared > limit:
         raise PayloadTooLargeError(f"the body ({declared} bytes) exceeds the {limit} byte limit")
+    reservation = reservation_of(request.scope)
+    reservation.admit(declared)
     receive = request.receive
     seen = 0
     deadline = asyncio.get_running_loop().time() + timeout
     inflater = _Inflater(encoding, limit) if encoding in ENCODINGS else None
+    upstream_done = False
+
+    async def inflated() -> Message:
+        assert inflater is not None
+        await asyncio.sleep(0)  # others run between pieces
+        body = inflater.piece()
+        reservation.charge(len(body))
+        more = inflater.busy or not upstream_done
+        if not more:
+            inflater.finish()
+        return {"type": "http.request", "body": body, "more_body": more}
 
     async def wrapped() -> Message:
-        nonlocal seen
+        nonlocal seen, upstream_done
+        if inflater is not None and inflater.busy:
+            return await inflated()
         try:
             async with asyncio.timeout_at(deadline):
                 message = await receive()
@@ -132,8 +183,12 @@ def _capped(request: Request, limit: int, timeout: float) -> Receive:
             seen += len(body)
             if seen > limit:
                 raise PayloadTooLargeError(f"the body exceeds the {limit} byte limit for this content type")
-            if inflater is not None:
-                message = {**message, "body": inflater.feed(body, last=not message.get("more_body", False))}
+            if inflater is None:
+                reservation.charge(len(body))
+                return message
+            upstream_done = not message.get("more_body", False)
+            inflater.push(body)
+            return await inflated()
         return message
 
     return wrapped
@@ -151,6 +206,65 @@ async def limited_body(request: Request, limit: int, seconds: float) -> bytes:
         chunks.append(message.get("body", b""))
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+@dataclass(frozen=True)
+class JsonBody:
+    """A JSON body read under its bounds: the document, the JSON's size in bytes, and
+    what follows the JSON (the binary tensors of a /v2 request; empty elsewhere)."""
+
+    document: dict[str, Any]
+    size: int
+    rest: bytes
+
+
+async def read_json(
+    request: Request,
+    limit: int,
+    seconds: float,
+    bounds: JsonBounds,
+    workers: CheckWorkers,
+    json_bytes: int | None = None,
+) -> JsonBody:
+    """The body through :func:`_capped`, its first ``json_bytes`` (all: None) a JSON
+    object scanned against ``bounds`` as it arrives (:mod:`gateway.serving.jsonguard`):
+    a body that no valid request resembles is refused before it is all read (or all
+    decompressed) and before anything parses it. A small body read in one message is
+    parsed at once; a larger one off the event loop, its long strings a piece at a time."""
+    receive = _capped(request, limit, seconds)
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        raise ClientDisconnect
+    first = message.get("body", b"")
+    end = len(first) if json_bytes is None else json_bytes
+    if not message.get("more_body", False) and len(first) <= WHOLE_BYTES:
+        if end > len(first):
+            raise MalformedRequestError("the JSON header's length runs past the body")
+        return JsonBody(parse_json_object(first[:end]), end, first[end:])
+    scan = JsonScan(bounds)
+    held = bytearray()
+    while True:
+        body = message.get("body", b"")
+        wanted = len(body) if json_bytes is None else json_bytes - len(held)
+        if wanted > 0:
+            scan.feed(body[:wanted] if wanted < len(body) else body)
+        held += body
+        if not message.get("more_body", False):
+            break
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect
+    end = len(held) if json_bytes is None else json_bytes
+    if end > len(held):
+        raise MalformedRequestError("the JSON header's length runs past the body")
+    scan.finish()
+    spans = scan.spans
+    document = await workers.run(
+        end, parse_scanned, memoryview(held)[:end], spans, parse_json_object, parse_json_value
+    )
+    if not isinstance(document, dict):
+        raise InvalidInputError("the JSON body must be an object")
+    return JsonBody(document, end, bytes(held[end:]))
 
 
 async def _read_multipart(request: Request, settings: Settings) -> ClassifyInput:
@@ -180,9 +294,31 @@ async def _read_raw(request: Request, settings: Settings) -> ClassifyInput:
     return ClassifyInput(images=[body])
 
 
+def classify_bounds(settings: Settings) -> JsonBounds:
+    """What a JSON /classify body can hold: an object of lists of strings and a few
+    scalars (two levels), as many strings as the list caps allow, one base64 image at
+    its cap (with room for a data: prefix and escaped line breaks) as its longest string,
+    and the text caps once a text key is seen."""
+    caps = settings.list_caps()
+    return JsonBounds(
+        max_depth=2,
+        max_tokens=2 * (sum(caps.values()) + 16),
+        max_string_bytes=2 * (-(-settings.image.max_bytes * 4 // 3)) + 64 * 1024,
+        max_bare_bytes=64 * 1024,
+        text_keys=frozenset({b"text", b"texts"}),
+        text_limit=settings.max_text_body_bytes,
+    )
+
+
 async def _read_json(request: Request, settings: Settings, workers: CheckWorkers) -> ClassifyInput:
-    body = await limited_body(request, settings.max_json_body_bytes, settings.server.body_timeout_seconds)
-    return await workers.run(len(body), parse_json_input, body, settings)
+    body = await read_json(
+        request,
+        settings.max_json_body_bytes,
+        settings.server.body_timeout_seconds,
+        classify_bounds(settings),
+        workers,
+    )
+    return await workers.run(body.size, classify_input, body.document, body.size, settings)
 
 
 def _check_shape(document: dict[str, Any], body_size: int, settings: Settings, caps: dict[str, int]) -> None:
@@ -205,10 +341,15 @@ def _check_shape(document: dict[str, Any], body_size: int, settings: Settings, c
 
 
 def parse_json_input(body: bytes, settings: Settings) -> ClassifyInput:
-    """A JSON /classify body -> ClassifyInput (CPU-bound: run off the loop when large)."""
-    document = parse_json_object(body)
+    """A JSON /classify body -> ClassifyInput."""
+    return classify_input(parse_json_object(body), len(body), settings)
+
+
+def classify_input(document: dict[str, Any], size: int, settings: Settings) -> ClassifyInput:
+    """A parsed JSON /classify body of ``size`` bytes -> ClassifyInput (CPU-bound: base64;
+    run off the loop when large)."""
     caps = settings.list_caps()
-    _check_shape(document, len(body), settings, caps)
+    _check_shape(document, size, settings, caps)
     model = classify_json_model(**caps)
     try:
         parsed = model.model_validate(document)

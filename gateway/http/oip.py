@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from gateway.errors import InvalidInputError, MalformedRequestError, PayloadTooLargeError
-from gateway.serving.validation import parse_json_object
+from gateway.serving.jsonguard import JsonBounds
+from gateway.settings import Settings
 from gateway.triton.backend import ModelSignature, TensorSpec
 from gateway.triton.tensors import DTYPES, Tensor, TensorDataError, from_raw, strings
 
@@ -96,6 +97,7 @@ class Caps:
     max_tensor_bytes: int
     max_request_bytes: int
     max_batch: int  # first dimension of a batched input
+    max_strings: int  # elements of one BYTES input, checked from its shape before decoding
 
 
 # A decoded BYTES input -> the tensor to send (say, texts normalised); raises ClientError.
@@ -108,14 +110,17 @@ def _integer(value: Any, what: str) -> int:
     return value
 
 
-def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], bytes]:
-    """The JSON header (as an object) and the binary part that follows it, if any."""
-    if header_length is None:
-        return parse_json_object(body), b""
-    if not header_length.isdigit() or int(header_length) > len(body):
-        raise MalformedRequestError(f"{HEADER_LENGTH} must be a byte count within the body")
-    cut = int(header_length)
-    return parse_json_object(body[:cut]), body[cut:]
+def oip_bounds(settings: Settings) -> JsonBounds:
+    """What a /v2 JSON body (or the JSON header of a binary one) can hold: tensors nested
+    as deep as their shape, at most ``server.max_json_values`` values, strings no longer
+    than the largest text or base64 image the gateway takes."""
+    values = settings.server.max_json_values
+    return JsonBounds(
+        max_depth=MAX_DIMS + 4,
+        max_tokens=2 * values + 4096,
+        max_string_bytes=max(2 * (-(-settings.image.max_bytes * 4 // 3)), settings.max_text_body_bytes),
+        max_bare_bytes=32 * values + 64 * 1024,
+    )
 
 
 def _flatten(data: Any, depth: int = 0) -> list[Any]:
@@ -215,6 +220,10 @@ def parse_infer_request(
         shape = [_integer(d, f"input {name!r}: a dimension") for d in shape]
         _check_shape(spec, shape, caps)
         count = math.prod(shape)
+        if spec.datatype == "BYTES" and count > caps.max_strings:
+            raise PayloadTooLargeError(
+                f"input {name!r}: shape {shape} holds {count} strings; the limit is {caps.max_strings}"
+            )
         parameters = check_parameters(item.get("parameters"), INPUT_PARAMETERS, f"input {name!r}: ")
         if "binary_data_size" in parameters:
             size = _integer(parameters["binary_data_size"], f"input {name!r}: binary_data_size")

@@ -44,7 +44,10 @@ TEXT_POSTPROCESS = SHIPPED_MODELS["text"]["postprocess"]
 TEXT_LABELS = SHIPPED_MODELS["text"]["labels"]
 # Written into every ensemble this module adds: remove-model removes only those.
 MANAGED_PARAMETER = "gateway_added_by"
-NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_\-]{0,63}$")
+# fullmatch only: re.match with "$" lets a trailing newline through ("foo\n")
+NAME = re.compile(r"[A-Za-z][A-Za-z0-9_\-]{0,63}")
+# a step's name as add-model writes it: NAME_<part>
+_STEP = re.compile(r"[A-Za-z][A-Za-z0-9_\-]{0,127}")
 
 
 class ModelRepositoryError(ConfigurationError):
@@ -56,7 +59,7 @@ def _parts(name: str) -> dict[str, str]:
 
 
 def _check_name(repository: Path, name: str) -> None:
-    if not NAME.match(name):
+    if not NAME.fullmatch(name):
         raise ModelRepositoryError(
             f"{name!r} is not a model name: a letter, then letters, digits, _ or -, at most 64"
         )
@@ -141,8 +144,19 @@ def _managed_parts(repository: Path, name: str) -> list[str]:
     if MANAGED_PARAMETER not in values:
         return []
     steps = [step.model_name for step in config.ensemble_scheduling.step]
-    own = [model for model in [*steps, values.get("labels_model", "")] if model.startswith(f"{name}_")]
+    own = [model for model in [*steps, values.get("labels_model", "")] if _own_part(repository, name, model)]
     return [name, *dict.fromkeys(part for part in own if (repository / part).exists())]
+
+
+def _own_part(repository: Path, name: str, part: str) -> bool:
+    """Whether ``part`` (a name read from a config.pbtxt: a file's word, not ours) is one
+    of ``name``'s own directories: NAME_<word> by full match, and a directory directly
+    in the repository once resolved (``NAME_x/../../victim`` is neither)."""
+    if not (_STEP.fullmatch(part) and part.startswith(f"{name}_")):
+        return False
+    root = repository.resolve()
+    target = (repository / part).resolve()
+    return target.parent == root and not (repository / part).is_symlink()
 
 
 def _write(
@@ -264,5 +278,7 @@ def remove_model(repository: Path, name: str) -> list[str]:
     if not names:
         raise ModelRepositoryError(f"{name} was not written by add-model: remove it by hand")
     for part in names:
+        if part != name and not _own_part(repository, name, part):  # checked again where it is used
+            raise ModelRepositoryError(f"{name}'s configuration names {part!r}, which is not its own")
         shutil.rmtree(repository / part)
     return names

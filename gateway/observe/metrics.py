@@ -159,6 +159,13 @@ class GatewayMetrics:
             ["file", "outcome"],
             registry=registry,
         )
+        self.keys_file_valid = Gauge(
+            "gateway_keys_file_valid",
+            "Whether a keys file (api, admin) parsed when last read: 0 while it does not (the "
+            "auth.on_invalid_keys_file policy then applies: keep the previous keys, or refuse all).",
+            ["file"],
+            registry=registry,
+        )
         self.rollout_requests = Counter(
             "gateway_rollout_requests",
             "Requests to a model under a rollout, by the arm that answered (primary, canary) or "

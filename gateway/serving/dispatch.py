@@ -118,35 +118,35 @@ class Dispatcher:
     # -- admission before the body ------------------------------------------------------
     @asynccontextmanager
     async def admission_before_body(self, call: Call, expects_continue: bool) -> AsyncIterator[None]:
-        """A request that declared ``Expect: 100-continue`` takes its in-flight slot before
-        its body is read, and holds it until it is answered: when the gateway cannot admit
-        it (no slot within the queue wait, or draining) the 503 goes out before the body
-        is sent (the server sends ``100 Continue`` only when the body is first read), with
-        ``Connection: close``, as HTTP/1.1 asks of a server that leaves a body unread.
-        Any other request is admitted after its body, as before (a slow upload then never
-        holds a slot)."""
-        if not expects_continue:
-            yield
-            return
-        admission = self.plane.admission
-        try:
-            await admission.acquire()
-        except ServiceUnavailableError as exc:
-            exc.headers = {**exc.headers, "Connection": "close"}
-            raise
-        call.admitted = True
-        try:
-            yield
-        finally:
+        """A request that declared ``Expect: 100-continue`` is refused before its body when
+        the gateway could not admit it now (no slot within the queue wait, or draining):
+        the 503 goes out before the body is sent (the server sends ``100 Continue`` only
+        when the body is first read), with ``Connection: close``, as HTTP/1.1 asks of a
+        server that leaves a body unread. It does not keep the slot while it uploads: a
+        client that asks politely and then sends nothing would hold it for the whole body
+        timeout (max_in_flight such clients starved everyone). Like any other request, it
+        takes its slot once its body is in."""
+        if expects_continue:
+            admission = self.plane.admission
+            try:
+                await admission.acquire()
+            except ServiceUnavailableError as exc:
+                exc.headers = {**exc.headers, "Connection": "close"}
+                raise
             admission.release()
+        yield
 
     # -- /classify and /models/{model}[/versions/{v}]/classify ------------------------
     def check_model(self, model: str | None, version: str | None = None) -> None:
-        """Refuse an unknown model or version before its body is read (404)."""
+        """Refuse an unknown model or version before its body is read (404): a version is
+        one Triton has ready for that model, as the catalog last read it, so no invented
+        version reaches Triton (or becomes a metric label)."""
         if version is not None and not is_version(version):
             raise NotFoundError("there is no such model version")
         if model is not None:
-            self.catalog.get(model)
+            entry = self.catalog.get(model)
+            if version is not None and version not in entry.versions:
+                raise NotFoundError("there is no such model version")
 
     async def classify(
         self,
@@ -276,6 +276,8 @@ class Dispatcher:
         entry = self.catalog.find(name)
         if (entry is None and name not in self.v2_models) or (version and not is_version(version)):
             raise NotFoundError("there is no such model")
+        if entry is not None and version and version not in entry.versions:
+            raise NotFoundError("there is no such model version")
         return OipTarget(name, version or self.catalog.version(name), entry)
 
     def exposed(self) -> set[str]:

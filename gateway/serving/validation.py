@@ -222,12 +222,17 @@ def _refuse_constant(name: str) -> Any:
     raise InvalidInputError(f"{name} is not a valid JSON number")
 
 
-def parse_json_object(body: bytes) -> dict[str, Any]:
-    """Strict JSON: UTF-8, an object at the top, no NaN or Infinity."""
+def parse_json_value(body: bytes | memoryview) -> Any:
+    """Strict JSON: UTF-8, no NaN or Infinity; any value."""
     try:
-        value = jsoncodec.loads(body)  # the fast parser takes every well-formed document
+        return jsoncodec.loads(body)  # the fast parser takes every well-formed document
     except ValueError:
-        value = _judged(body)
+        return _judged(bytes(body))
+
+
+def parse_json_object(body: bytes | memoryview) -> dict[str, Any]:
+    """Strict JSON: UTF-8, an object at the top, no NaN or Infinity."""
+    value = parse_json_value(body)
     if not isinstance(value, dict):
         raise InvalidInputError("the JSON body must be an object")
     return value

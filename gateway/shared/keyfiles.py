@@ -7,6 +7,10 @@ once; one that does not (a half-written file, an empty one, a bad line) keeps th
 force and logs an error, once per content: never an empty set that locks everyone out.
 A changed file is read twice, ``SETTLE_SECONDS`` apart, and taken only when both reads
 agree: a file caught mid-rewrite (truncated, or cut at a line) is left for the next check.
+A settled file that does not parse is an error, ``gateway_keys_file_valid`` 0 (an alert),
+and then, by ``auth.on_invalid_keys_file``: ``refuse`` (the default: no key is accepted
+until the file parses again, so a rotation meant to revoke a leaked key never leaves it
+working) or ``keep`` (the previous keys stay in force).
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,24 +42,32 @@ class ApiKey:
     burst: float | None = None
 
 
+# A key id is a metric label and a log field: short and plain.
+_KEY_ID = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+
+
 def parse_keys(text: str, path: Path) -> list[ApiKey]:
-    """The keys of a keys file's text; ConfigurationError names the line that is wrong."""
+    """The keys of a keys file's text; ConfigurationError names the line that is wrong
+    (a rate or burst must be a finite positive number: float() takes nan and inf)."""
     keys: list[ApiKey] = []
     for number, line in enumerate(text.splitlines(), 1):
         parts = line.split("#", 1)[0].split()
         if not parts:
             continue
         try:
-            if len(parts) not in (2, 3, 4) or len(parts[1]) != 64:
+            if len(parts) not in (2, 3, 4) or len(parts[1]) != 64 or not _KEY_ID.fullmatch(parts[0]):
                 raise ValueError
             digest = bytes.fromhex(parts[1])
             rate = float(parts[2]) if len(parts) > 2 else None
             burst = float(parts[3]) if len(parts) > 3 else (rate if rate else None)
-            if rate is not None and (rate <= 0 or burst is None or burst < 1):
+            if rate is not None and not (math.isfinite(rate) and rate > 0):
+                raise ValueError
+            if rate is not None and not (burst is not None and math.isfinite(burst) and burst >= 1):
                 raise ValueError
         except ValueError:
             raise ConfigurationError(
-                f"{path}:{number}: expected '<id> <sha256 hex> [<rate per second> [<burst>]]'"
+                f"{path}:{number}: expected '<id> <sha256 hex> [<rate per second> [<burst>]]' (id: "
+                "letters, digits, '_.-', at most 64; rate and burst: finite, positive, burst >= 1)"
             ) from None
         keys.append(ApiKey(parts[0], digest, rate, burst))
     if not keys:
@@ -70,16 +84,20 @@ SETTLE_SECONDS = 0.05
 class KeyRing:
     """The keys of one file (``name``: api or admin), as last read successfully."""
 
-    def __init__(self, path: Path, name: str, metrics: GatewayMetrics | None = None) -> None:
+    def __init__(
+        self, path: Path, name: str, metrics: GatewayMetrics | None = None, keep_on_invalid: bool = False
+    ) -> None:
         self.path = path
         self.name = name
         self._metrics = metrics
+        self._keep = keep_on_invalid
         text = self._read()
         if text is None:
             raise ConfigurationError(f"cannot read the {name} keys file {path}")
         self.keys: list[ApiKey] = parse_keys(text.decode("utf-8", errors="replace"), path)
         self._seen = hashlib.sha256(text).digest()
         self._watching: Periodic | None = None
+        self._valid(True)
 
     def _read(self) -> bytes | None:
         try:
@@ -108,15 +126,22 @@ class KeyRing:
             keys = parse_keys(text.decode("utf-8"), self.path)
         except (ConfigurationError, UnicodeDecodeError) as exc:
             reason = exc.detail if isinstance(exc, ConfigurationError) else "not UTF-8"
-            logger.error(
-                "%s keys file changed but is not valid (%s): the previous keys stay", self.name, reason
-            )
+            outcome = "the previous keys stay" if self._keep else "no key is accepted until it parses"
+            logger.error("%s keys file changed but is not valid (%s): %s", self.name, reason, outcome)
             self._count("refused")
+            self._valid(False)
+            if not self._keep:
+                self.keys = []
             return False
         self.keys = keys
+        self._valid(True)
         logger.info("%s keys file changed: %d keys in force", self.name, len(keys))
         self._count("applied")
         return True
+
+    def _valid(self, valid: bool) -> None:
+        if self._metrics is not None:
+            self._metrics.keys_file_valid.labels(file=self.name).set(1 if valid else 0)
 
     def _count(self, outcome: str) -> None:
         if self._metrics is not None:

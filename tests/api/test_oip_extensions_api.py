@@ -126,7 +126,9 @@ def test_a_zip_bomb_is_a_413_while_it_expands(client: TestClient) -> None:
     ):
         answer = client.post(path, content=bomb, headers={"content-type": kind, "content-encoding": "gzip"})
         assert answer.status_code == 413, answer.text
-        assert "decompresses to over" in answer.json()["detail"]
+        # the cap on decompressed bytes, or the cheaper bound on bytes outside strings
+        detail = answer.json()["detail"]
+        assert "decompresses to over" in detail or "outside its strings" in detail
 
 
 def test_corrupt_cut_and_unknown_encodings_are_clear_errors(client: TestClient) -> None:

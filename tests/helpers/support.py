@@ -334,11 +334,13 @@ class FakeBackend:
     async def repository_index(self) -> list[RepositoryModel]:
         if not self.live:
             raise TritonUnavailableError("down")
+        # every version Triton "has" is listed ready (the catalog's versions come from here)
         return [
             RepositoryModel(name, "1", "UNAVAILABLE", "unloaded")
             if name in self.unloaded
-            else RepositoryModel(name, "1", "READY")
+            else RepositoryModel(name, version, "READY")
             for name in self.models
+            for version in ([v for v in self.ready_versions if v] if name not in self.unloaded else ["1"])
         ]
 
     async def load_model(self, model: str) -> None:

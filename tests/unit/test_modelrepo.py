@@ -89,3 +89,29 @@ def test_remove_takes_out_only_what_add_model_wrote(repository: Path, tmp_path: 
             remove_model(repository, name)
     assert hand_made.exists()
     assert (repository / "text_classifier").exists()
+
+
+def test_names_from_a_config_cannot_steer_a_delete(tmp_path: Path) -> None:
+    """A config.pbtxt naming `NAME_postprocess/../../victim` as a step (a file's word, not ours):
+    remove-model removes the model's own directories and nothing outside the repository."""
+    repository = tmp_path / "repo"
+    (repository / "mine" / "1").mkdir(parents=True)
+    (repository / "mine_postprocess").mkdir()
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep.txt").write_text("precious")
+    (repository / "mine" / "config.pbtxt").write_text(
+        'name: "mine"\nplatform: "ensemble"\n'
+        'parameters { key: "gateway_added_by" value { string_value: "add-model" } }\n'
+        'ensemble_scheduling { step { model_name: "mine_postprocess/../../victim" model_version: -1 } '
+        'step { model_name: "mine_postprocess" model_version: -1 } }\n'
+    )
+    removed = remove_model(repository, "mine")
+    assert removed == ["mine", "mine_postprocess"]
+    assert (victim / "keep.txt").read_text() == "precious"
+
+
+def test_a_name_with_a_trailing_newline_is_not_a_name(tmp_path: Path) -> None:
+    tmp_path.joinpath("repo").mkdir()
+    with pytest.raises(ModelRepositoryError, match="not a model name"):
+        remove_model(tmp_path / "repo", "foo\n")

@@ -12,8 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.errors import ClientError
-from gateway.http.oip import Caps, encode_infer_response, parse_infer_request, split_body
+from gateway.errors import ClientError, PayloadTooLargeError
+from gateway.http.bodies import byte_count
+from gateway.http.oip import Caps, encode_infer_response, parse_infer_request
 from gateway.triton.backend import ModelSignature, TensorSpec
 from gateway.triton.tensors import Tensor
 
@@ -28,7 +29,7 @@ SIGNATURE = ModelSignature(
     ),
     outputs=(TensorSpec("LABELS", "BYTES", (-1, -1)), TensorSpec("SCORES", "FP32", (-1, -1))),
 )
-CAPS = Caps(max_tensor_bytes=1 << 20, max_request_bytes=1 << 21, max_batch=8)
+CAPS = Caps(max_tensor_bytes=1 << 20, max_request_bytes=1 << 21, max_batch=8, max_strings=64)
 
 
 def keep(tensor: Tensor) -> Tensor:
@@ -74,11 +75,28 @@ def test_responses_encode_binary_where_asked_and_decode_back() -> None:
 
 @pytest.mark.parametrize(
     "header_length",
-    ["-1", "abc", "100"],
+    # \xb2 (superscript two) and a fullwidth one pass str.isdigit() and then fail int()
+    ["-1", "abc", "", "1e3", "\xb2", "\uff11", "12345678901234567890"],
 )
 def test_a_bad_header_length_is_a_client_error(header_length: str) -> None:
     with pytest.raises(ClientError):
-        split_body(b'{"inputs": []}', header_length)
+        byte_count(header_length, "Inference-Header-Content-Length")
+
+
+def test_a_byte_count_is_ascii_digits() -> None:
+    assert byte_count(" 100 ", "Content-Length") == 100
+    assert byte_count(None, "Content-Length") is None
+
+
+def test_a_bytes_input_is_refused_by_its_shape_before_its_elements_are_decoded() -> None:
+    # 1.5 million declared strings, but no bytes for them: the shape alone refuses it
+    header = {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1_500_000],
+                          "parameters": {"binary_data_size": 4}}]}  # fmt: skip
+    wide = ModelSignature(
+        "m", ("1",), "ensemble", (TensorSpec("TEXT", "BYTES", (-1, -1)),), SIGNATURE.outputs
+    )
+    with pytest.raises(PayloadTooLargeError, match="1500000 strings"):
+        parse_infer_request(header, b"\x00" * 4, wide, CAPS, keep)
 
 
 json_values = st.recursive(

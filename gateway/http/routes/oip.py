@@ -22,15 +22,15 @@ from fastapi.responses import Response
 
 from gateway import __version__
 from gateway.errors import InvalidInputError, TritonUnavailableError
-from gateway.http.bodies import expects_continue, limited_body
+from gateway.http.bodies import byte_count, expects_continue, read_json
 from gateway.http.dependencies import BackendDep, DispatcherDep, SettingsDep, gateway_state
 from gateway.http.oip import (
     HEADER_LENGTH,
     BytesCheck,
     Caps,
     encode_infer_response,
+    oip_bounds,
     parse_infer_request,
-    split_body,
 )
 from gateway.http.problems import problem_responses as _problem_responses
 from gateway.serving.catalog import CatalogEntry
@@ -214,15 +214,20 @@ def _check_top_k(entry: CatalogEntry | None, inputs: list[Tensor]) -> None:
             raise InvalidInputError(f"TOP_K must be between 1 and {highest}")
 
 
-def _caps(settings: Settings) -> Caps:
+def _caps(settings: Settings, entry: CatalogEntry | None) -> Caps:
     """What one /v2 request may hold: the largest image batch or text request the
-    gateway's caps allow, and the JSON body cap."""
+    gateway's caps allow, and the JSON body cap; a classifier's BYTES input at most a
+    batch of candidate label sets, another model's at most ``server.max_json_values``."""
+    max_batch = max(settings.image.max_images, settings.text.max_texts)
     return Caps(
         max_tensor_bytes=max(
             settings.image.max_bytes * settings.image.max_images, settings.max_text_body_bytes
         ),
         max_request_bytes=settings.max_json_body_bytes,
-        max_batch=max(settings.image.max_images, settings.text.max_texts),
+        max_batch=max_batch,
+        max_strings=max_batch * settings.text.max_candidate_labels
+        if entry is not None
+        else settings.server.max_json_values,
     )
 
 
@@ -233,20 +238,26 @@ async def _infer(request: Request, name: str, version: str) -> Response:
     state["model"] = name  # the metrics' model label: catalogued or allow-listed names only
     call = Call(state["request_id"], perf_counter())
     async with dispatcher.admission_before_body(call, expects_continue(request)):
+        json_bytes = byte_count(request.headers.get(HEADER_LENGTH), HEADER_LENGTH)
         with tracing.span("read body"):
-            body = await limited_body(
-                request, settings.max_json_body_bytes, settings.server.body_timeout_seconds
+            body = await read_json(
+                request,
+                settings.max_json_body_bytes,
+                settings.server.body_timeout_seconds,
+                oip_bounds(settings),
+                state["workers"],
+                json_bytes,
             )
         signature = await dispatcher.signature(target)
         with tracing.span("validate tensors"):
-            header, binary = split_body(body, request.headers.get(HEADER_LENGTH))
+            header, binary = body.document, body.rest
             parsed = await state["workers"].run(
-                len(body),
+                body.size + len(binary),
                 parse_infer_request,
                 header,
                 binary,
                 signature,
-                _caps(settings),
+                _caps(settings, target.entry),
                 _bytes_checks(target.entry),
             )
             _check_top_k(target.entry, parsed.inputs)
