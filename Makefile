@@ -13,7 +13,7 @@ PIP := --disable-pip-version-check --quiet
 PYTRITON := nvidia-pytriton==0.7.0
 APT_TEST_PACKAGES := chromium prometheus docker-compose wrk haproxy redis-server
 
-.PHONY: help run test lint typecheck models install system-deps test-system-deps clean bench bench-ledger bench-shared-state soak gpu-smoke docs docs-serve
+.PHONY: keys help run test lint typecheck models install system-deps test-system-deps clean bench bench-ledger bench-shared-state soak gpu-smoke docs docs-serve
 
 help:
 	@echo "make run    install, build the models, start Triton (CPU) and the gateway on :$(PORT)"
@@ -24,6 +24,7 @@ help:
 	@echo "make bench-ledger  what each stage of the hot path costs (py-spy under load)"
 	@echo "make soak   5 minutes at 80 % of capacity: RSS drift, descriptors, metric series, errors"
 	@echo "make gpu-smoke  on a GPU host: docker compose up, then every check in one report"
+	@echo "make keys   API keys for compose and Kubernetes (deploy/secrets/), a client key printed once"
 	@echo "make docs   build the documentation site into site/ (make docs-serve: serve it)"
 	@echo "make clean  remove the virtual environments and built models"
 
@@ -101,6 +102,18 @@ bench: test-system-deps install models
 # trivial model, c=8): .reports/ledger.json.
 bench-ledger: test-system-deps install models
 	$(VENV)/bin/python -m gateway.bench.ledger --out .reports/ledger.json
+
+# API keys for the compose stack and Kubernetes, in one step: deploy/secrets/api-keys (the
+# gateway's keys file: hashes), deploy/secrets/prometheus-key (Prometheus scrapes /metrics
+# with it) and a first client key, printed once. Never committed (.gitignore).
+keys: $(VENV)/.installed
+	@test ! -e deploy/secrets/api-keys || { echo "deploy/secrets/api-keys exists: add a client with $(VENV)/bin/triton-gateway new-key ID --keys-file deploy/secrets/api-keys"; exit 1; }
+	@mkdir -p deploy/secrets && chmod 700 deploy/secrets
+	@$(VENV)/bin/triton-gateway new-key prometheus --keys-file deploy/secrets/api-keys > deploy/secrets/prometheus-key
+	@chmod 644 deploy/secrets/prometheus-key  # read by Prometheus's own user in its container
+	@echo "client key for 'client' (keep it; it is not stored):"
+	@$(VENV)/bin/triton-gateway new-key client --keys-file deploy/secrets/api-keys
+	@chmod 644 deploy/secrets/api-keys  # hashes only; read by the gateway's user in its container
 
 # The documentation site (mkdocs.yml, docs/): built offline into site/, or served.
 docs: $(VENV)/.installed

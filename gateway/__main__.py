@@ -50,6 +50,15 @@ def _parser() -> argparse.ArgumentParser:
         help="read an API key on stdin, print its SHA-256 for the keys file (GATEWAY_AUTH__KEYS_FILE)",
     )
 
+    new_key = commands.add_parser(
+        "new-key",
+        help="make a random API key for client ID: append '<id> <sha256>' to a keys file (created "
+        "with mode 600) and print the key, once, on stdout",
+    )
+    new_key.add_argument("id", help="the client's id (letters, digits, '_.-'; metrics and logs name it)")
+    new_key.add_argument("--keys-file", type=Path, required=True, help="the keys file to append to")
+    new_key.add_argument("--rate", type=float, help="requests per second allowed to this key")
+
     bench = commands.add_parser(
         "bench",
         help="the gateway side by side with Triton direct (needs a checkout: its trivial model "
@@ -169,6 +178,15 @@ def main(argv: list[str] | None = None) -> int:
         from gateway.shared.keyfiles import hash_key
 
         print(hash_key(sys.stdin.readline().strip()))
+        return 0
+    if args.command == "new-key":
+        from gateway.shared.keyfiles import new_key
+
+        try:
+            print(new_key(args.keys_file, args.id, args.rate))
+        except ConfigurationError as exc:
+            print(f"triton-gateway: {exc.detail}", file=sys.stderr)
+            return 1
         return 0
     if args.command in ("add-model", "remove-model"):
         return _repository_command(args)

@@ -159,7 +159,9 @@ def create_app(
                 catalog=catalog,
                 plane=plane,
                 rollouts=rollouts,
-                dispatcher=Dispatcher(catalog, plane, rollouts, settings.v2_models),
+                dispatcher=Dispatcher(
+                    catalog, plane, rollouts, settings.v2_models, settings.triton.probe_cache_seconds
+                ),
                 model_control=ModelControl(backend, catalog),
                 routing_control=RoutingControl(backend, catalog, rollouts),
             )

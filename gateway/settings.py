@@ -77,6 +77,13 @@ class TritonSettings(BaseModel):
     retry_after_seconds: int = Field(
         5, ge=1, le=3600, description="Retry-After sent with 503 when Triton or a model is unavailable."
     )
+    probe_cache_seconds: float = Field(
+        0.5,
+        ge=0,
+        le=10,
+        description="How long /readyz, /v2/health/ready and /v2/health/live reuse Triton's last answer "
+        "(probes carry no key; concurrent ones share one round of calls).",
+    )
     repository_key: SecretStr = Field(
         SecretStr(""),
         description="The key Triton demands for its repository API (tritonserver "
@@ -303,7 +310,13 @@ class TracingSettings(BaseModel):
         1.0,
         ge=0,
         le=1,
-        description="Share of new traces recorded; a caller's sampled flag in traceparent wins.",
+        description="Share of new traces recorded; with trust_inbound, a caller's sampled flag wins.",
+    )
+    trust_inbound: bool = Field(
+        False,
+        description="Continue a caller's trace (its traceparent, sampled flag included: it then "
+        "forces a trace here and in Triton). Off: every request starts a trace of its own, sampled "
+        "at sample_ratio, so no client chooses what is traced; turn it on behind a proxy you trust.",
     )
     service_name: str = Field("triton-gateway", min_length=1, description="service.name of the spans.")
     export_delay_seconds: float = Field(

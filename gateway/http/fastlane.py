@@ -32,6 +32,28 @@ _TOP_K = re.compile(r"[1-9][0-9]{0,3}")
 _THRESHOLD = re.compile(r"(?:0\.[0-9]{1,17}|1(?:\.0{1,17})?)")
 
 
+# What the lane reads of a request besides its body: a classify route that declares
+# anything else (a header, a cookie, another parameter, a dependency: an auth check or a
+# limit) would be skipped on the lane; :func:`unhandled` finds it (a test holds it empty).
+HANDLED_QUERY = frozenset({"top_k", "threshold"})
+HANDLED_PATH = frozenset({"model", "version"})
+
+
+def unhandled(route: BaseRoute) -> list[str]:
+    """What ``route`` (a classify route) declares that the lane does not do."""
+    dependant = getattr(route, "dependant", None)
+    if dependant is None:
+        return ["not a FastAPI route"]
+    found = [f"dependency {getattr(d.call, '__name__', d.call)!r}" for d in dependant.dependencies]
+    found += [f"query parameter {p.name!r}" for p in dependant.query_params if p.name not in HANDLED_QUERY]
+    found += [f"path parameter {p.name!r}" for p in dependant.path_params if p.name not in HANDLED_PATH]
+    found += [f"header {p.name!r}" for p in dependant.header_params]
+    found += [f"cookie {p.name!r}" for p in dependant.cookie_params]
+    found += [f"body field {p.name!r}" for p in dependant.body_params]
+    found += [f"route dependency {d!r}" for d in getattr(route, "dependencies", [])]
+    return found
+
+
 def _template(model: str | None, version: str | None) -> str:
     if model is None:
         return CLASSIFY

@@ -6,6 +6,7 @@ never disagree with what is sent)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,7 @@ from gateway.errors import (
     UnsupportedImageFormatError,
     summarise_validation_errors,
 )
+from gateway.observe.logs import Sampler
 from gateway.observe.tracing import current_trace_id, record_problem
 
 if TYPE_CHECKING:
@@ -74,9 +76,22 @@ def problem_response(
     return JSONResponse(body, status_code=error.status, headers=merged, media_type=media_type)
 
 
+@functools.cache
+def _refusals() -> Sampler:
+    # per problem type: a flood of 401s or 404s writes 10 lines a second and a count
+    return Sampler(per_second=10)
+
+
 def log_problem(request: Request, exc: GatewayError) -> None:
-    """One log line per refused request: 4xx and load shedding as warnings, Triton's and
-    the gateway's own failures as errors with the cause's traceback."""
+    """One log line per refused request: 4xx and load shedding as warnings (at most 10 a
+    second per problem type; the rest counted in the next line), Triton's and the
+    gateway's own failures as errors with the cause's traceback."""
+    if exc.status < 500 or isinstance(exc, ServiceUnavailableError):
+        written, held = _refusals().admit(exc.slug)
+        if written:
+            more = f" ({held} more {exc.slug} refusals not logged)" if held else ""
+            logger.warning("%s -> %d %s: %s%s", _where(request), exc.status, exc.slug, exc.detail, more)
+        return
     if exc.status >= 500 and not isinstance(exc, ServiceUnavailableError):
         logger.error(
             "%s -> %d %s: %s",

@@ -128,6 +128,8 @@ class Tracing:
         ``method`` and ``path`` are the client's input: pass them bounded."""
         if self._tracer is None:
             return _NO_SPAN
+        if not self.settings.trust_inbound:
+            headers = []  # the caller's context is not ours to continue (tracing.trust_inbound)
         carrier = {
             name.decode("latin-1"): value.decode("latin-1")
             for name, value in headers

@@ -31,9 +31,10 @@ from gateway.serving.kinds import kind_of
 from gateway.serving.payload import ClassifyInput
 from gateway.serving.plane import InferencePlane
 from gateway.serving.rollout import RolloutRunner
+from gateway.serving.shared_result import SharedResult
 from gateway.serving.validation import resolve_threshold, resolve_top_k
 from gateway.shared.routing import Rollout
-from gateway.triton.backend import Classification, InferResult, ModelSignature, ModelStatus
+from gateway.triton.backend import Classification, InferResult, ModelSignature, ModelStatus, ServerStatus
 from gateway.triton.tensors import Tensor
 
 
@@ -108,12 +109,21 @@ class Dispatcher:
     """Built once by the app's lifespan; every inference route calls it."""
 
     def __init__(
-        self, catalog: Catalog, plane: InferencePlane, rollouts: RolloutRunner, v2_models: Sequence[str]
+        self,
+        catalog: Catalog,
+        plane: InferencePlane,
+        rollouts: RolloutRunner,
+        v2_models: Sequence[str],
+        probe_seconds: float = 0.5,
     ) -> None:
         self.catalog = catalog
         self.plane = plane
         self.rollouts = rollouts
         self.v2_models = frozenset(v2_models)
+        # unauthenticated probes share Triton's answers for ``probe_seconds``
+        self.readiness: SharedResult[tuple[dict[str, bool], set[str]]] = SharedResult(probe_seconds)
+        self.v2_readiness: SharedResult[list[ModelStatus]] = SharedResult(probe_seconds)
+        self.liveness: SharedResult[ServerStatus] = SharedResult(probe_seconds)
 
     # -- admission before the body ------------------------------------------------------
     @asynccontextmanager

@@ -19,7 +19,9 @@ import asyncio
 import hashlib
 import logging
 import math
+import os
 import re
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,6 +77,20 @@ def parse_keys(text: str, path: Path) -> list[ApiKey]:
     if len({k.id for k in keys}) != len(keys):
         raise ConfigurationError(f"{path} repeats a key id")
     return keys
+
+
+def new_key(path: Path, key_id: str, rate: float | None = None) -> str:
+    """A new random key for ``key_id``, its line appended to the keys file at ``path``
+    (created with mode 600); the file must still parse, with no repeated id."""
+    key = secrets.token_urlsafe(32)
+    line = f"{key_id} {hash_key(key)}" + (f" {rate:g}" if rate is not None else "") + "\n"
+    existing = path.read_text() if path.exists() else ""
+    parse_keys(existing + line, path)  # refuses a bad id, a bad rate or a repeated id
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(descriptor, "a") as file:
+        file.write(line)
+    return key
 
 
 logger = logging.getLogger("gateway.keyfiles")

@@ -32,8 +32,9 @@ def receiver() -> Iterator[OtlpReceiver]:
 
 
 def traced_client(backend: FakeBackend, endpoint: str, **tracing: object) -> TestClient:
+    options: dict[str, object] = {"trust_inbound": True, **tracing}
     settings = Settings(
-        tracing=TracingSettings(enabled=True, endpoint=endpoint, export_delay_seconds=0.1, **tracing)
+        tracing=TracingSettings(enabled=True, endpoint=endpoint, export_delay_seconds=0.1, **options)
     )
     return TestClient(create_app(settings, backend_factory=lambda *_: backend), raise_server_exceptions=False)
 
@@ -60,6 +61,22 @@ def test_a_callers_trace_is_continued_with_a_server_span_and_its_steps(receiver:
     assert server.service == "triton-gateway"
     children = {s.name for s in spans if s.parent_id == server.span_id}
     assert {"read body", "admission", "validate images"} <= children
+
+
+def test_an_untrusted_callers_sampled_flag_forces_nothing(receiver: OtlpReceiver) -> None:
+    """By default (tracing.trust_inbound off) a client's traceparent is not continued: its
+    sampled flag does not force a trace; the request is sampled at sample_ratio (0 here)."""
+    with traced_client(FakeBackend(), receiver.endpoint, trust_inbound=False, sample_ratio=0.0) as client:
+        response = client.post(
+            "/classify",
+            content=small_png(),
+            headers={"content-type": "image/png", "traceparent": TRACEPARENT},
+        )
+        assert response.status_code == 200
+        client.post("/classify", json={"text": "hello there"})
+    time.sleep(0.5)  # past the export delay (and the app's shutdown flushed): anything recorded is here
+    assert receiver.trace(CALLER_TRACE) == []
+    assert receiver.spans == []
 
 
 def test_without_traceparent_a_new_trace_starts(receiver: OtlpReceiver) -> None:

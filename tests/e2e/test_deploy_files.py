@@ -92,7 +92,13 @@ def test_compose_stack_is_valid_and_wired(files: tuple[str, ...]) -> None:
     redis = services["redis"]
     assert "ports" not in redis
     assert set(redis["networks"]) == {"backend"}
-    assert redis["command"][redis["command"].index("--requirepass") + 1] == "a-redis-password"
+    # its password in its environment and a config file, never on a command line
+    assert "a-redis-password" not in " ".join(redis["command"])
+    assert redis["environment"]["REDISCLI_AUTH"] == "a-redis-password"
+    # Secure by default: every replica has keys; Prometheus scrapes with its own
+    assert gateway["environment"]["GATEWAY_AUTH__KEYS_FILE"] == "/run/secrets/api-keys"
+    assert gateway["secrets"] == ["api-keys"] or gateway["secrets"][0].get("source") == "api-keys"
+    assert "prometheus-key" in str(services["prometheus"]["secrets"])
     assert gateway["environment"]["GATEWAY_REDIS__URL"] == "redis://:a-redis-password@redis:6379/0"
     assert gateway["environment"]["GATEWAY_REDIS__REPLICAS"] == str(gateway["deploy"]["replicas"])
     assert gateway["depends_on"]["redis"]["condition"] == "service_healthy"
@@ -340,7 +346,17 @@ def test_overlay_renders_a_complete_stack(overlay: str) -> None:
     settings = by_kind(documents, "ConfigMap", "gateway-settings")["data"]
     hpa = by_kind(documents, "HorizontalPodAutoscaler", "gateway")["spec"]
     assert int(settings["GATEWAY_REDIS__REPLICAS"]) == hpa["maxReplicas"]
-    assert "--requirepass" in redis["spec"]["containers"][0]["args"]
+    redis_container = redis["spec"]["containers"][0]
+    assert "args" not in redis_container  # the password never on a command line
+    assert "requirepass" in redis_container["command"][-1]
+    assert "$REDISCLI_AUTH" in redis_container["command"][-1]
+    # keys required, and the admin port reachable from no pod
+    assert settings["GATEWAY_AUTH__KEYS_FILE"] == "/etc/triton-gateway/keys/keys"
+    keys = next(v for v in pod["volumes"] if v["name"] == "api-keys")
+    assert keys["secret"].get("optional") is not True
+    public = by_kind(documents, "NetworkPolicy", "gateway-public-port-only")["spec"]
+    assert public["podSelector"]["matchLabels"].items() <= labels.items()
+    assert [port["port"] for rule in public["ingress"] for port in rule["ports"]] == [8080]
 
     limits = triton["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
     args = triton["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -604,3 +620,45 @@ def test_k8s_triton_takes_model_control_only_with_the_gateways_key(overlay: str)
     assert all(port["port"] != 8081 and port.get("targetPort") != "admin" for port in service["ports"])
     config = by_kind(documents, "ConfigMap", "gateway-settings")["data"]
     assert not any(key.startswith("GATEWAY_ADMIN__") for key in config)
+
+
+def test_the_redis_command_keeps_its_password_off_the_command_line(tmp_path: Path) -> None:
+    """The compose file's redis command, run for real with Debian's redis-server (its
+    paths moved into a temporary folder): the password works, and no process's command
+    line holds it (before, it was an argument: `ps` showed it to every user)."""
+    import signal
+    import time
+
+    from gateway.dev.tritonserver import free_port
+
+    services = compose_config(*GPU)["services"]
+    script = (
+        services["redis"]["command"][-1]
+        .replace("$$", "$")
+        .replace("/tmp/auth.conf", str(tmp_path / "a.conf"))
+    )
+    port = free_port()
+    script = script.replace("exec redis-server", f"cd {tmp_path} && exec redis-server", 1)
+    script += f" --port {port} --bind 127.0.0.1 --save ''"
+    password = "a-redis-password"
+    server = subprocess.Popen(["sh", "-c", script], env={**os.environ, "REDISCLI_AUTH": password})
+    try:
+        cli = [tool("redis-cli"), "-p", str(port), "--no-auth-warning"]
+        deadline = time.monotonic() + 10
+        while True:
+            answer = subprocess.run([*cli, "-a", password, "ping"], capture_output=True, text=True)
+            if answer.stdout.strip() == "PONG":
+                break
+            assert time.monotonic() < deadline, answer
+            time.sleep(0.1)
+        refused = subprocess.run(
+            [*cli, "ping"], capture_output=True, text=True, env={"PATH": os.environ["PATH"]}
+        )
+        assert "NOAUTH" in refused.stdout + refused.stderr
+        assert (tmp_path / "a.conf").stat().st_mode & 0o077 == 0
+        command_line = Path(f"/proc/{server.pid}/cmdline").read_bytes()
+        assert b"redis-server" in command_line  # the shell replaced itself by the server
+        assert password.encode() not in command_line
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=10)

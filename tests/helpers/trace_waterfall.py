@@ -84,7 +84,9 @@ def main() -> int:
     parser.add_argument("--triton-env", type=Path, default=ROOT / ".venv-triton")
     options = parser.parse_args()
     with OtlpReceiver() as receiver, tempfile.TemporaryDirectory(prefix="trace-") as folder:
-        tracing = TracingSettings(enabled=True, endpoint=receiver.endpoint, export_delay_seconds=0.2)
+        tracing = TracingSettings(
+            enabled=True, trust_inbound=True, endpoint=receiver.endpoint, export_delay_seconds=0.2
+        )
         triton = TritonServer.on_free_ports(
             options.triton_env,
             ROOT / "model_repository",

@@ -36,7 +36,7 @@ def receiver() -> Iterator[OtlpReceiver]:
 
 @pytest.fixture(scope="module")
 def traced_triton(receiver: OtlpReceiver, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
-    tracing = TracingSettings(enabled=True, endpoint=receiver.endpoint)
+    tracing = TracingSettings(enabled=True, trust_inbound=True, endpoint=receiver.endpoint)
     server = TritonServer.on_free_ports(
         triton_env(),
         REPOSITORY,
@@ -62,7 +62,10 @@ def serve(triton: TritonServer, tracing: TracingSettings) -> ServedApp:
 @pytest.fixture(scope="module")
 def traced_gateway(traced_triton: TritonServer, receiver: OtlpReceiver) -> Iterator[ServedApp]:
     served = serve(
-        traced_triton, TracingSettings(enabled=True, endpoint=receiver.endpoint, export_delay_seconds=0.2)
+        traced_triton,
+        TracingSettings(
+            enabled=True, trust_inbound=True, endpoint=receiver.endpoint, export_delay_seconds=0.2
+        ),
     )
     yield served
     served.stop()

@@ -12,6 +12,7 @@ from gateway.http.dependencies import AdmissionDep, BackendDep, CatalogDep, Disp
 from gateway.http.problems import problem_response, problem_responses
 from gateway.http.schemas import ComposingModel, Liveness, ModelInfo, ModelsResponse, Readiness, TritonInfo
 from gateway.serving.catalog import Catalog, CatalogEntry
+from gateway.serving.dispatch import Dispatcher
 from gateway.triton.backend import InferenceBackend, ModelStatus
 
 router = APIRouter(tags=["health"])
@@ -34,6 +35,22 @@ async def unloaded_models(backend: InferenceBackend, statuses: list[ModelStatus]
     down = {status.name for status in statuses if not status.ready}
     ready = {m.name for m in index if m.state == "READY"}
     return {m.name for m in index if m.unloaded and m.name in down and m.name not in ready}
+
+
+async def _triton_checks(
+    backend: InferenceBackend, dispatcher: Dispatcher
+) -> tuple[dict[str, bool], set[str]]:
+    """What Triton says of the default models (shared by the probes of a moment)."""
+    server, statuses = await asyncio.gather(backend.server_status(), dispatcher.served_statuses())
+    # only a live Triton unloads a model on purpose (and a dead one is not asked twice)
+    unloaded = await unloaded_models(backend, statuses) if server.live else set()
+    checks = {"accepting": True, "triton_live": server.live}
+    for status in statuses:
+        checks[f"model:{status.name}"] = status.ready
+        checks.update({f"model:{step.name}": step.ready for step in status.composing})
+    if statuses and len(unloaded) == len(statuses):
+        unloaded = set()  # nothing left to serve: not ready
+    return checks, unloaded
 
 
 @router.get(
@@ -59,15 +76,7 @@ async def readyz(
     if admission.leaving:
         checks = {"accepting": False}
     else:
-        server, statuses = await asyncio.gather(backend.server_status(), dispatcher.served_statuses())
-        # only a live Triton unloads a model on purpose (and a dead one is not asked twice)
-        unloaded = await unloaded_models(backend, statuses) if server.live else set()
-        checks = {"accepting": True, "triton_live": server.live}
-        for status in statuses:
-            checks[f"model:{status.name}"] = status.ready
-            checks.update({f"model:{step.name}": step.ready for step in status.composing})
-        if statuses and len(unloaded) == len(statuses):
-            unloaded = set()  # nothing left to serve: not ready
+        checks, unloaded = await dispatcher.readiness.get(lambda: _triton_checks(backend, dispatcher))
     failing = [name for name, ok in checks.items() if not ok and name.removeprefix("model:") not in unloaded]
     if not failing:
         body = Readiness(

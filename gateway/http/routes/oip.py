@@ -68,8 +68,10 @@ async def server_metadata(backend: BackendDep) -> dict[str, Any]:
 
 
 @router.get("/health/live", summary="Triton is live (OIP)", responses=problem_responses(503))
-async def health_live(backend: BackendDep, settings: SettingsDep) -> dict[str, bool]:
-    if not (await backend.server_status()).live:
+async def health_live(
+    backend: BackendDep, dispatcher: DispatcherDep, settings: SettingsDep
+) -> dict[str, bool]:
+    if not (await dispatcher.liveness.get(backend.server_status)).live:
         raise TritonUnavailableError("Triton is not live", retry_after=settings.triton.retry_after_seconds)
     return {"live": True}
 
@@ -78,7 +80,7 @@ async def health_live(backend: BackendDep, settings: SettingsDep) -> dict[str, b
     "/health/ready", summary="Every allow-listed model is ready (OIP)", responses=problem_responses(503)
 )
 async def health_ready(dispatcher: DispatcherDep, settings: SettingsDep) -> dict[str, bool]:
-    statuses = await dispatcher.served_statuses(v2_models=True)
+    statuses = await dispatcher.v2_readiness.get(lambda: dispatcher.served_statuses(v2_models=True))
     if not all(s.ready for s in statuses):
         raise TritonUnavailableError("a model is not ready", retry_after=settings.triton.retry_after_seconds)
     return {"ready": True}
