@@ -13,14 +13,15 @@ from fastapi.openapi.utils import get_openapi
 from prometheus_client import CollectorRegistry
 
 from gateway import __version__
-from gateway.http.auth import ADMIN_PREFIX, AdminGate, AuthMiddleware
+from gateway.http.auth import AdminGate, AuthMiddleware
 from gateway.http.budget import BodyBudget, BodyBudgetMiddleware
 from gateway.http.compression import OipCompression
 from gateway.http.dependencies import GatewayState
 from gateway.http.docs import install_docs
 from gateway.http.fastlane import FastLane
 from gateway.http.problems import install_error_handlers
-from gateway.http.routes import admin, classify, health, metrics_route, oip
+from gateway.http.routes import admin as admin_routes
+from gateway.http.routes import classify, health, metrics_route, oip
 from gateway.http.schemas import Problem, classify_json_model
 from gateway.http.telemetry import TelemetryMiddleware
 from gateway.observe.metrics import GatewayMetrics, TritonMetricsScraper
@@ -230,9 +231,11 @@ def create_app(
     app.include_router(health.router)
     app.include_router(metrics_route.router)
     app.include_router(oip.router)
+    app.state.admin_included = admin_keys is not None
     if admin_keys is not None:
         app.state.admin_keys = admin_keys
-        app.include_router(admin.router)
+        # never in the served document: whoever reaches the port learns nothing of /admin
+        app.include_router(admin_routes.router, include_in_schema=False)
     if openapi_url is not None:
         install_docs(app, openapi_url)
         app.openapi = _openapi_with_components(app, settings)  # type: ignore[method-assign]
@@ -243,7 +246,7 @@ def openapi_document(app: FastAPI, settings: Settings, *, admin: bool = False) -
     """FastAPI's schema plus the models referenced only from hand-written request/response
     specs; the ``/admin`` routes only with ``admin`` (the operators' reference, not the
     document the gateway serves to whoever reaches its port)."""
-    routes = [r for r in app.routes if admin or not str(getattr(r, "path", "")).startswith(ADMIN_PREFIX)]
+    routes = [*app.routes, *(admin_routes.router.routes if admin and app.state.admin_included else [])]
     schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=routes)
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     request_model = classify_json_model(**settings.list_caps())

@@ -208,6 +208,23 @@ async def limited_body(request: Request, limit: int, seconds: float) -> bytes:
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
+# The scan takes a message a slice at a time; after a slice dense with structure (each
+# token costs the scan a step in Python) the loop is let go: 8 KiB of "[[[[" is 4 ms.
+_SLICE = 8 * 1024
+_DENSE = 512
+
+
+async def _scan(scan: JsonScan, data: bytes) -> None:
+    if len(data) <= _SLICE:
+        scan.feed(data)
+        return
+    for offset in range(0, len(data), _SLICE):
+        before = scan.tokens
+        scan.feed(data[offset : offset + _SLICE])
+        if scan.tokens - before > _DENSE:
+            await asyncio.sleep(0)
+
+
 @dataclass(frozen=True)
 class JsonBody:
     """A JSON body read under its bounds: the document, the JSON's size in bytes, and
@@ -247,7 +264,7 @@ async def read_json(
         body = message.get("body", b"")
         wanted = len(body) if json_bytes is None else json_bytes - len(held)
         if wanted > 0:
-            scan.feed(body[:wanted] if wanted < len(body) else body)
+            await _scan(scan, body[:wanted] if wanted < len(body) else body)
         held += body
         if not message.get("more_body", False):
             break

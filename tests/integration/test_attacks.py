@@ -1,0 +1,401 @@
+"""The attack suite: what one client can send, against the real gateway process and a
+real Triton, measured as the client sees it (answer, time to answer), with the gateway's
+/livez latency during the attack and its RSS. Each case failed on ee5cad7 (issue 32's
+table: 9 s and +2 GiB for an 80 KB gzip body, 503s for everyone behind silent Expect
+clients, a 64 MiB admin body read before its 401, a metric series per invented version,
+a 500 for a Latin-1 digit, +694 MiB for a crowd of uploads).
+
+The figures each test prints are the ones the reliability page quotes."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.dev.gatewayprocess import GatewayProcess
+from gateway.dev.tritonserver import TritonServer, free_port
+from gateway.settings import MiB
+from gateway.shared.keyfiles import hash_key
+
+pytestmark = pytest.mark.attack
+
+# ATTACK_GATEWAY_CODE=<a checkout> runs the gateway from another commit's code (say a git
+# worktree of ee5cad7): how the suite was shown to fail before the fixes.
+OTHER_CODE = os.environ.get("ATTACK_GATEWAY_CODE")
+
+
+def code_env() -> tuple[Path | None, dict[str, str]]:
+    if not OTHER_CODE:
+        return None, {}
+    return Path(OTHER_CODE), {"PYTHONPATH": OTHER_CODE}
+
+
+CLIENT_KEY = "an-attacker-with-a-valid-key"
+PROMETHEUS_KEY = "prometheus-scrapes-with-this"
+ADMIN_KEY = "an-operator"
+IN_FLIGHT = 4
+BUDGET = 96 * MiB
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+class Watch:
+    """While an attack runs: /livez's latency every 10 ms and the gateway's peak RSS."""
+
+    def __init__(self, gateway: GatewayProcess) -> None:
+        self.gateway = gateway
+        self.latencies: list[float] = []
+        self.peak = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(base_url=self.gateway.url, timeout=30) as probe:
+            while not self._stop.is_set():
+                started = time.monotonic()
+                probe.get("/livez").raise_for_status()
+                self.latencies.append(time.monotonic() - started)
+                self.peak = max(self.peak, rss_mib(self.gateway.process.pid))
+                time.sleep(0.01)
+
+    def __enter__(self) -> Watch:
+        self.before = rss_mib(self.gateway.process.pid)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        time.sleep(0.05)
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    @property
+    def worst_ms(self) -> float:
+        return max(self.latencies) * 1000
+
+    @property
+    def rise_mib(self) -> float:
+        return self.peak - self.before
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    folder = tmp_path_factory.mktemp("keys")
+    api, admin = folder / "api-keys", folder / "admin-keys"
+    api.write_text(f"attacker {hash_key(CLIENT_KEY)}\nprometheus {hash_key(PROMETHEUS_KEY)}\n")
+    admin.write_text(f"operator {hash_key(ADMIN_KEY)}\n")
+    return api, admin
+
+
+@pytest.fixture(scope="module")
+def gateway(
+    triton: TritonServer, keys: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    api, admin = keys
+    cwd, other = code_env()
+    served = GatewayProcess.start(
+        triton,
+        tmp_path_factory.mktemp("attacked"),
+        cwd=cwd,
+        env={
+            **other,
+            "GATEWAY_AUTH__KEYS_FILE": str(api),
+            "GATEWAY_ADMIN__KEYS_FILE": str(admin),
+            "GATEWAY_SERVER__MAX_IN_FLIGHT": str(IN_FLIGHT),
+            "GATEWAY_SERVER__MAX_BODY_BYTES_IN_FLIGHT": str(BUDGET),
+        },
+    ).wait("/readyz", timeout=60)
+    yield served
+    served.stop()
+
+
+def unloaded_livez_ms(gateway: GatewayProcess) -> float:
+    with httpx.Client(base_url=gateway.url) as probe:
+        samples = []
+        for _ in range(30):
+            started = time.monotonic()
+            probe.get("/livez")
+            samples.append(time.monotonic() - started)
+    return statistics.median(samples) * 1000
+
+
+def authorized() -> dict[str, str]:
+    return {"authorization": f"Bearer {CLIENT_KEY}"}
+
+
+@pytest.mark.parametrize("route", ["/classify", "/v2/models/text_classifier/infer"])
+def test_a_gzip_json_bomb_is_refused_without_stalling_or_filling_the_gateway(
+    gateway: GatewayProcess, route: str
+) -> None:
+    """80 KB of gzip inflating to 40 MiB of nested arrays (before: 422 after 5.7-9.2 s,
+    /livez stalled 9.6 s, RSS +2,069 MiB)."""
+    inflated = b'{"texts": [' + b"[[[[]]]]," * (40 * MiB // 9) + b'"x"]}'
+    bomb = gzip.compress(inflated, compresslevel=9)
+    assert len(bomb) < 120_000
+    resting = unloaded_livez_ms(gateway)
+    with Watch(gateway) as watch, httpx.Client(base_url=gateway.url, timeout=60) as client:
+        started = time.monotonic()
+        answer = client.post(
+            route,
+            content=bomb,
+            headers={**authorized(), "content-type": "application/json", "content-encoding": "gzip"},
+        )
+        took = time.monotonic() - started
+    print(
+        f"{route}: {len(bomb)} B gzip -> {answer.status_code} in {took * 1000:.0f} ms; /livez at rest "
+        f"{resting:.1f} ms, worst during {watch.worst_ms:.1f} ms; RSS +{watch.rise_mib:.1f} MiB"
+    )
+    assert answer.status_code in (400, 413, 422), answer.text
+    assert answer.headers["content-type"].startswith(("application/problem+json", "application/json"))
+    assert took < 1.0
+    assert watch.worst_ms < resting + 50
+    assert watch.rise_mib < 64  # the JSON cap is 42.7 MiB; the scan never holds the body
+
+
+def test_expect_clients_that_never_send_starve_nobody(gateway: GatewayProcess) -> None:
+    """max_in_flight + 4 connections ask Expect: 100-continue and never send their bodies
+    (before: 5 of 5 other clients got 503 while they waited)."""
+    silent = []
+    try:
+        for _ in range(IN_FLIGHT + 4):
+            sock = socket.create_connection(("127.0.0.1", gateway.port), timeout=10)
+            sock.sendall(
+                (
+                    f"POST /classify HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {CLIENT_KEY}\r\n"
+                    "Content-Type: image/png\r\nContent-Length: 1000000\r\nExpect: 100-continue\r\n\r\n"
+                ).encode()
+            )
+            assert sock.recv(1024).startswith(b"HTTP/1.1 100 Continue")
+            silent.append(sock)
+        with httpx.Client(base_url=gateway.url, timeout=30, headers=authorized()) as client:
+            statuses = [client.post("/classify", json={"text": f"a text, {i}"}).status_code for i in range(5)]
+        print(f"{len(silent)} silent Expect clients; others' answers: {statuses}")
+        assert statuses == [200] * 5
+    finally:
+        for sock in silent:
+            sock.close()
+
+
+def test_an_admin_body_is_not_read_before_the_caller_is_known(gateway: GatewayProcess) -> None:
+    """PUT /admin with no key declaring 64 MiB: 401 at once, the body unread (before: the
+    whole body read, with no cap or deadline, then 422)."""
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=5) as sock:
+        started = time.monotonic()
+        sock.sendall(
+            b"PUT /admin/models/text_classifier/rollout HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 67108864\r\n\r\n"
+        )
+        head = sock.recv(4096)
+        took = time.monotonic() - started
+    print(f"PUT /admin, no key, 64 MiB declared: {head.split(b' ', 2)[1].decode()} in {took * 1000:.1f} ms")
+    assert head.startswith(b"HTTP/1.1 401"), head[:200]
+    assert took < 1.0
+    with httpx.Client(base_url=gateway.url, timeout=30) as client:
+        large = client.put(
+            "/admin/models/text_classifier/rollout",
+            content=b"{" + b" " * (1 * MiB) + b"}",
+            headers={"authorization": f"Bearer {ADMIN_KEY}", "content-type": "application/json"},
+        )
+    assert large.status_code == 413  # a known operator's body has its own cap
+
+
+def series(gateway: GatewayProcess, name: str) -> list[str]:
+    text = httpx.get(
+        f"{gateway.url}/metrics", headers={"authorization": f"Bearer {PROMETHEUS_KEY}"}, timeout=10
+    ).text
+    return [line for line in text.splitlines() if line.startswith(name)]
+
+
+def test_invented_versions_are_404_and_mint_no_metric_series(gateway: GatewayProcess) -> None:
+    """100 invented versions and a fullwidth digit (before: each a 503 after a Triton call,
+    and a gateway_triton_request_duration_seconds series forever)."""
+    with httpx.Client(base_url=gateway.url, timeout=30, headers=authorized()) as client:
+        assert client.post("/classify", json={"text": "warm up the series"}).status_code == 200
+        before = series(gateway, "gateway_triton_request_duration_seconds")
+        versions = [str(9_123_456_700 + i) for i in range(100)] + [
+            "%EF%BC%91",
+            "1%0A",
+        ]  # a fullwidth 1, "1\\n"
+        statuses = {
+            client.post(f"/models/text_classifier/versions/{v}/classify", json={"text": "hi"}).status_code
+            for v in versions
+        }
+        statuses |= {
+            client.get(f"/v2/models/text_classifier/versions/{v}/ready").status_code for v in versions[:5]
+        }
+    after = series(gateway, "gateway_triton_request_duration_seconds")
+    print(
+        f"{len(versions)} invented versions: answers {sorted(statuses)}; series {len(before)} -> {len(after)}"
+    )
+    assert statuses == {404}
+    assert len(after) == len(before)
+    assert not any("9123456" in line for line in after)
+
+
+def raw_exchange(port: int, request: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(request)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        return data
+
+
+@pytest.mark.parametrize("value", [b"\xb2", b"\xef\xbc\x91", b"-1", b"99999999999999999999999", b"1e3"])
+def test_no_header_a_client_can_send_is_a_5xx(gateway: GatewayProcess, value: bytes) -> None:
+    """Inference-Header-Content-Length: a Latin-1 superscript two and its relatives (before:
+    500 and an ERROR traceback for the superscript)."""
+    body = json.dumps({"inputs": []}).encode()
+    for name in (b"Inference-Header-Content-Length", b"Content-Length"):
+        headers = {b"Content-Length": str(len(body)).encode(), name: value}
+        lines = b"".join(k + b": " + v + b"\r\n" for k, v in headers.items())
+        answer = raw_exchange(
+            gateway.port,
+            b"POST /v2/models/text_classifier/infer HTTP/1.1\r\nHost: x\r\n"
+            + f"Authorization: Bearer {CLIENT_KEY}\r\n".encode()
+            + lines
+            + b"\r\n"
+            + body,
+        )
+        status = int(answer.split(b" ", 2)[1]) if answer else 400  # a parser may just close
+        assert 400 <= status < 500, answer[:300]
+
+
+def test_a_crowd_of_uploads_is_bounded_by_the_body_budget(gateway: GatewayProcess) -> None:
+    """60 concurrent 7 MiB raw uploads (before: RSS +415 MiB before any slot was taken):
+    the bytes held stay within the budget (96 MiB here); the rest hear 503 + Retry-After
+    before their bodies are read."""
+    body = b"\xff\xd8\xff" + bytes(7 * MiB - 3)
+    statuses: list[int] = []
+    retry_after: list[str | None] = []
+
+    def upload() -> None:
+        with httpx.Client(base_url=gateway.url, timeout=60, headers=authorized()) as client:
+            try:
+                answer = client.post("/classify", content=body, headers={"content-type": "image/jpeg"})
+            except httpx.TransportError:
+                statuses.append(0)  # the gateway closed on an unread body: a refusal
+                return
+            statuses.append(answer.status_code)
+            retry_after.append(answer.headers.get("retry-after"))
+
+    with Watch(gateway) as watch:
+        threads = [threading.Thread(target=upload) for _ in range(60)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+    counts = {code: statuses.count(code) for code in sorted(set(statuses))}
+    print(
+        f"60 x 7 MiB uploads: {counts}; RSS +{watch.rise_mib:.0f} MiB; /livez worst {watch.worst_ms:.0f} ms"
+    )
+    assert len(statuses) == 60
+    assert all(code in (0, 400, 413, 422, 503) for code in statuses), counts
+    assert 503 in statuses
+    assert all(value is not None for code, value in zip(statuses, retry_after, strict=False) if code == 503)
+    assert watch.rise_mib < BUDGET / MiB + 96
+
+
+def test_metrics_and_the_served_document_tell_an_anonymous_caller_nothing(gateway: GatewayProcess) -> None:
+    with httpx.Client(base_url=gateway.url, timeout=10) as client:
+        assert client.get("/metrics").status_code == 401
+        paths = client.get("/openapi.json").json()["paths"]
+    assert not [path for path in paths if path.startswith("/admin")]
+    assert any(
+        line.startswith('gateway_client_requests_total{client="attacker"')
+        for line in series(gateway, "gateway_client")
+    )
+
+
+def test_serve_on_a_public_address_without_keys_refuses_to_start(triton: TritonServer) -> None:
+    """The defaults: before, `serve` bound 0.0.0.0 with no keys and served anyone."""
+    cwd, other = code_env()
+    env = {"GATEWAY_TRITON__URL": triton.grpc_url, "PATH": "/usr/bin:/bin", **other}
+    port = str(free_port())
+    try:
+        refused = subprocess.run(
+            [sys.executable, "-m", "gateway", "serve", "--host", "0.0.0.0", "--port", port],
+            capture_output=True, text=True, timeout=15, env=env, cwd=cwd,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.fail("serve started on 0.0.0.0 with no keys")
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert "GATEWAY_AUTH__KEYS_FILE" in refused.stderr
+    assert "GATEWAY_AUTH__ALLOW_ANONYMOUS" in refused.stderr
+
+
+def test_a_keys_file_with_nan_is_refused_at_start_with_its_line(triton: TritonServer, tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text(f"good {hash_key('a')} 5\nbad {hash_key('b')} nan\n")
+    cwd, other = code_env()
+    env = {
+        "GATEWAY_TRITON__URL": triton.grpc_url,
+        "GATEWAY_AUTH__KEYS_FILE": str(keys),
+        "PATH": "/usr/bin:/bin",
+        **other,
+    }
+    try:
+        refused = subprocess.run(
+            [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", str(free_port())],
+            capture_output=True, text=True, timeout=15, env=env, cwd=cwd,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.fail("serve started with a nan rate in its keys file")
+    assert refused.returncode == 1, refused.stderr[-2000:]
+    assert re.search(rf"{re.escape(str(keys))}:2\b", refused.stderr), refused.stderr[-2000:]
+
+
+def test_a_revocation_that_does_not_parse_fails_closed(triton: TritonServer, tmp_path: Path) -> None:
+    """A keys file rewritten to revoke a key, with a typo: by default no key is accepted
+    until the file parses (before: the old keys, the revoked one included, stayed)."""
+    keys = tmp_path / "keys"
+    keys.write_text(f"leaked {hash_key('leaked')}\nkept {hash_key('kept')}\n")
+    cwd, other = code_env()
+    served = GatewayProcess.start(
+        triton,
+        tmp_path,
+        cwd=cwd,
+        env={**other, "GATEWAY_AUTH__KEYS_FILE": str(keys), "GATEWAY_AUTH__RELOAD_SECONDS": "0.2"},
+    ).wait()
+    try:
+        leaked = {"authorization": "Bearer leaked"}
+        assert httpx.get(f"{served.url}/models", headers=leaked, timeout=10).status_code == 200
+        keys.write_text(f"kept {hash_key('kept')} fast\n")  # the revocation, with a typo
+        deadline = time.monotonic() + 10
+        while httpx.get(f"{served.url}/models", headers=leaked, timeout=10).status_code != 401:
+            assert time.monotonic() < deadline, "the leaked key still works"
+            time.sleep(0.1)
+        assert "not valid" in served.log.read_text()
+        keys.write_text(f"kept {hash_key('kept')}\n")
+        deadline = time.monotonic() + 10
+        while (
+            httpx.get(
+                f"{served.url}/models", headers={"authorization": "Bearer kept"}, timeout=10
+            ).status_code
+            != 200
+        ):
+            assert time.monotonic() < deadline, "the fixed file was not taken"
+            time.sleep(0.1)
+        assert httpx.get(f"{served.url}/models", headers=leaked, timeout=10).status_code == 401
+    finally:
+        served.stop()
