@@ -29,12 +29,42 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(getattr(pytest.mark, tier))
 
 
+SHM = Path("/dev/shm")
+SHM_PATTERN = "triton_python_backend_shm_region_*"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # what was there before the suite (another Triton on the machine) is not the suite's
+    session.config.stash[_SHM_BEFORE] = {path.name for path in SHM.glob(SHM_PATTERN)}
+
+
+_SHM_BEFORE = pytest.StashKey[set[str]]()
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """The suite leaves nothing running: once every fixture is torn down, any process
-    started under the session's temporary directory fails the run (and is killed)."""
+    """The suite leaves nothing running and no shared memory behind: once every fixture is
+    torn down, any process started under the session's temporary directory, or any Triton
+    shared-memory region made during the run, fails the run (and is killed or removed)."""
     import os
     import signal
     import time
+
+    before = session.config.stash.get(_SHM_BEFORE, None)
+    if before is not None and not os.environ.get("PYTEST_XDIST_WORKER"):
+        deadline = time.monotonic() + 20  # a keeper still clearing gets to finish
+        while (regions := {p.name for p in SHM.glob(SHM_PATTERN)} - before) and time.monotonic() < deadline:
+            time.sleep(0.25)
+        if regions:
+            reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+            if reporter is not None:
+                reporter.write_line(
+                    f"{len(regions)} shared-memory region(s) made by the suite outlived it: {sorted(regions)[:5]}",
+                    red=True,
+                )
+            for name in regions:
+                with contextlib.suppress(FileNotFoundError):
+                    (SHM / name).unlink()
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     factory = getattr(session.config, "_tmp_path_factory", None)
     if factory is None or os.environ.get("PYTEST_XDIST_WORKER"):

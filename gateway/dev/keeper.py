@@ -42,10 +42,23 @@ def _subreaper() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
 
 
-def _descendants() -> dict[int, list[str]]:
+def group_regions(group: int) -> set[str]:
+    """The shared-memory regions named by the processes of process group ``group`` (read
+    before a SIGKILL of the whole group, keeper included: nobody is left to clear them)."""
+    return _shm_regions(_descendants(me=0, group=group))
+
+
+def unlink_regions(regions: set[str]) -> None:
+    for name in regions:
+        with contextlib.suppress(FileNotFoundError):
+            (SHM / name).unlink()
+
+
+def _descendants(me: int | None = None, group: int | None = None) -> dict[int, list[str]]:
     """Every process in the keeper's process group or parented to it (orphans come here),
     but the keeper, with its command line."""
-    me, group = os.getpid(), os.getpgrp()
+    me = os.getpid() if me is None else me
+    group = os.getpgrp() if group is None else group
     found: dict[int, list[str]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == me:
@@ -97,9 +110,7 @@ def clear(regions: set[str]) -> set[str]:
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.05)
         _reap()
-    for name in regions:
-        with contextlib.suppress(FileNotFoundError):
-            (SHM / name).unlink()
+    unlink_regions(regions)
     return regions
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 
+from gateway.dev.keeper import group_regions, unlink_regions
 from gateway.errors import ConfigurationError
 from gateway.triton.client import REPOSITORY_KEY_HEADER
 
@@ -128,6 +129,7 @@ class TritonServer:
     # More tritonserver flags (say gateway.observe.tracing.triton_trace_args), appended as given.
     extra_args: tuple[str, ...] = ()
     _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+    _orphaned_regions: set[str] = field(default_factory=set, init=False, repr=False)
 
     @classmethod
     def on_free_ports(
@@ -265,6 +267,8 @@ class TritonServer:
         if self._process is None:
             return
         if group:
+            if sig == signal.SIGKILL:  # the keeper goes too: its regions are ours to clear
+                self._orphaned_regions |= group_regions(self._process.pid)
             os.killpg(self._process.pid, sig)
         else:
             os.kill(self._server_pid(), sig)
@@ -274,6 +278,8 @@ class TritonServer:
         if self._process is not None:
             self._process.wait(timeout=timeout)
             self._process = None
+        unlink_regions(self._orphaned_regions)
+        self._orphaned_regions = set()
 
     @property
     def pid(self) -> int | None:

@@ -399,3 +399,53 @@ def test_a_revocation_that_does_not_parse_fails_closed(triton: TritonServer, tmp
         assert httpx.get(f"{served.url}/models", headers=leaked, timeout=10).status_code == 401
     finally:
         served.stop()
+
+
+def _framed(header: bytes, binary: bytes, declared: str) -> tuple[bytes, dict[bytes, bytes]]:
+    headers = {name.encode(): value.encode() for name, value in authorized().items()}
+    return header + binary, {b"inference-header-content-length": declared.encode("latin-1"), **headers}
+
+
+@pytest.fixture(scope="module")
+def fuzz_client(gateway: GatewayProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=gateway.url, timeout=30) as client:
+        yield client
+
+
+def test_the_v2_binary_framing_fuzzed_gets_no_5xx(fuzz_client: httpx.Client) -> None:
+    """Hypothesis writes /v2 binary requests (header lengths, binary_data_size, shapes,
+    datatypes, truncations) against the real stack: every answer a 2xx or a 4xx, none a
+    5xx, and /livez still answers (a fixed budget of 150 examples, fixed seed)."""
+    from hypothesis import HealthCheck, given, seed, settings
+    from hypothesis import strategies as st
+
+    shapes = st.lists(st.integers(-2, 70_000), min_size=0, max_size=4)
+    tensor = st.fixed_dictionaries(
+        {
+            "name": st.sampled_from(["TEXT", "TOP_K", "CANDIDATE_LABELS", "NOPE"]),
+            "datatype": st.sampled_from(["BYTES", "INT32", "FP32", "BOOL", "X"]),
+            "shape": shapes,
+        },
+        optional={"parameters": st.fixed_dictionaries({"binary_data_size": st.integers(-5, 1 << 20)})},
+    )
+
+    @seed(20261124)
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(
+        inputs=st.lists(tensor, min_size=0, max_size=3),
+        binary=st.binary(max_size=512),
+        declared=st.one_of(
+            st.none(),
+            st.integers(-3, 4096).map(str),
+            st.sampled_from(["\xb2", "1e2", "+12", "0x10", "\uff11".encode().decode("latin-1")]),
+        ),
+    )
+    def exchange(inputs: list[dict[str, object]], binary: bytes, declared: str | None) -> None:
+        header = json.dumps({"inputs": inputs}).encode()
+        length = str(len(header)) if declared is None else declared
+        body, headers = _framed(header, binary, length)
+        answer = fuzz_client.post("/v2/models/text_classifier/infer", content=body, headers=headers)
+        assert answer.status_code < 500 or answer.status_code == 503, answer.text[:300]
+
+    exchange()
+    assert fuzz_client.get("/livez").status_code == 200

@@ -12,7 +12,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from gateway.app import create_app
+from gateway.dev.tritonserver import TritonServer
+from gateway.settings import AuthSettings
+from gateway.shared.keyfiles import hash_key
+
 from helpers.support import ServedApp
+from helpers.triton_fixtures import gateway_settings
+
+KEY = "schemathesis-key"
 
 EXAMPLES = 200  # per operation, positive and negative generation together: a fixed budget
 CHECKS = [
@@ -25,7 +33,19 @@ CHECKS = [
 ]
 
 
-def test_every_operation_conforms_to_its_document(gateway: ServedApp, tmp_path: Path) -> None:
+def test_every_operation_conforms_to_its_document(triton: TritonServer, tmp_path: Path) -> None:
+    """With API keys on (as every deployment runs): the client presents a valid key."""
+    keys = tmp_path / "keys"
+    keys.write_text(f"fuzzer {hash_key(KEY)}\n")
+    settings = gateway_settings(triton, auth=AuthSettings(keys_file=keys))
+    gateway = ServedApp(create_app(settings), settings).start()
+    try:
+        run_schemathesis(gateway, tmp_path)
+    finally:
+        gateway.stop()
+
+
+def run_schemathesis(gateway: ServedApp, tmp_path: Path) -> None:
     report = tmp_path / "schemathesis.ndjson"
     result = subprocess.run(
         [
@@ -38,6 +58,7 @@ def test_every_operation_conforms_to_its_document(gateway: ServedApp, tmp_path: 
             "--max-examples", str(EXAMPLES),
             "--seed", "20261123",
             "--workers", "1",
+            "--header", f"Authorization: Bearer {KEY}",
             "--request-timeout", "30",
             "--generation-database", "none",
             "--report", "ndjson",
