@@ -127,6 +127,7 @@ class Catalog:
         self._settings = settings
         self._backend = backend
         self._entries: dict[str, CatalogEntry] = {}
+        self.generation = 0  # how many times the catalog was read (stale answers go with it)
         self._defaults = settings.default_models()  # task -> model name
         self._tasks_of_defaults = {name: task for task, name in self._defaults.items()}
         # Version pins: this process's, or every replica's through the shared state.
@@ -213,6 +214,7 @@ class Catalog:
                     "its key?): the catalog holds the default models and those it knew only",
                 )
             self._entries = await self._read(index, configs)
+            self.generation += 1  # what was worked out from the previous catalog is stale
             self._on_refresh()
 
     async def _index_from_configs(self, configs: dict[str, ModelConfig | None]) -> _Index:

@@ -23,11 +23,17 @@ class SharedResult(Generic[T]):
         self._ttl = ttl
         self._task: asyncio.Future[T] | None = None
         self._started = 0.0
+        self._generation = 0
 
-    async def get(self, make: Callable[[], Awaitable[T]]) -> T:
+    async def get(self, make: Callable[[], Awaitable[T]], generation: int = 0) -> T:
+        """The shared answer; a new ``generation`` (say, the catalog was read again after
+        a model was loaded or unloaded) makes it stale at once."""
         now = monotonic()
-        if self._task is None or (self._task.done() and now - self._started >= self._ttl):
+        stale = self._task is None or generation != self._generation
+        if stale or (self._task is not None and self._task.done() and now - self._started >= self._ttl):
             self._task = asyncio.ensure_future(make())
             self._started = now
+            self._generation = generation
+        assert self._task is not None
         # shielded: a caller that goes away does not cancel the others' answer
         return await asyncio.shield(self._task)

@@ -76,7 +76,9 @@ async def readyz(
     if admission.leaving:
         checks = {"accepting": False}
     else:
-        checks, unloaded = await dispatcher.readiness.get(lambda: _triton_checks(backend, dispatcher))
+        checks, unloaded = await dispatcher.readiness.get(
+            lambda: _triton_checks(backend, dispatcher), catalog.generation
+        )
     failing = [name for name, ok in checks.items() if not ok and name.removeprefix("model:") not in unloaded]
     if not failing:
         body = Readiness(

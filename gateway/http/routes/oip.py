@@ -80,7 +80,9 @@ async def health_live(
     "/health/ready", summary="Every allow-listed model is ready (OIP)", responses=problem_responses(503)
 )
 async def health_ready(dispatcher: DispatcherDep, settings: SettingsDep) -> dict[str, bool]:
-    statuses = await dispatcher.v2_readiness.get(lambda: dispatcher.served_statuses(v2_models=True))
+    statuses = await dispatcher.v2_readiness.get(
+        lambda: dispatcher.served_statuses(v2_models=True), dispatcher.catalog.generation
+    )
     if not all(s.ready for s in statuses):
         raise TritonUnavailableError("a model is not ready", retry_after=settings.triton.retry_after_seconds)
     return {"ready": True}
