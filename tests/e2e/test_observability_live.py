@@ -166,6 +166,6 @@ def test_every_recording_rule_returns_data(traffic: str, name: str, expr: str) -
 def test_rules_load_and_evaluate_in_prometheus(traffic: str) -> None:
     groups = httpx.get(f"{traffic}/api/v1/rules", timeout=10).json()["data"]["groups"]
     rules = [rule for group in groups for rule in group["rules"]]
-    assert len(rules) == 18
+    assert len(rules) == 19
     assert all(rule["health"] == "ok" for rule in rules), [r for r in rules if r["health"] != "ok"]
     assert finite(query(traffic, "route:gateway_request_duration_seconds:p99_rate5m"))

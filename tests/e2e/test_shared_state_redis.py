@@ -52,7 +52,14 @@ def replicas(
         clients = []
         for _ in range(count):
             settings = Settings(
-                auth={"keys_file": keys, "reload_seconds": 0.2},
+                # /metrics read without a key here; a broken rewrite keeps the keys (the
+                # `keep` policy: the default, `refuse`, is held by the attack suite)
+                auth={
+                    "keys_file": keys,
+                    "reload_seconds": 0.2,
+                    "protect_metrics": False,
+                    "on_invalid_keys_file": "keep",
+                },
                 admin={"keys_file": admin},
                 redis=redis_settings,
             )

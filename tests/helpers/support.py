@@ -405,10 +405,15 @@ def load_script(path: Path, name: str) -> Any:
 
 @contextlib.contextmanager
 def running_prometheus(
-    target_url: str, workdir: Path, rule_files: Sequence[Path] = (), scrape_interval: str = "1s"
+    target_url: str,
+    workdir: Path,
+    rule_files: Sequence[Path] = (),
+    scrape_interval: str = "1s",
+    credentials_file: Path | None = None,
 ) -> Iterator[str]:
     """A real Prometheus (Debian's package) scraping ``target_url``'s /metrics, with exemplar
-    storage on (as deploy/ runs it); yields its URL."""
+    storage on (as deploy/ runs it), with a bearer key read from ``credentials_file`` as
+    deploy/prometheus/prometheus.yml does; yields its URL."""
     binary = shutil.which("prometheus")
     if binary is None:
         pytest.fail("prometheus is not installed: `make test` installs it (apt package prometheus)")
@@ -421,6 +426,11 @@ def running_prometheus(
                 "job_name": "triton-gateway",
                 "metrics_path": "/metrics",
                 "static_configs": [{"targets": [target_url.removeprefix("http://")]}],
+                **(
+                    {"authorization": {"type": "Bearer", "credentials_file": str(credentials_file)}}
+                    if credentials_file
+                    else {}
+                ),
             }
         ],
     }
