@@ -43,9 +43,10 @@ class Balanced:
     dns: DnsStub
 
 
-def classified(replica: GatewayProcess) -> int:
-    """Successful /classify answers this replica gave, from its own /metrics."""
-    text = httpx.get(f"{replica.url}/metrics", timeout=5).text
+def classified(replica: GatewayProcess, headers: dict[str, str] | None = None) -> int:
+    """Successful /classify answers this replica gave, from its own /metrics (``headers``:
+    a key, which /metrics needs when the replica has keys)."""
+    text = httpx.get(f"{replica.url}/metrics", headers=headers, timeout=5).text
     pattern = r'^gateway_requests_total\{(?=[^}]*route="/classify")(?=[^}]*status="200")[^}]*\} (\S+)$'
     return int(sum(float(value) for value in re.findall(pattern, text, re.MULTILINE)))
 
@@ -83,7 +84,7 @@ def balanced_replicas(
             url = f"http://127.0.0.1:{public}"
             # Until HAProxy has resolved both replicas and checked them up.
             deadline = time.monotonic() + 30
-            while not all(classified(replica) for replica in replicas):
+            while not all(classified(replica, headers) for replica in replicas):
                 assert balancer.poll() is None, (tmp_path / "haproxy.log").read_text()
                 assert time.monotonic() < deadline, (tmp_path / "haproxy.log").read_text()
                 httpx.post(f"{url}/classify", json={"text": "warming up"}, headers=headers, timeout=30)
