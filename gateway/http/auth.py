@@ -72,6 +72,16 @@ def missing_key_error() -> UnauthorizedError:
     )
 
 
+async def refuse(
+    metrics: GatewayMetrics, scope: Scope, receive: Receive, send: Send, error: GatewayError
+) -> None:
+    """Answer ``error`` before the app runs: counted, logged, rendered."""
+    metrics.rejections.labels(reason=error.slug).inc()
+    request = Request(scope)
+    log_problem(request, error)
+    await problem_response(error, request)(scope, receive, send)
+
+
 class AuthMiddleware:
     """Checks keys and rate limits before anything else runs. The keys are the key ring's
     current ones (a rotated file applies without a restart); the limits are the limiter's
@@ -103,10 +113,7 @@ class AuthMiddleware:
         return True
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, error: GatewayError) -> None:
-        self.metrics.rejections.labels(reason=error.slug).inc()
-        request = Request(scope)
-        log_problem(request, error)
-        await problem_response(error, request)(scope, receive, send)
+        await refuse(self.metrics, scope, receive, send, error)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not self._protected(scope["path"]):
@@ -166,10 +173,7 @@ class AdminGate:
         self.body_seconds = body_seconds
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, error: GatewayError) -> None:
-        self.metrics.rejections.labels(reason=error.slug).inc()
-        request = Request(scope)
-        log_problem(request, error)
-        await problem_response(error, request)(scope, receive, send)
+        await refuse(self.metrics, scope, receive, send, error)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope["path"].startswith(ADMIN_PREFIX):
