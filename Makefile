@@ -105,12 +105,14 @@ bench-ledger: test-system-deps install models
 
 # API keys for the compose stack and Kubernetes, in one step: deploy/secrets/api-keys (the
 # gateway's keys file: hashes), deploy/secrets/prometheus-key (Prometheus scrapes /metrics
-# with it) and a first client key, printed once. Never committed (.gitignore).
+# with it), deploy/secrets/smoke-key (make gpu-smoke's) and a first client key, printed
+# once. Never committed (.gitignore).
 keys: $(VENV)/.installed
 	@test ! -e deploy/secrets/api-keys || { echo "deploy/secrets/api-keys exists: add a client with $(VENV)/bin/triton-gateway new-key ID --keys-file deploy/secrets/api-keys"; exit 1; }
 	@mkdir -p deploy/secrets && chmod 700 deploy/secrets
 	@$(VENV)/bin/triton-gateway new-key prometheus --keys-file deploy/secrets/api-keys > deploy/secrets/prometheus-key
 	@chmod 644 deploy/secrets/prometheus-key  # read by Prometheus's own user in its container
+	@$(VENV)/bin/triton-gateway new-key smoke --keys-file deploy/secrets/api-keys > deploy/secrets/smoke-key
 	@echo "client key for 'client' (keep it; it is not stored):"
 	@$(VENV)/bin/triton-gateway new-key client --keys-file deploy/secrets/api-keys
 	@chmod 644 deploy/secrets/api-keys  # hashes only; read by the gateway's user in its container

@@ -283,7 +283,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--write-reference", action="store_true", help="record this stack's answers (CPU twin)"
     )
+    parser.add_argument(
+        "--key-file",
+        type=Path,
+        default=HERE.parent / "secrets" / "smoke-key",
+        help="an API key for the gateway (the compose stack has keys; `make keys` writes this one); "
+        "none is sent when the file does not exist (a keyless local gateway)",
+    )
     options = parser.parse_args(argv)
+    key = options.key_file.read_text().strip() if options.key_file.is_file() else ""
+    headers = {"authorization": f"Bearer {key}"} if key else {}
     if options.compose != "none":
         run(compose_command(options.compose, "up", "-d", "--build"), options.dry_run)
     if options.dry_run:
@@ -291,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
             perf(options.compose, True, Report())
         return 0
     report = Report()
-    with httpx.Client(base_url=options.url, timeout=120) as client:
+    with httpx.Client(base_url=options.url, timeout=120, headers=headers) as client:
         if wait_ready(client, options.ready_timeout, report):
             found = answers(client)
             if options.write_reference:
