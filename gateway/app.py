@@ -161,7 +161,12 @@ def create_app(
                 plane=plane,
                 rollouts=rollouts,
                 dispatcher=Dispatcher(
-                    catalog, plane, rollouts, settings.v2_models, settings.triton.probe_cache_seconds
+                    catalog,
+                    plane,
+                    rollouts,
+                    settings.v2_models,
+                    settings.triton.probe_cache_seconds,
+                    settings.predictions,
                 ),
                 model_control=ModelControl(backend, catalog),
                 routing_control=RoutingControl(backend, catalog, rollouts),

@@ -330,6 +330,32 @@ class TracingSettings(BaseModel):
     )
 
 
+class PredictionSettings(BaseModel):
+    """What the gateway records of the models' answers (gateway_prediction_* metrics)."""
+
+    confidence_floor: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="A top-1 score under this counts in gateway_prediction_low_confidence_total.",
+    )
+    confidence_floors: dict[str, float] = Field(
+        default_factory=dict,
+        description="Per-model floors overriding confidence_floor (JSON object, model -> floor in [0, 1]): "
+        "a 1000-class image model and a 2-class sentiment model are not confident at the same score.",
+    )
+
+    @model_validator(mode="after")
+    def _floors(self) -> PredictionSettings:
+        for model, floor in self.confidence_floors.items():
+            if not 0 <= floor <= 1:
+                raise ValueError(f"confidence_floors[{model!r}] must be between 0 and 1")
+        return self
+
+    def floor(self, model: str) -> float:
+        return self.confidence_floors.get(model, self.confidence_floor)
+
+
 class Settings(BaseSettings):
     """Everything the gateway can be told. Environment: GATEWAY_<FIELD>, GATEWAY_<GROUP>__<FIELD>."""
 
@@ -395,6 +421,7 @@ class Settings(BaseSettings):
     admin: AdminSettings = Field(default_factory=AdminSettings)
     redis: RedisSettings = Field(default_factory=RedisSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)
+    predictions: PredictionSettings = Field(default_factory=PredictionSettings)
     v2_models: list[str] = Field(
         default_factory=list,
         description="Models the /v2 Open Inference Protocol routes expose besides the catalog's "

@@ -13,7 +13,7 @@ therefore not used.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from time import perf_counter
@@ -45,6 +45,9 @@ OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset
 # 1 ms .. 10 s, roughly x2.5 per step.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 INPUT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+# Scores and margins live in [0, 1]; finer near both ends, where confidence is read.
+SCORE_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
+LABEL_COUNT_BUCKETS = (0, 1, 2, 3, 5, 8, 13, 21)
 BYTES_BUCKETS = (1024, 16 * 1024, 64 * 1024, 256 * 1024, 1024**2, 4 * 1024**2, 16 * 1024**2, 64 * 1024**2)
 
 
@@ -194,6 +197,38 @@ class GatewayMetrics:
             buckets=(0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0),
             registry=registry,
         )
+        # What the models answer: one observation per classified input, labelled by the
+        # catalog's model and the version Triton says answered (never a client's value).
+        self.prediction_top1 = Histogram(
+            "gateway_prediction_top1_score",
+            "Top-1 score of each classified input, by model and version.",
+            ["model", "version"],
+            buckets=SCORE_BUCKETS,
+            registry=registry,
+        )
+        self.prediction_margin = Histogram(
+            "gateway_prediction_margin",
+            "Top-1 score minus top-2 score of each classified input with two predictions or more "
+            "(single-label models: softmax, none).",
+            ["model", "version"],
+            buckets=SCORE_BUCKETS,
+            registry=registry,
+        )
+        self.prediction_labels = Histogram(
+            "gateway_prediction_labels_above_threshold",
+            "Labels at or above the threshold (the request's, else 0.5) of each classified input "
+            "of a multi-label (sigmoid) model, among those answered.",
+            ["model", "version"],
+            buckets=LABEL_COUNT_BUCKETS,
+            registry=registry,
+        )
+        self.prediction_low_confidence = Counter(
+            "gateway_prediction_low_confidence",
+            "Classified inputs whose top-1 score is under the model's confidence floor "
+            "(GATEWAY_PREDICTIONS__CONFIDENCE_FLOOR, per model GATEWAY_PREDICTIONS__CONFIDENCE_FLOORS).",
+            ["model", "version"],
+            registry=registry,
+        )
         self.circuit = Enum(
             "gateway_triton_circuit_state",
             "The circuit breaker in front of Triton: closed (calls go through), open (503 at once), "
@@ -220,6 +255,33 @@ class GatewayMetrics:
         if found is None:
             found = self._children[key] = metric.labels(*values)
         return found
+
+    def predictions(
+        self,
+        model: str,
+        version: str,
+        rows: Iterable[Sequence[float]],
+        floor: float,
+        multi_label: bool,
+        threshold: float,
+    ) -> None:
+        """One observation per classified input: ``rows`` are each input's scores, highest
+        first (as answered: the top-k the model returned)."""
+        top1 = self.child(self.prediction_top1, model, version)
+        spread = self.child(self.prediction_labels if multi_label else self.prediction_margin, model, version)
+        low = 0
+        for scores in rows:
+            if not scores:
+                continue
+            best = scores[0]
+            top1.observe(best)
+            low += best < floor
+            if multi_label:
+                spread.observe(sum(1 for score in scores if score >= threshold))
+            elif len(scores) > 1:
+                spread.observe(best - scores[1])
+        if low:
+            self.child(self.prediction_low_confidence, model, version).inc(low)
 
     @contextmanager
     def time_triton_call(self, model: str, version: str) -> Iterator[None]:

@@ -18,7 +18,7 @@ on every route.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from time import perf_counter
@@ -28,11 +28,13 @@ from gateway.errors import GatewayError, NotFoundError, ServiceUnavailableError,
 from gateway.names import is_version
 from gateway.serving.catalog import Catalog, CatalogEntry
 from gateway.serving.kinds import kind_of
+from gateway.serving.kinds.base import SCORES
 from gateway.serving.payload import ClassifyInput
 from gateway.serving.plane import InferencePlane
 from gateway.serving.rollout import RolloutRunner
 from gateway.serving.shared_result import SharedResult
 from gateway.serving.validation import resolve_threshold, resolve_top_k
+from gateway.settings import PredictionSettings
 from gateway.shared.routing import Rollout
 from gateway.triton.backend import Classification, InferResult, ModelSignature, ModelStatus, ServerStatus
 from gateway.triton.tensors import Tensor
@@ -115,7 +117,9 @@ class Dispatcher:
         rollouts: RolloutRunner,
         v2_models: Sequence[str],
         probe_seconds: float = 0.5,
+        predictions: PredictionSettings | None = None,
     ) -> None:
+        self.predictions = predictions or PredictionSettings()
         self.catalog = catalog
         self.plane = plane
         self.rollouts = rollouts
@@ -185,6 +189,7 @@ class Dispatcher:
             chosen = self.catalog.version(entry.name) if version is None else version
             k = self._top_k(entry, payload, top_k, cut)
             answers = await self._run(entry, chosen, payload, k, call)
+            self._record(entry, answers, cut)
             return Answer(entry.name, at_least(answers, cut))
         return await self._in_rollout(entry, rollout, payload, top_k, cut, call)
 
@@ -241,6 +246,7 @@ class Dispatcher:
             self.rollouts.record(entry.name, arm, perf_counter() - began, failed=True)
             raise
         self.rollouts.record(entry.name, arm, perf_counter() - began, failed=False)
+        self._record(served, answers, threshold)
         self._shadow(entry, rollout, payload, k, call, answers)  # compared before any threshold
         return Answer(served.name, at_least(answers, threshold))
 
@@ -318,6 +324,29 @@ class Dispatcher:
         self, target: OipTarget, inputs: Sequence[Tensor], outputs: Sequence[str], call: Call
     ) -> InferResult:
         call.model = target.name
-        return await self.plane.infer(
+        answer = await self.plane.infer(
             target.name, target.version, inputs, outputs, call.request_id, admitted=not call.admitted
         )
+        scores = answer.outputs.get(SCORES)
+        if target.entry is not None and scores is not None and scores.array.ndim == 2:
+            # a classifier's answer on /v2 is recorded as on /classify (its SCORES, best first)
+            self._observe(target.entry, answer.model_version, scores.array.tolist(), None)
+        return answer
+
+    def _observe(
+        self, entry: CatalogEntry, version: str, rows: Iterable[Sequence[float]], threshold: float | None
+    ) -> None:
+        self.plane.metrics.predictions(
+            entry.name,
+            version,
+            rows,
+            self.predictions.floor(entry.name),
+            entry.caps.extra.get("activation") == "sigmoid",
+            0.5 if threshold is None else threshold,
+        )
+
+    def _record(self, entry: CatalogEntry, answers: list[Classification], threshold: float | None) -> None:
+        """The answers (before any threshold) in the prediction metrics."""
+        if answers:
+            rows = ([p.score for p in answer.predictions] for answer in answers)
+            self._observe(entry, answers[0].model_version, rows, threshold)

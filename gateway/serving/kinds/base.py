@@ -113,9 +113,13 @@ def merged_parameters(config: ModelConfig, steps: Sequence[ModelConfig]) -> dict
     return {**merged, **config.parameters}
 
 
+# A classifier's scores output: each input's top-k scores, best first (LABELS beside it).
+SCORES = "SCORES"
+
+
 def classifications(result: InferResult, truncated: Sequence[bool] | None = None) -> list[Classification]:
     """One Classification per row of a classifier's LABELS, SCORES and CLASS_IDS."""
-    scores = result.outputs["SCORES"].rows()
+    scores = result.outputs[SCORES].rows()
     cuts: Sequence[bool | None] = truncated if truncated is not None else [None] * len(scores)
     return [
         Classification(
