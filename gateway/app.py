@@ -25,6 +25,7 @@ from gateway.http.routes import classify, health, metrics_route, oip
 from gateway.http.schemas import Problem, classify_json_model
 from gateway.http.telemetry import TelemetryMiddleware
 from gateway.observe.metrics import GatewayMetrics, TritonMetricsScraper
+from gateway.observe.predictionlog import PredictionLog
 from gateway.observe.tracing import Tracing
 from gateway.serving.admission import Admission
 from gateway.serving.catalog import Catalog
@@ -148,6 +149,8 @@ def create_app(
         await catalog.refresh()
         catalog.start()
         plane = InferencePlane(backend, admission, tracing, metrics, workers)
+        prediction_log = PredictionLog(settings.prediction_log, metrics)
+        prediction_log.start()
         try:
             yield GatewayState(
                 settings=settings,
@@ -170,8 +173,10 @@ def create_app(
                 ),
                 model_control=ModelControl(backend, catalog),
                 routing_control=RoutingControl(backend, catalog, rollouts),
+                prediction_log=prediction_log,
             )
         finally:
+            await prediction_log.stop()
             await rollouts.stop()
             await catalog.stop()
             await routing.stop()

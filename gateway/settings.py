@@ -356,6 +356,31 @@ class PredictionSettings(BaseModel):
         return self.confidence_floors.get(model, self.confidence_floor)
 
 
+class PredictionLogSettings(BaseModel):
+    """A sampled log of the models' answers (off unless a URL and a rate are given)."""
+
+    url: str = Field(
+        "",
+        pattern=r"^((https?|file)://\S+)?$",
+        description="Where records go: http(s):// (CloudEvents in KServe's payload-logger format) or "
+        "file:///path (JSON lines); empty: no log.",
+    )
+    sample_rate: float = Field(0.0, ge=0, le=1, description="Share of answered requests logged (0: none).")
+    failure_sample_rate: float = Field(
+        1.0, ge=0, le=1, description="Share of refused or failed requests logged (with a URL)."
+    )
+    max_queued: int = Field(
+        1000, ge=1, le=1_000_000, description="Records waiting for the sink; past it, records are dropped."
+    )
+    timeout_seconds: float = Field(2.0, gt=0, le=60, description="Deadline of one send to an HTTP sink.")
+    max_file_bytes: int = Field(
+        64 * MiB, ge=1024, description="A file sink is rotated to <file>.1 past this size."
+    )
+    source: str = Field(
+        "triton-gateway", min_length=1, max_length=200, description="ce-source of the events."
+    )
+
+
 class Settings(BaseSettings):
     """Everything the gateway can be told. Environment: GATEWAY_<FIELD>, GATEWAY_<GROUP>__<FIELD>."""
 
@@ -422,6 +447,7 @@ class Settings(BaseSettings):
     redis: RedisSettings = Field(default_factory=RedisSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)
     predictions: PredictionSettings = Field(default_factory=PredictionSettings)
+    prediction_log: PredictionLogSettings = Field(default_factory=PredictionLogSettings)
     v2_models: list[str] = Field(
         default_factory=list,
         description="Models the /v2 Open Inference Protocol routes expose besides the catalog's "

@@ -11,6 +11,7 @@ from typing import Annotated, Any, NotRequired, TypedDict, cast
 from fastapi import Depends, Request
 
 from gateway.observe.metrics import GatewayMetrics, TritonMetricsScraper
+from gateway.observe.predictionlog import PredictionLog
 from gateway.observe.tracing import Tracing
 from gateway.serving.admission import Admission
 from gateway.serving.catalog import Catalog
@@ -39,6 +40,7 @@ class GatewayState(TypedDict):
     dispatcher: Dispatcher
     model_control: ModelControl
     routing_control: RoutingControl
+    prediction_log: PredictionLog
     # per request: set by the request-id middleware and the route
     request_id: NotRequired[str]
     model: NotRequired[str]

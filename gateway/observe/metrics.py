@@ -229,6 +229,16 @@ class GatewayMetrics:
             ["model", "version"],
             registry=registry,
         )
+        self.prediction_log_sent = Counter(
+            "gateway_prediction_log_sent", "Prediction log records the sink took.", registry=registry
+        )
+        self.prediction_log_dropped = Counter(
+            "gateway_prediction_log_dropped",
+            "Prediction log records dropped, by reason: queue_full (the sink is slower than the "
+            "sampled traffic) or sink_error (the sink failed or timed out).",
+            ["reason"],
+            registry=registry,
+        )
         self.circuit = Enum(
             "gateway_triton_circuit_state",
             "The circuit breaker in front of Triton: closed (calls go through), open (503 at once), "

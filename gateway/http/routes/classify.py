@@ -8,11 +8,14 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response
 
+from gateway.errors import GatewayError
 from gateway.http.bodies import expects_continue, read_classify_input
-from gateway.http.dependencies import gateway_state
+from gateway.http.dependencies import GatewayState, gateway_state
 from gateway.http.problems import problem_responses
 from gateway.http.schemas import EXAMPLE_PNG_BASE64, ClassifyResponse, classify_response_json
-from gateway.serving.dispatch import Call
+from gateway.observe.predictionlog import InputDigest, PredictionRecord
+from gateway.serving.dispatch import Answer, Call
+from gateway.serving.payload import ClassifyInput
 from gateway.settings import TOP_K_CEILING
 
 router = APIRouter(tags=["classify"])
@@ -155,15 +158,68 @@ async def classify_request(
     # Response; `response_model` still documents it).
     state = gateway_state(request)
     call = Call(state["request_id"], perf_counter(), _client(request))
+    log = state["prediction_log"]
+    if not log.enabled:
+        response, _ = await _classify(request, state, call, top_k, threshold, model, version, [])
+        return response
+    read: list[ClassifyInput] = []
+    route = CLASSIFY if model is None else CLASSIFY_MODEL if version is None else CLASSIFY_VERSION
+    try:
+        response, answer = await _classify(request, state, call, top_k, threshold, model, version, read)
+    except GatewayError as exc:
+        if log.sampled(call.request_id, failed=True):
+            log.offer(_record(call, route, exc.status, read, None, exc.slug))
+        raise
+    if log.sampled(call.request_id, failed=False):
+        log.offer(_record(call, route, 200, read, answer, None))
+    return response
+
+
+def _record(
+    call: Call, route: str, status: int, read: list[ClassifyInput], answer: Answer | None, error: str | None
+) -> PredictionRecord:
+    """A sampled request's record: digests of its inputs, never the inputs."""
+    payload = read[0] if read else None
+    inputs = [] if payload is None else [InputDigest.of(image) for image in payload.images]
+    if payload is not None:
+        inputs += [InputDigest.of(text.encode()) for text in payload.texts]
+    results = answer.classifications if answer is not None else []
+    return PredictionRecord(
+        request_id=call.request_id,
+        model=answer.model if answer is not None else (call.model or ""),
+        route=route,
+        status=status,
+        latency_seconds=round(perf_counter() - call.started, 6),
+        client=call.client,
+        version=results[0].model_version if results else "",
+        inputs=inputs,
+        predictions=None
+        if answer is None
+        else [[{"label": p.label, "score": p.score} for p in result.predictions] for result in results],
+        error=error,
+    )
+
+
+async def _classify(
+    request: Request,
+    state: GatewayState,
+    call: Call,
+    top_k: int | None,
+    threshold: float | None,
+    model: str | None,
+    version: str | None,
+    read: list[ClassifyInput],
+) -> tuple[Response, Answer]:
     dispatcher = state["dispatcher"]
     dispatcher.check_model(model, version)  # an unknown model is refused before its body is read
     # The body is read before admission: a slot bounds work (checks, Triton), and a slow
     # upload, bounded by the body timeout, never holds one. Refusing only once the body is
     # in also spares a client still writing it a connection reset instead of the 503. A
-    # client that asked `Expect: 100-continue` is admitted first, and refused unsent.
+    # client that asked `Expect: 100-continue` is refused unsent when the gateway is full.
     async with dispatcher.admission_before_body(call, expects_continue(request)):
         with state["tracing"].span("read body"):
             payload = await read_classify_input(request, state["settings"], state["workers"])
+        read.append(payload)
         try:
             answer = await dispatcher.classify(
                 payload, call, model=model, version=version, top_k=top_k, threshold=threshold
@@ -172,4 +228,4 @@ async def classify_request(
             if call.model is not None:
                 state["model"] = call.model  # the metrics' model label
     body = classify_response_json(answer.model, call.request_id, answer.classifications)
-    return Response(body, media_type="application/json")
+    return Response(body, media_type="application/json"), answer

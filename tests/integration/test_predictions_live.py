@@ -5,6 +5,7 @@ gateway_prediction_* (top-1 score, margin, low confidence under the model's floo
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -78,3 +79,32 @@ def test_every_classified_input_is_observed_on_classify_and_v2(
         dict(labels)["version"] for (name, labels) in after if name.startswith("gateway_prediction_top1")
     }
     assert versions == {"1"}
+
+
+def test_the_prediction_log_records_what_triton_answered(
+    triton: TritonServer, serve_gateway: Callable[[Settings], httpx.Client], tmp_path: Path
+) -> None:
+    """Every answer sampled to a file sink: the version Triton answered, the labels it gave,
+    the input's digest (never the input)."""
+    import hashlib
+    import json
+    import time
+
+    target = tmp_path / "log.jsonl"
+    client = serve_gateway(
+        gateway_settings(triton, prediction_log={"url": f"file://{target}", "sample_rate": 1.0})
+    )
+    answer = client.post("/classify", content=chelsea_jpeg(), headers={"content-type": "image/jpeg"})
+    assert answer.status_code == 200
+    deadline = time.monotonic() + 10
+    while not target.exists():
+        assert time.monotonic() < deadline, "nothing logged"
+        time.sleep(0.05)
+    [record] = [json.loads(line) for line in target.read_text().splitlines()]
+    assert record["request_id"] == answer.headers["x-request-id"]
+    assert (record["model"], record["version"], record["status"]) == ("image_classifier", "1", 200)
+    assert record["inputs"] == [
+        {"sha256": hashlib.sha256(chelsea_jpeg()).hexdigest(), "size": len(chelsea_jpeg())}
+    ]
+    answered = [p["label"] for p in answer.json()["results"][0]["predictions"]]
+    assert [p["label"] for p in record["predictions"][0]] == answered

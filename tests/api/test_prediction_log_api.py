@@ -1,0 +1,195 @@
+"""The sampled prediction log, against a real HTTP receiver (CloudEvents, parsed by the
+cloudevents package) and a real file: the format KServe's logger consumers read, inputs
+only as digests, failures at their own rate, and never in a request's way: a slow sink, a
+dead one and one that comes back (the transport faked, which Triton does not need to be
+here: the log sits after the answer)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from cloudevents.core.bindings import http as ce_http
+
+from gateway.app import create_app
+from gateway.dev.tritonserver import free_port
+from gateway.settings import Settings
+
+from helpers.support import FakeBackend, ServedApp
+
+TEXT = "The striker scored twice in the final."
+
+
+class Receiver:
+    """A CloudEvents receiver on a loopback port; ``delay`` seconds per event."""
+
+    def __init__(self, port: int = 0, delay: float = 0.0) -> None:
+        self.port = port or free_port()
+        self.delay = delay
+        self.events: list[tuple[dict[str, str], bytes]] = []
+        self._server: ThreadingHTTPServer | None = None
+
+    def __enter__(self) -> Receiver:
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length", "0")))
+                time.sleep(receiver.delay)
+                receiver.events.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                self.send_response(202)
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return None
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.shutdown()
+        self._server.server_close()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/"
+
+    def wait(self, count: int, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.events) < count:
+            assert time.monotonic() < deadline, f"{len(self.events)} events of {count}"
+            time.sleep(0.05)
+
+
+def served(**log: object) -> ServedApp:
+    settings = Settings(prediction_log=log)
+    return ServedApp(create_app(settings, backend_factory=lambda *_: FakeBackend()), settings).start()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    with Receiver() as running:
+        yield running
+
+
+def dropped(gateway: ServedApp, reason: str) -> float:
+    for line in httpx.get(f"{gateway.url}/metrics", timeout=10).text.splitlines():
+        if line.startswith(f'gateway_prediction_log_dropped_total{{reason="{reason}"}}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_a_sampled_answer_is_a_kserve_request_and_response_event(receiver: Receiver) -> None:
+    gateway = served(url=receiver.url, sample_rate=1.0)
+    try:
+        answer = httpx.post(f"{gateway.url}/classify", json={"texts": [TEXT, "Rain again."]}, timeout=10)
+        assert answer.status_code == 200
+        receiver.wait(2)
+    finally:
+        gateway.stop()
+    events = [
+        ce_http.from_binary_event(ce_http.HTTPMessage(headers, body)) for headers, body in receiver.events
+    ]
+    request, response = sorted(events, key=lambda e: e.get_type())
+    assert request.get_type() == "org.kubeflow.serving.inference.request"
+    assert response.get_type() == "org.kubeflow.serving.inference.response"
+    assert request.get_id() == response.get_id() == answer.headers["x-request-id"]
+    assert request.get_extension("inferenceservicename") == "text_classifier"
+    request_data: dict[str, Any] = request.get_data()  # type: ignore[assignment]
+    digests = request_data["inputs"]
+    assert digests[0] == {"sha256": hashlib.sha256(TEXT.encode()).hexdigest(), "size": len(TEXT.encode())}
+    data: dict[str, Any] = response.get_data()  # type: ignore[assignment]
+    assert data["status"] == 200
+    assert [row[0]["label"] for row in data["predictions"]] == [
+        result["predictions"][0]["label"] for result in answer.json()["results"]
+    ]
+    # the request event holds digests, never the input itself (the fake model echoes it as a label)
+    requests = [body for headers, body in receiver.events if headers["ce-type"].endswith("request")]
+    assert requests
+    assert all(TEXT not in body.decode() for body in requests)
+
+
+def test_failures_are_logged_at_their_own_rate(receiver: Receiver) -> None:
+    gateway = served(url=receiver.url, sample_rate=0.0, failure_sample_rate=1.0)
+    try:
+        ok = httpx.post(f"{gateway.url}/classify", json={"text": TEXT}, timeout=10)
+        bad = httpx.post(
+            f"{gateway.url}/classify",
+            content=b"\xff\xd8\xffnot a jpeg",
+            headers={"content-type": "image/jpeg"},
+        )
+        assert (ok.status_code, bad.status_code) == (200, 422)
+        receiver.wait(2)
+        time.sleep(0.3)
+    finally:
+        gateway.stop()
+    ids = {headers["ce-id"] for headers, _ in receiver.events}
+    assert ids == {bad.headers["x-request-id"]}
+    response = next(
+        json.loads(body) for headers, body in receiver.events if headers["ce-type"].endswith("response")
+    )
+    assert response["status"] == 422
+    assert response["error"] == "invalid-input"
+
+
+def test_a_slow_sink_drops_records_and_never_slows_an_answer() -> None:
+    with Receiver(delay=1.0) as slow:
+        gateway = served(url=slow.url, sample_rate=1.0, max_queued=2)
+        try:
+            with httpx.Client(base_url=gateway.url, timeout=10) as client:
+                timings = []
+                for _ in range(20):
+                    started = time.monotonic()
+                    assert client.post("/classify", json={"text": TEXT}).status_code == 200
+                    timings.append(time.monotonic() - started)
+            print(f"20 answers with a sink taking 1 s an event: slowest {max(timings) * 1000:.0f} ms")
+            assert max(timings) < 0.5
+            assert dropped(gateway, "queue_full") >= 10
+        finally:
+            gateway.stop()
+
+
+def test_a_dead_sink_drops_and_a_sink_that_comes_back_receives() -> None:
+    port = free_port()
+    gateway = served(url=f"http://127.0.0.1:{port}/", sample_rate=1.0, timeout_seconds=0.5)
+    try:
+        with httpx.Client(base_url=gateway.url, timeout=10) as client:
+            assert client.post("/classify", json={"text": TEXT}).status_code == 200
+            deadline = time.monotonic() + 10
+            while dropped(gateway, "sink_error") < 1:
+                assert time.monotonic() < deadline, "the dead sink's record was not counted"
+                time.sleep(0.1)
+            with Receiver(port=port) as back:
+                assert client.post("/classify", json={"text": TEXT}).status_code == 200
+                back.wait(2)
+    finally:
+        gateway.stop()
+
+
+def test_a_file_sink_writes_json_lines_and_rotates(tmp_path: Path) -> None:
+    target = tmp_path / "predictions.jsonl"
+    gateway = served(url=f"file://{target}", sample_rate=1.0, max_file_bytes=2048)
+    try:
+        with httpx.Client(base_url=gateway.url, timeout=10) as client:
+            for _ in range(12):
+                assert client.post("/classify", json={"text": TEXT}).status_code == 200
+        deadline = time.monotonic() + 10
+        while not target.with_name("predictions.jsonl.1").exists():
+            assert time.monotonic() < deadline, "never rotated"
+            time.sleep(0.05)
+    finally:
+        gateway.stop()
+    records = [json.loads(line) for line in target.read_text().splitlines()]
+    assert records
+    assert {record["model"] for record in records} == {"text_classifier"}
+    assert all(record["status"] == 200 and record["predictions"] for record in records)
