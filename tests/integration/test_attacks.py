@@ -95,6 +95,41 @@ class Watch:
         return self.peak - self.before
 
 
+PROBE = """
+import sys, time, httpx
+worst = 0.0
+with httpx.Client(base_url=sys.argv[1], timeout=30) as probe:
+    while sys.stdin.readable():
+        started = time.monotonic()
+        probe.get("/livez").raise_for_status()
+        worst = max(worst, time.monotonic() - started)
+        print(worst, flush=True)
+        time.sleep(0.01)
+"""
+
+
+class ProcessProbe:
+    """/livez latency from a process of its own (the test's threads share one GIL: a probe
+    among 60 upload threads measures the client, not the gateway)."""
+
+    def __init__(self, gateway: GatewayProcess) -> None:
+        self._process = subprocess.Popen(
+            [sys.executable, "-c", PROBE, gateway.url], stdout=subprocess.PIPE, text=True
+        )
+        self.worst_ms = 0.0
+
+    def __enter__(self) -> ProcessProbe:
+        assert self._process.stdout is not None
+        self._process.stdout.readline()  # it is probing
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._process.terminate()
+        out, _ = self._process.communicate(timeout=30)
+        lines = [line for line in out.splitlines() if line.strip()]
+        self.worst_ms = float(lines[-1]) * 1000 if lines else 0.0
+
+
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     folder = tmp_path_factory.mktemp("keys")
@@ -299,7 +334,7 @@ def test_a_crowd_of_uploads_is_bounded_by_the_body_budget(gateway: GatewayProces
             statuses.append(answer.status_code)
             retry_after.append(answer.headers.get("retry-after"))
 
-    with Watch(gateway) as watch:
+    with Watch(gateway) as watch, ProcessProbe(gateway) as probe:
         threads = [threading.Thread(target=upload) for _ in range(60)]
         for thread in threads:
             thread.start()
@@ -307,7 +342,8 @@ def test_a_crowd_of_uploads_is_bounded_by_the_body_budget(gateway: GatewayProces
             thread.join(timeout=120)
     counts = {code: statuses.count(code) for code in sorted(set(statuses))}
     print(
-        f"60 x 7 MiB uploads: {counts}; RSS +{watch.rise_mib:.0f} MiB; /livez worst {watch.worst_ms:.0f} ms"
+        f"60 x 7 MiB uploads: {counts}; RSS +{watch.rise_mib:.0f} MiB; /livez from another process: "
+        f"worst {probe.worst_ms:.0f} ms"
     )
     assert len(statuses) == 60
     assert all(code in (0, 400, 413, 422, 503) for code in statuses), counts
