@@ -357,11 +357,6 @@ def _check_shape(document: dict[str, Any], body_size: int, settings: Settings, c
         )
 
 
-def parse_json_input(body: bytes, settings: Settings) -> ClassifyInput:
-    """A JSON /classify body -> ClassifyInput."""
-    return classify_input(parse_json_object(body), len(body), settings)
-
-
 def classify_input(document: dict[str, Any], size: int, settings: Settings) -> ClassifyInput:
     """A parsed JSON /classify body of ``size`` bytes -> ClassifyInput (CPU-bound: base64;
     run off the loop when large)."""

@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.errors import GatewayError
 from gateway.http.problems import gateway_error_response
-from gateway.http.routes.classify import CLASSIFY, CLASSIFY_MODEL, CLASSIFY_VERSION, classify_request
+from gateway.http.routes.classify import classify_request, template
 from gateway.settings import TOP_K_CEILING
 
 # path -> (route template, model, version); the segments as FastAPI's {param} matches them
@@ -52,12 +52,6 @@ def unhandled(route: BaseRoute) -> list[str]:
     found += [f"body field {p.name!r}" for p in dependant.body_params]
     found += [f"route dependency {d!r}" for d in getattr(route, "dependencies", [])]
     return found
-
-
-def _template(model: str | None, version: str | None) -> str:
-    if model is None:
-        return CLASSIFY
-    return CLASSIFY_MODEL if version is None else CLASSIFY_VERSION
 
 
 def _query(raw: bytes) -> tuple[int | None, float | None] | None:
@@ -107,7 +101,7 @@ class FastLane:
             if match is not None:
                 query = _query(scope.get("query_string", b""))
                 model, version = match.group(1), match.group(2)
-                route = self._route(_template(model, version))
+                route = self._route(template(model, version))
                 if query is not None and route is not None:
                     top_k, threshold = query
                     await self._serve(scope, receive, send, route, top_k, threshold, model, version)

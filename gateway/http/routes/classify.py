@@ -24,6 +24,14 @@ CLASSIFY = "/classify"
 CLASSIFY_MODEL = "/models/{model}/classify"
 CLASSIFY_VERSION = "/models/{model}/versions/{version}/classify"
 
+
+def template(model: str | None, version: str | None) -> str:
+    """The route template a classify request with these path parameters matches."""
+    if model is None:
+        return CLASSIFY
+    return CLASSIFY_MODEL if version is None else CLASSIFY_VERSION
+
+
 _BINARY = {"schema": {"type": "string", "format": "binary"}}
 REQUEST_BODY: dict[str, Any] = {
     "required": True,
@@ -163,7 +171,7 @@ async def classify_request(
         response, _ = await _classify(request, state, call, top_k, threshold, model, version, [])
         return response
     read: list[ClassifyInput] = []
-    route = CLASSIFY if model is None else CLASSIFY_MODEL if version is None else CLASSIFY_VERSION
+    route = template(model, version)
     try:
         response, answer = await _classify(request, state, call, top_k, threshold, model, version, read)
     except GatewayError as exc:
