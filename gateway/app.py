@@ -24,6 +24,7 @@ from gateway.http.routes import admin as admin_routes
 from gateway.http.routes import classify, health, metrics_route, oip
 from gateway.http.schemas import Problem, classify_json_model
 from gateway.http.telemetry import TelemetryMiddleware
+from gateway.observe.drift import DriftMonitor, LocalDriftStore, Served, SharedDriftStore
 from gateway.observe.metrics import GatewayMetrics, TritonMetricsScraper
 from gateway.observe.predictionlog import PredictionLog
 from gateway.observe.tracing import Tracing
@@ -151,6 +152,13 @@ def create_app(
         plane = InferencePlane(backend, admission, tracing, metrics, workers)
         prediction_log = PredictionLog(settings.prediction_log, metrics)
         prediction_log.start()
+        drift = DriftMonitor(
+            settings.drift,
+            metrics,
+            LocalDriftStore(settings.drift.reference_dir) if store is None else SharedDriftStore(store),
+            lambda: [Served(e.name, e.versions, e.reference) for e in catalog.entries()],
+        )
+        drift.start()
         try:
             yield GatewayState(
                 settings=settings,
@@ -170,12 +178,15 @@ def create_app(
                     settings.v2_models,
                     settings.triton.probe_cache_seconds,
                     settings.predictions,
+                    drift,
                 ),
                 model_control=ModelControl(backend, catalog),
                 routing_control=RoutingControl(backend, catalog, rollouts),
                 prediction_log=prediction_log,
+                drift=drift,
             )
         finally:
+            await drift.stop()
             await prediction_log.stop()
             await rollouts.stop()
             await catalog.stop()

@@ -356,6 +356,62 @@ class PredictionSettings(BaseModel):
         return self.confidence_floors.get(model, self.confidence_floor)
 
 
+class DriftSettings(BaseModel):
+    """Drift of each classifier's answers against its reference (gateway_prediction_drift)."""
+
+    window_seconds: float = Field(
+        600, ge=10, le=7 * 86400, description="The live window: answers of the last this many seconds."
+    )
+    slot_seconds: float = Field(
+        15,
+        ge=1,
+        le=3600,
+        description="The window slides by slots this long (kept in Redis as one hash each).",
+    )
+    window_inputs: int = Field(
+        0,
+        ge=0,
+        le=100_000_000,
+        description="With a value: the window is only the newest slots that reach this many inputs "
+        "(a count window inside the time window); 0: the whole time window.",
+    )
+    min_inputs: int = Field(
+        100,
+        ge=10,
+        le=10_000_000,
+        description="Fewer inputs in the window: no drift is reported; fewer in a capture: refused (409).",
+    )
+    interval_seconds: float = Field(
+        5, ge=0.2, le=600, description="How often counts are shared and the distances recomputed."
+    )
+    quantile: float = Field(
+        0.99,
+        gt=0.5,
+        lt=1,
+        description="gateway_prediction_drift_threshold is this quantile of the distance between "
+        "samples of the reference itself (how rarely chance alone crosses it).",
+    )
+    max_labels: int = Field(
+        2000,
+        ge=10,
+        le=100_000,
+        description="Distinct top-1 labels counted by name per model and process; later ones count as '(other)'.",
+    )
+    reference_dir: str = Field(
+        "",
+        description="Without Redis: the directory where captured references are kept across restarts "
+        "(empty: in memory only). With Redis they are kept there, for every replica.",
+    )
+
+    @model_validator(mode="after")
+    def _slots(self) -> DriftSettings:
+        if self.slot_seconds > self.window_seconds:
+            raise ValueError("slot_seconds must not exceed window_seconds")
+        if self.window_seconds / self.slot_seconds > 1000:
+            raise ValueError("a window of over 1000 slots: raise slot_seconds")
+        return self
+
+
 class PredictionLogSettings(BaseModel):
     """A sampled log of the models' answers (off unless a URL and a rate are given)."""
 
@@ -448,6 +504,7 @@ class Settings(BaseSettings):
     tracing: TracingSettings = Field(default_factory=TracingSettings)
     predictions: PredictionSettings = Field(default_factory=PredictionSettings)
     prediction_log: PredictionLogSettings = Field(default_factory=PredictionLogSettings)
+    drift: DriftSettings = Field(default_factory=DriftSettings)
     v2_models: list[str] = Field(
         default_factory=list,
         description="Models the /v2 Open Inference Protocol routes expose besides the catalog's "

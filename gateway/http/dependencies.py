@@ -10,6 +10,7 @@ from typing import Annotated, Any, NotRequired, TypedDict, cast
 
 from fastapi import Depends, Request
 
+from gateway.observe.drift import DriftMonitor
 from gateway.observe.metrics import GatewayMetrics, TritonMetricsScraper
 from gateway.observe.predictionlog import PredictionLog
 from gateway.observe.tracing import Tracing
@@ -41,6 +42,7 @@ class GatewayState(TypedDict):
     model_control: ModelControl
     routing_control: RoutingControl
     prediction_log: PredictionLog
+    drift: DriftMonitor
     # per request: set by the request-id middleware and the route
     request_id: NotRequired[str]
     model: NotRequired[str]
@@ -77,3 +79,4 @@ PlaneDep = Annotated[InferencePlane, Depends(_from_state("plane"))]
 DispatcherDep = Annotated[Dispatcher, Depends(_from_state("dispatcher"))]
 ModelControlDep = Annotated[ModelControl, Depends(_from_state("model_control"))]
 RoutingControlDep = Annotated[RoutingControl, Depends(_from_state("routing_control"))]
+DriftDep = Annotated[DriftMonitor, Depends(_from_state("drift"))]

@@ -214,6 +214,7 @@ class ModelInfo(BaseModel):
         description="'unloaded': taken out through model control on purpose; 'loading' / 'unloading': "
         "in between; 'unavailable': failing. Only 'ready' takes requests (otherwise 503).",
     )
+    drift: DriftState | None = Field(None, description="Its live window against its reference.")
 
 
 class TritonInfo(BaseModel):
@@ -221,6 +222,38 @@ class TritonInfo(BaseModel):
 
     live: bool
     version: str = Field(description="Triton's server version, empty when it does not answer.")
+
+
+class DriftReference(BaseModel):
+    """A model's reference: what its answers looked like when they were right."""
+
+    inputs: int = Field(description="Inputs it was made of.")
+    labels: int = Field(description="Distinct top-1 labels in it.")
+    captured_at: float = Field(description="Unix seconds (0: unknown, e.g. a validation set's).")
+    source: Literal["captured", "model-config"] = Field(
+        description="'captured': frozen from live traffic (POST /admin/models/{name}/reference); "
+        "'model-config': the gateway_reference add-model --reference wrote."
+    )
+    version: str = Field(description="The version it was captured from (empty: every version).")
+
+
+class DriftVersion(BaseModel):
+    """One version's live window and its distance to the reference."""
+
+    inputs: int = Field(description="Classified inputs in the live window (every replica's, with Redis).")
+    top_labels: dict[str, int] = Field(description="The five commonest top-1 labels in the window.")
+    drift: dict[str, Any] | None = Field(
+        description="labels / confidence distances and their thresholds, and whether either is "
+        "past its threshold; null without a reference or under min_inputs."
+    )
+    evaluated_at: float
+
+
+class DriftState(BaseModel):
+    """Drift of a model's answers (GATEWAY_DRIFT__*)."""
+
+    reference: DriftReference | None
+    versions: dict[str, DriftVersion]
 
 
 class ModelsResponse(BaseModel):

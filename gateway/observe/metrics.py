@@ -229,6 +229,27 @@ class GatewayMetrics:
             ["model", "version"],
             registry=registry,
         )
+        self.prediction_drift = Gauge(
+            "gateway_prediction_drift",
+            "Distance of the live window of answers to the model's reference, by signal: labels "
+            "(Jensen-Shannon distance of the top-1 label mix, 0..1) or confidence (Kolmogorov-Smirnov "
+            "statistic of the top-1 scores, 0..1). Absent without a reference or under min_inputs.",
+            ["model", "version", "signal"],
+            registry=registry,
+        )
+        self.prediction_drift_threshold = Gauge(
+            "gateway_prediction_drift_threshold",
+            "What gateway_prediction_drift reaches without drift: its quantile (GATEWAY_DRIFT__QUANTILE) "
+            "between samples of the reference itself at the live window's size.",
+            ["model", "version", "signal"],
+            registry=registry,
+        )
+        self.prediction_window = Gauge(
+            "gateway_prediction_window_inputs",
+            "Classified inputs in the live drift window (every replica's, with Redis).",
+            ["model", "version"],
+            registry=registry,
+        )
         self.prediction_log_sent = Counter(
             "gateway_prediction_log_sent", "Prediction log records the sink took.", registry=registry
         )

@@ -45,6 +45,8 @@ from gateway.triton.tensors import strings
 logger = logging.getLogger("gateway.catalog")
 
 TASK_PARAMETER = "gateway_task"
+# A reference of the model's answers (add-model --reference): JSON, see gateway.observe.drift.
+REFERENCE_PARAMETER = "gateway_reference"
 # Triton's states (its repository index), as the catalog reports them.
 _STATES = {"READY": "ready", "LOADING": "loading", "UNLOADING": "unloading", "UNAVAILABLE": "unavailable"}
 
@@ -69,6 +71,7 @@ class CatalogEntry:
     versions: tuple[str, ...] = ()
     platform: str = ""
     steps: tuple[StepState, ...] = ()
+    reference: str = ""  # its configuration's gateway_reference (empty: none)
 
     @property
     def task(self) -> str:
@@ -297,6 +300,7 @@ class Catalog:
             versions=index.ready_versions(name),
             platform=config.platform,
             steps=steps,
+            reference=config.parameters.get(REFERENCE_PARAMETER, ""),
         )
 
     def _note(self, key: str, message: str) -> None:

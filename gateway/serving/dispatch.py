@@ -26,9 +26,11 @@ from typing import Any
 
 from gateway.errors import GatewayError, NotFoundError, ServiceUnavailableError, WrongInputKindError
 from gateway.names import is_version
+from gateway.observe.drift import DriftMonitor
 from gateway.serving.catalog import Catalog, CatalogEntry
 from gateway.serving.kinds import kind_of
 from gateway.serving.kinds.base import SCORES
+from gateway.serving.kinds.text import CANDIDATE_LABELS
 from gateway.serving.payload import ClassifyInput
 from gateway.serving.plane import InferencePlane
 from gateway.serving.rollout import RolloutRunner
@@ -118,8 +120,10 @@ class Dispatcher:
         v2_models: Sequence[str],
         probe_seconds: float = 0.5,
         predictions: PredictionSettings | None = None,
+        drift: DriftMonitor | None = None,
     ) -> None:
         self.predictions = predictions or PredictionSettings()
+        self.drift = drift
         self.catalog = catalog
         self.plane = plane
         self.rollouts = rollouts
@@ -189,7 +193,7 @@ class Dispatcher:
             chosen = self.catalog.version(entry.name) if version is None else version
             k = self._top_k(entry, payload, top_k, cut)
             answers = await self._run(entry, chosen, payload, k, call)
-            self._record(entry, answers, cut)
+            self._record(entry, answers, cut, payload.candidate_labels is not None)
             return Answer(entry.name, at_least(answers, cut))
         return await self._in_rollout(entry, rollout, payload, top_k, cut, call)
 
@@ -246,7 +250,7 @@ class Dispatcher:
             self.rollouts.record(entry.name, arm, perf_counter() - began, failed=True)
             raise
         self.rollouts.record(entry.name, arm, perf_counter() - began, failed=False)
-        self._record(served, answers, threshold)
+        self._record(served, answers, threshold, payload.candidate_labels is not None)
         self._shadow(entry, rollout, payload, k, call, answers)  # compared before any threshold
         return Answer(served.name, at_least(answers, threshold))
 
@@ -330,7 +334,13 @@ class Dispatcher:
         scores = answer.outputs.get(SCORES)
         if target.entry is not None and scores is not None and scores.array.ndim == 2:
             # a classifier's answer on /v2 is recorded as on /classify (its SCORES, best first)
-            self._observe(target.entry, answer.model_version, scores.array.tolist(), None)
+            rows = scores.array.tolist()
+            self._observe(target.entry, answer.model_version, rows, None)
+            # scores only (the labels are the client's to ask for on /v2); none over labels it chose
+            if self.drift is not None and not any(t.name == CANDIDATE_LABELS for t in inputs):
+                for row in rows:
+                    if row:
+                        self.drift.observe(target.entry.name, answer.model_version, None, row[0])
         return answer
 
     def _observe(
@@ -345,8 +355,18 @@ class Dispatcher:
             0.5 if threshold is None else threshold,
         )
 
-    def _record(self, entry: CatalogEntry, answers: list[Classification], threshold: float | None) -> None:
-        """The answers (before any threshold) in the prediction metrics."""
-        if answers:
-            rows = ([p.score for p in answer.predictions] for answer in answers)
-            self._observe(entry, answers[0].model_version, rows, threshold)
+    def _record(
+        self, entry: CatalogEntry, answers: list[Classification], threshold: float | None, own_labels: bool
+    ) -> None:
+        """The answers (before any threshold) in the prediction metrics and the drift
+        windows (not answers over labels the client chose: ``own_labels``)."""
+        if not answers:
+            return
+        version = answers[0].model_version
+        rows = ([p.score for p in answer.predictions] for answer in answers)
+        self._observe(entry, version, rows, threshold)
+        if self.drift is not None and not own_labels:
+            for answer in answers:
+                if answer.predictions:
+                    best = answer.predictions[0]
+                    self.drift.observe(entry.name, version, best.label, best.score)

@@ -2,6 +2,8 @@
 
 - Token buckets, one per rate-limited key id (never the key): one server-side script a
   request, one round trip, on Redis's clock (replicas' clocks never disagree about it).
+- Drift windows and references (gateway.observe.drift): counts per model, version and time
+  slot in expiring hashes, one string per reference.
 - Run-time routing (version pins; later rollouts): one hash, written by whichever replica
   took the admin call and read back by every replica every ``routing_poll_seconds``.
 
@@ -15,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -158,6 +160,34 @@ class SharedState:
     async def delete_routing(self, field: str) -> None:
         call = cast(Awaitable[Any], self._client.hdel(self._routing_key, field))
         await self._run("writing routing", call)
+
+    async def add_counts(self, key: str, fields: dict[str, int], ttl: int) -> None:
+        """Add ``fields`` to the counts of hash ``key`` (one round trip), expiring in ``ttl`` s."""
+        if not fields:
+            return
+        pipe = self._client.pipeline(transaction=False)
+        name = self._key(key)
+        for field, count in fields.items():
+            pipe.hincrby(name, field, count)
+        pipe.expire(name, ttl)
+        await self._run("sharing counts", pipe.execute())
+
+    async def read_counts(self, keys: Sequence[str]) -> list[dict[str, str]]:
+        """Every field of each hash (one round trip; a missing hash is empty)."""
+        pipe = self._client.pipeline(transaction=False)
+        for key in keys:
+            pipe.hgetall(self._key(key))
+        return [dict(found) for found in await self._run("reading counts", pipe.execute())]
+
+    async def get_text(self, key: str) -> str | None:
+        return cast(str | None, await self._run("reading a value", self._client.get(self._key(key))))
+
+    async def set_text(self, key: str, value: str) -> None:
+        await self._run("writing a value", cast(Awaitable[Any], self._client.set(self._key(key), value)))
+
+    async def delete_key(self, key: str) -> bool:
+        removed = await self._run("deleting a value", self._client.delete(self._key(key)))
+        return bool(removed)
 
     async def ping(self) -> bool:
         try:

@@ -11,15 +11,20 @@ restricted to a key only the gateway holds (``GATEWAY_TRITON__REPOSITORY_KEY``).
 
 from __future__ import annotations
 
-from typing import Annotated
+import logging
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 
+from gateway.errors import NotFoundError
 from gateway.http.auth import identify, missing_key_error
-from gateway.http.dependencies import ModelControlDep, RoutingControlDep
+from gateway.http.dependencies import CatalogDep, DriftDep, ModelControlDep, RoutingControlDep
 from gateway.http.problems import problem_responses
+from gateway.http.routes.health import drift_state
 from gateway.http.schemas import (
     CanarySpec,
+    DriftReference,
+    DriftState,
     ModelControlResult,
     PinRequest,
     PromotionResult,
@@ -30,7 +35,7 @@ from gateway.http.schemas import (
     ServedVersion,
     ShadowSpec,
 )
-from gateway.names import MODEL_NAME
+from gateway.names import MODEL_NAME, VERSION
 from gateway.serving.control import ControlResult, RolloutView, Served
 from gateway.triton.backend import RepositoryModel
 
@@ -43,6 +48,8 @@ async def require_admin(request: Request) -> str:
     request.state.client = key.id
     return key.id
 
+
+logger = logging.getLogger("gateway.admin")
 
 AdminDep = Annotated[str, Depends(require_admin)]
 ModelName = Annotated[str, Path(pattern=rf"^{MODEL_NAME}$", description="A model in Triton's repository.")]
@@ -194,3 +201,68 @@ async def rollback(name: ModelName, admin: AdminDep, control: RoutingControlDep)
 async def promote(name: ModelName, admin: AdminDep, control: RoutingControlDep) -> PromotionResult:
     promotion = await control.promote(name, admin)
     return PromotionResult(model=promotion.model, promoted=promotion.promoted, change=promotion.change)
+
+
+# --- drift reference ----------------------------------------------------------------
+
+
+@router.post(
+    "/models/{name}/reference",
+    summary="Freeze a classifier's live window of answers as its drift reference (every replica's, "
+    "with Redis); 409 while the window holds fewer than GATEWAY_DRIFT__MIN_INPUTS inputs",
+    responses=problem_responses(404, 409),
+)
+async def capture_reference(
+    name: ModelName,
+    admin: AdminDep,
+    catalog: CatalogDep,
+    drift: DriftDep,
+    version: Annotated[
+        str | None,
+        Query(
+            pattern=rf"^{VERSION}$",
+            description="Only this version's window (default: every ready version's, merged).",
+        ),
+    ] = None,
+) -> DriftReference:
+    entry = catalog.get(name)
+    if version is not None and version not in entry.versions:
+        raise NotFoundError("there is no such model version")
+    versions = [version] if version is not None else list(entry.versions)
+    reference = await drift.capture(name, versions)
+    logger.info(
+        "admin %s captured the drift reference of %s (%d inputs)", admin, name, reference.distribution.inputs
+    )
+    return DriftReference(**reference.summary())
+
+
+@router.get(
+    "/models/{name}/reference",
+    summary="A classifier's drift reference, counts included (404 when it has none)",
+    responses=problem_responses(404),
+)
+async def get_reference(
+    name: ModelName, admin: AdminDep, catalog: CatalogDep, drift: DriftDep
+) -> dict[str, Any]:
+    entry = catalog.get(name)
+    reference = await drift.reference(name, entry.reference)
+    if reference is None:
+        raise NotFoundError(f"{name} has no drift reference")
+    return reference.as_json()
+
+
+@router.delete(
+    "/models/{name}/reference",
+    summary="Drop a classifier's captured reference (the one its configuration carries, if any, applies again)",
+    responses=problem_responses(404),
+)
+async def delete_reference(
+    name: ModelName, admin: AdminDep, catalog: CatalogDep, drift: DriftDep
+) -> DriftState:
+    entry = catalog.get(name)
+    if not await drift.forget(name):
+        raise NotFoundError(f"{name} has no captured reference")
+    logger.info("admin %s dropped the drift reference of %s", admin, name)
+    state = await drift_state(drift, entry)
+    assert state is not None
+    return state

@@ -3,14 +3,34 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Annotated
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Path, Request
 from fastapi.responses import JSONResponse, Response
 
 from gateway.errors import GatewayError, NotReadyError
-from gateway.http.dependencies import AdmissionDep, BackendDep, CatalogDep, DispatcherDep, SettingsDep
+from gateway.http.dependencies import (
+    AdmissionDep,
+    BackendDep,
+    CatalogDep,
+    DispatcherDep,
+    DriftDep,
+    SettingsDep,
+)
 from gateway.http.problems import problem_response, problem_responses
-from gateway.http.schemas import ComposingModel, Liveness, ModelInfo, ModelsResponse, Readiness, TritonInfo
+from gateway.http.schemas import (
+    ComposingModel,
+    DriftReference,
+    DriftState,
+    DriftVersion,
+    Liveness,
+    ModelInfo,
+    ModelsResponse,
+    Readiness,
+    TritonInfo,
+)
+from gateway.names import MODEL_NAME
+from gateway.observe.drift import DriftMonitor
 from gateway.serving.catalog import Catalog, CatalogEntry
 from gateway.serving.dispatch import Dispatcher
 from gateway.triton.backend import InferenceBackend, ModelStatus
@@ -96,7 +116,24 @@ async def readyz(
     return problem_response(error, request)
 
 
-async def _info(catalog: Catalog, entry: CatalogEntry, defaults: set[str], live: bool) -> ModelInfo:
+async def drift_state(drift: DriftMonitor, entry: CatalogEntry) -> DriftState | None:
+    """The model's reference and live windows (None while the store does not answer)."""
+    try:
+        reference = await drift.reference(entry.name, entry.reference)
+    except GatewayError:
+        return None
+    return DriftState(
+        reference=None if reference is None else DriftReference(**reference.summary()),
+        versions={
+            version: DriftVersion(**reading.as_json())
+            for version, reading in sorted(drift.readings(entry.name).items())
+        },
+    )
+
+
+async def _info(
+    catalog: Catalog, drift: DriftMonitor, entry: CatalogEntry, defaults: set[str], live: bool
+) -> ModelInfo:
     # the catalog as last read, but nothing is ready while Triton does not answer
     ready = entry.ready and live
     return ModelInfo(
@@ -115,14 +152,31 @@ async def _info(catalog: Catalog, entry: CatalogEntry, defaults: set[str], live:
         labels=await catalog.labels(entry) if ready else None,
         pinned_version=catalog.version(entry.name),
         state=entry.state if live else "unavailable",
+        drift=await drift_state(drift, entry),
     )
 
 
 @router.get("/models", summary="The catalog: every classifier the gateway exposes, as Triton reports it")
-async def models(catalog: CatalogDep, backend: BackendDep) -> ModelsResponse:
+async def models(catalog: CatalogDep, backend: BackendDep, drift: DriftDep) -> ModelsResponse:
     defaults = set(catalog.defaults().values())
     server = await backend.server_status()
     infos = await asyncio.gather(
-        *(_info(catalog, entry, defaults, server.live) for entry in catalog.entries())
+        *(_info(catalog, drift, entry, defaults, server.live) for entry in catalog.entries())
     )
     return ModelsResponse(triton=TritonInfo(live=server.live, version=server.version), models=list(infos))
+
+
+@router.get(
+    "/models/{model}",
+    summary="One classifier of the catalog, with its drift window and reference",
+    responses=problem_responses(404),
+)
+async def model(
+    model: Annotated[str, Path(pattern=rf"^{MODEL_NAME}$")],
+    catalog: CatalogDep,
+    backend: BackendDep,
+    drift: DriftDep,
+) -> ModelInfo:
+    entry = catalog.get(model)  # 404 when the catalog has no such classifier
+    server = await backend.server_status()
+    return await _info(catalog, drift, entry, set(catalog.defaults().values()), server.live)
