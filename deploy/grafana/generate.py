@@ -75,7 +75,7 @@ def panel(
     }
 
 
-def variables(with_model: bool) -> list[dict[str, Any]]:
+def variables(with_model: bool, models_from: str = "nv_inference_request_success") -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = [
         {
             "name": "datasource",
@@ -95,7 +95,7 @@ def variables(with_model: bool) -> list[dict[str, Any]]:
                 "label": "Model",
                 "type": "query",
                 "datasource": DS,
-                "query": {"query": "label_values(nv_inference_request_success, model)", "refId": "models"},
+                "query": {"query": f"label_values({models_from}, model)", "refId": "models"},
                 "includeAll": True,
                 "allValue": ".*",
                 "multi": True,
@@ -109,7 +109,12 @@ def variables(with_model: bool) -> list[dict[str, Any]]:
 
 
 def dashboard(
-    uid: str, title: str, description: str, panels: list[dict[str, Any]], with_model: bool
+    uid: str,
+    title: str,
+    description: str,
+    panels: list[dict[str, Any]],
+    with_model: bool,
+    models_from: str = "nv_inference_request_success",
 ) -> dict[str, Any]:
     for index, item in enumerate(panels, start=1):
         item["id"] = index
@@ -126,7 +131,7 @@ def dashboard(
         "time": {"from": "now-1h", "to": "now"},
         "timepicker": {},
         "timezone": "browser",
-        "templating": {"list": variables(with_model)},
+        "templating": {"list": variables(with_model, models_from)},
         "annotations": {"list": []},
         "links": [],
         "panels": panels,
@@ -431,10 +436,136 @@ def latency_breakdown() -> dict[str, Any]:
     )
 
 
+def model_quality() -> dict[str, Any]:
+    """What the models answer (issue 33): confidence, low-confidence share, drift against
+    the reference and its threshold, rollout agreement, the prediction log's health."""
+    top1 = "gateway_prediction_top1_score"
+    panels = [
+        panel(
+            "Top-1 score (median and p10)",
+            "Each classified input's top-1 score, by model. A slide down means the inputs (or the "
+            "model) changed: darker photos, another language.",
+            [
+                (quantile(0.5, top1, "model", MODEL), "{{model}} p50"),
+                (quantile(0.1, top1, "model", MODEL), "{{model}} p10"),
+            ],
+            "percentunit",
+            (0, 0, 12, 8),
+        ),
+        panel(
+            "Low-confidence share",
+            "Share of inputs whose top-1 score is under the model's floor "
+            "(GATEWAY_PREDICTIONS__CONFIDENCE_FLOOR[S]).",
+            [
+                (
+                    f"sum by (model) (rate(gateway_prediction_low_confidence_total{{{MODEL}}}[{RATE}])) / "
+                    f"sum by (model) (rate({top1}_count{{{MODEL}}}[{RATE}]))",
+                    "{{model}}",
+                )
+            ],
+            "percentunit",
+            (12, 0, 12, 8),
+        ),
+        panel(
+            "Drift: label mix",
+            "Jensen-Shannon distance of the live window's top-1 labels to the model's reference "
+            "(solid), and what chance alone reaches at this window size (dashed: the threshold). "
+            "The PredictionDrift alert fires when the distance stays above it for 10 minutes.",
+            [
+                (
+                    f'max by (model, version) (gateway_prediction_drift{{signal="labels", {MODEL}}})',
+                    "{{model}} v{{version}}",
+                ),
+                (
+                    f'max by (model, version) (gateway_prediction_drift_threshold{{signal="labels", {MODEL}}})',
+                    "{{model}} v{{version}} threshold",
+                ),
+            ],
+            "short",
+            (0, 8, 12, 8),
+        ),
+        panel(
+            "Drift: confidence",
+            "Kolmogorov-Smirnov statistic of the live window's top-1 scores against the reference's, "
+            "and its no-drift threshold.",
+            [
+                (
+                    f'max by (model, version) (gateway_prediction_drift{{signal="confidence", {MODEL}}})',
+                    "{{model}} v{{version}}",
+                ),
+                (
+                    f'max by (model, version) (gateway_prediction_drift_threshold{{signal="confidence", {MODEL}}})',
+                    "{{model}} v{{version}} threshold",
+                ),
+            ],
+            "short",
+            (12, 8, 12, 8),
+        ),
+        panel(
+            "Inputs in the drift window",
+            "Classified inputs the drift is measured on (every replica's, with Redis); under "
+            "GATEWAY_DRIFT__MIN_INPUTS no drift is reported.",
+            [
+                (
+                    f"max by (model, version) (gateway_prediction_window_inputs{{{MODEL}}})",
+                    "{{model}} v{{version}}",
+                )
+            ],
+            "short",
+            (0, 16, 12, 8),
+        ),
+        panel(
+            "Top-1 margin (median)",
+            "Top-1 minus top-2 score of single-label models: a shrinking margin is a model "
+            "hesitating between classes.",
+            [(quantile(0.5, "gateway_prediction_margin", "model", MODEL), "{{model}}")],
+            "percentunit",
+            (12, 16, 12, 8),
+        ),
+        panel(
+            "Rollouts: top-1 agreement",
+            "Share of shadowed inputs whose top-1 label agrees with the served model's.",
+            [
+                (
+                    f'sum by (model, target) (rate(gateway_shadow_comparisons_total{{outcome="agree", {MODEL}}}[{RATE}])) / '
+                    f'sum by (model, target) (rate(gateway_shadow_comparisons_total{{outcome=~"agree|disagree", {MODEL}}}[{RATE}]))',
+                    "{{model}} vs {{target}}",
+                )
+            ],
+            "percentunit",
+            (0, 24, 12, 8),
+        ),
+        panel(
+            "Prediction log",
+            "Records the sink took, and those dropped (queue_full: the sink is slower than the "
+            "sampled traffic; sink_error: it failed or timed out).",
+            [
+                (f"sum(rate(gateway_prediction_log_sent_total[{RATE}]))", "sent"),
+                (
+                    f"sum by (reason) (rate(gateway_prediction_log_dropped_total[{RATE}]))",
+                    "dropped {{reason}}",
+                ),
+            ],
+            "reqps",
+            (12, 24, 12, 8),
+        ),
+    ]
+    return dashboard(
+        "triton-gateway-model-quality",
+        "Triton gateway: model quality",
+        "Whether the models are still right: confidence, drift against each model's reference, "
+        "rollout agreement.",
+        panels,
+        with_model=True,
+        models_from="gateway_prediction_top1_score_count",
+    )
+
+
 DASHBOARDS = {
     "gateway-overview.json": gateway_overview,
     "triton-models.json": triton_models,
     "latency-breakdown.json": latency_breakdown,
+    "model-quality.json": model_quality,
 }
 
 

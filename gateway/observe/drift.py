@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import math
@@ -51,7 +52,7 @@ SCORE_BINS = 50
 OTHER = "(other)"
 # How many bootstrap rounds decide a threshold, and how finely the live window's size is
 # bucketed for the cache (thresholds for 1000 and 1040 inputs are the same to a test).
-_ROUNDS = 400
+_ROUNDS = 1000
 _SIZE_STEP = 1.1
 # A reference larger than this is resampled at this size: its own noise is negligible there.
 _MAX_REFERENCE_DRAW = 1_000_000
@@ -243,6 +244,14 @@ def no_drift(
     return float(np.quantile(statistic(live, again), quantile))
 
 
+def _step(size: int) -> int:
+    return round(math.log(size, _SIZE_STEP)) if size > 0 else 0
+
+
+def _size(step: int) -> int:
+    return max(1, round(_SIZE_STEP**step))
+
+
 # -- storage -------------------------------------------------------------------------
 
 
@@ -376,6 +385,17 @@ class Reading:
     top_labels: list[tuple[str, int]] = field(default_factory=list)
     at: float = 0.0
 
+    @property
+    def drifting(self) -> bool:
+        """Either distance past its threshold."""
+        return any(
+            value is not None and threshold is not None and value > threshold
+            for value, threshold in (
+                (self.labels, self.labels_threshold),
+                (self.confidence, self.confidence_threshold),
+            )
+        )
+
     def as_json(self) -> dict[str, Any]:
         return {
             "inputs": self.inputs,
@@ -387,10 +407,7 @@ class Reading:
                 "labels_threshold": self.labels_threshold,
                 "confidence": self.confidence,
                 "confidence_threshold": self.confidence_threshold,
-                "drifting": bool(
-                    (self.labels or 0) > (self.labels_threshold or 1)
-                    or (self.confidence or 0) > (self.confidence_threshold or 1)
-                ),
+                "drifting": self.drifting,
             },
             "evaluated_at": self.at,
         }
@@ -406,7 +423,6 @@ class DriftMonitor:
         store: DriftStore,
         served: Callable[[], Iterable[Served]],
         clock: Callable[[], float] = time.time,
-        seed: int | None = None,
     ) -> None:
         self.settings = settings
         self._metrics = metrics
@@ -415,11 +431,10 @@ class DriftMonitor:
         self._clock = clock
         self._pending: dict[tuple[str, str], Distribution] = {}
         self._known: dict[str, set[str]] = {}
-        self._thresholds: dict[tuple[str, str, int, int], tuple[float, float]] = {}
+        self._thresholds: dict[tuple[str, str, int, int, int], tuple[float, float]] = {}
         self._readings: dict[tuple[str, str], Reading] = {}
         self._references: dict[str, tuple[str, Reference]] = {}  # model -> (its document, parsed)
         self._published: set[tuple[str, str]] = set()
-        self._rng = np.random.default_rng(seed)
         self._task: Periodic | None = None
 
     # -- the request path
@@ -521,7 +536,8 @@ class DriftMonitor:
                 self._readings[(served.model, version)] = reading
                 seen.add((served.model, version))
                 if reference is not None and window.inputs >= self.settings.min_inputs:
-                    tag = hash(self._references[served.model][0])
+                    digest = hashlib.sha256(self._references[served.model][0].encode()).digest()
+                    tag = int.from_bytes(digest[:8], "big")
                     await self._measure((served.model, version, tag), window, reference, reading)
                 self._publish(served.model, version, reading)
         for key in set(self._readings) - seen:
@@ -536,20 +552,24 @@ class DriftMonitor:
         ref = reference.distribution
         reading.confidence = score_distance(window.scores, ref.scores)
         reading.labels = label_distance(window.labels, ref.labels) if window.labelled else None
-        key = (*which, round(math.log(max(window.inputs, 1), _SIZE_STEP)))
+        # Window sizes in steps of 10 %, each drawn at its step's own size: the threshold
+        # depends on the reference and the step only, so every replica (and every
+        # evaluation) draws the same one for the same window.
+        inputs, labelled = _step(window.inputs), _step(window.labelled)
+        key = (*which, inputs, labelled)
         thresholds = self._thresholds.get(key)
         if thresholds is None:
-            size = max(window.inputs, 1)
             quantile = self.settings.quantile
-            base = np.array(list(ref.labels.values()), dtype=float)
-            # up to ~0.1 s of numpy for 1000 classes: off the event loop
+            base = np.array([count for _, count in sorted(ref.labels.items())], dtype=float)
+            rng = np.random.default_rng([which[2], inputs, labelled])
+            # up to ~0.2 s of numpy for 1000 classes: off the event loop
             labels = (
-                await asyncio.to_thread(no_drift, base, max(window.labelled, 1), _js, quantile, self._rng)
-                if base.sum()
+                await asyncio.to_thread(no_drift, base, _size(labelled), _js, quantile, rng)
+                if base.sum() and labelled
                 else 1.0
             )
             scores = await asyncio.to_thread(
-                no_drift, np.asarray(ref.scores, dtype=float), size, _ks, quantile, self._rng
+                no_drift, np.asarray(ref.scores, dtype=float), _size(inputs), _ks, quantile, rng
             )
             thresholds = self._thresholds[key] = (labels, scores)
             if len(self._thresholds) > 4096:  # a cache, not a record: bounded

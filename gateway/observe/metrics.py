@@ -260,6 +260,8 @@ class GatewayMetrics:
             ["reason"],
             registry=registry,
         )
+        for reason in ("queue_full", "sink_error"):  # 0 from the start: a rate, not a gap
+            self.prediction_log_dropped.labels(reason)
         self.circuit = Enum(
             "gateway_triton_circuit_state",
             "The circuit breaker in front of Triton: closed (calls go through), open (503 at once), "

@@ -3,6 +3,7 @@ its own keys, pins, and what /readyz and /models say about an unloaded model."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -179,3 +180,65 @@ def test_rollout_targets_are_checked_and_a_version_promotion_moves_the_pin(
     assert served["text_classifier"] == "2"
     assert client.get(route, headers=ADMIN).status_code == 404  # the rollout ended
     assert client.post(f"{route}/rollback", headers=ADMIN).status_code == 404
+
+
+def _drift_client(keys: tuple[Path, Path], backend: FakeBackend) -> TestClient:
+    settings = Settings(
+        admin=AdminSettings(keys_file=keys[0]),
+        auth=AuthSettings(keys_file=keys[1]),
+        drift={"min_inputs": 10, "interval_seconds": 0.2, "slot_seconds": 1, "window_seconds": 60},
+    )
+    return TestClient(create_app(settings, backend_factory=lambda *_: backend))
+
+
+def test_a_drift_reference_is_captured_shown_and_dropped_through_the_admin_surface(
+    keys: tuple[Path, Path], backend: FakeBackend
+) -> None:
+    path = "/admin/models/text_classifier/reference"
+    with _drift_client(keys, backend) as client:
+        # admin keys only; an unknown model or version is 404 before anything is counted
+        assert client.post(path, headers=CLIENT).status_code == 401
+        assert client.post("/admin/models/nope/reference", headers=ADMIN).status_code == 404
+        assert client.post(f"{path}?version=99", headers=ADMIN).status_code == 404
+        assert client.post(f"{path}?version=x", headers=ADMIN).status_code == 422
+        assert client.get(path, headers=ADMIN).status_code == 404
+        assert client.delete(path, headers=ADMIN).status_code == 404
+        # too few inputs in the window: 409, saying how many it needs
+        refused = client.post(path, headers=ADMIN)
+        assert refused.status_code == 409, refused.text
+        assert refused.headers["content-type"] == "application/problem+json"
+        assert "GATEWAY_DRIFT__MIN_INPUTS" in refused.json()["detail"]
+
+        texts = {"texts": [f"text number {i}" for i in range(12)]}
+        assert client.post("/classify", json=texts, headers=CLIENT).status_code == 200
+        # zero-shot answers over the client's own labels are not counted
+        own = {"texts": ["x"] * 5, "candidate_labels": ["a", "b"]}
+        assert client.post("/classify", json=own, headers=CLIENT).status_code == 200
+        captured = client.post(path, headers=ADMIN)
+        assert captured.status_code == 200, captured.text
+        assert captured.json()["inputs"] == 12
+        assert captured.json()["source"] == "captured"
+        counts = client.get(path, headers=ADMIN).json()
+        assert sum(counts["labels"].values()) == 12
+        assert sum(counts["scores"]) == 12
+
+        # the catalog shows it, with the live window, to clients too
+        deadline = time.monotonic() + 5
+        while True:
+            drift = client.get("/models/text_classifier", headers=CLIENT).json()["drift"]
+            # the fake backend answers as version 2
+            if drift["versions"] and drift["versions"]["2"]["drift"] is not None:
+                break
+            assert time.monotonic() < deadline, str(drift)
+            time.sleep(0.1)
+        assert drift["reference"]["inputs"] == 12
+        assert drift["versions"]["2"]["drift"]["labels"] == pytest.approx(0, abs=1e-9)
+        assert drift["versions"]["1"]["inputs"] == 0
+        listed = client.get("/models", headers=CLIENT).json()["models"]
+        assert next(m for m in listed if m["name"] == "text_classifier")["drift"]["reference"] is not None
+        assert client.get("/models/nope", headers=CLIENT).status_code == 404
+
+        dropped = client.delete(path, headers=ADMIN)
+        assert dropped.status_code == 200, dropped.text
+        assert dropped.json()["reference"] is None
+        assert client.get(path, headers=ADMIN).status_code == 404

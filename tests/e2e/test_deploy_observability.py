@@ -37,7 +37,7 @@ def test_promtool_check_rules() -> None:
     result = run(tool("promtool"), "check", "rules", *map(str, sorted((PROMETHEUS / "rules").glob("*.yml"))))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS: 10 rules found" in result.stdout
-    assert "SUCCESS: 9 rules found" in result.stdout
+    assert "SUCCESS: 10 rules found" in result.stdout
 
 
 def test_promtool_test_rules() -> None:
@@ -96,7 +96,7 @@ def load_dashboards() -> dict[str, dict[str, object]]:
 
 def test_dashboards_match_grafana_schema(tmp_path: Path) -> None:
     dashboards = load_dashboards()
-    assert set(dashboards) == {"gateway-overview", "triton-models", "latency-breakdown"}
+    assert set(dashboards) == {"gateway-overview", "triton-models", "latency-breakdown", "model-quality"}
     result = _typecheck(dashboards, tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
 

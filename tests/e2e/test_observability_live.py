@@ -53,7 +53,14 @@ def gateway(triton: TritonServer, tmp_path_factory: pytest.TempPathFactory) -> I
     """The session's gateway with an admin surface: the rollout is started as operators do."""
     keys = tmp_path_factory.mktemp("admin") / "keys"
     keys.write_text(f"ops {hash_key('ops-secret')}\n")
-    settings = gateway_settings(triton, admin=AdminSettings(keys_file=keys))
+    log = tmp_path_factory.mktemp("predictions") / "log.jsonl"
+    settings = gateway_settings(
+        triton,
+        admin=AdminSettings(keys_file=keys),
+        # small windows, so the drift panels have data within the module's traffic
+        drift={"window_seconds": 60, "slot_seconds": 2, "min_inputs": 10, "interval_seconds": 0.5},
+        prediction_log={"url": f"file://{log}", "sample_rate": 1.0},
+    )
     served = ServedApp(create_app(settings), settings).start()
     yield served
     served.stop()
@@ -131,7 +138,11 @@ def traffic(prometheus: str, gateway: ServedApp) -> Iterator[str]:
     started = httpx.put(path, json={"shadow": {"target": "text_classifier:1", "sample": 1.0}}, headers=ADMIN)
     assert started.status_code == 200, started.text
     try:
-        send_mixed_traffic(gateway.url, seconds=12)
+        send_mixed_traffic(gateway.url, seconds=6)
+        for model in ("image_classifier", "text_classifier"):  # drift needs a reference
+            captured = httpx.post(f"{gateway.url}/admin/models/{model}/reference", headers=ADMIN)
+            assert captured.status_code == 200, captured.text
+        send_mixed_traffic(gateway.url, seconds=6)
         time.sleep(3)  # a few more scrapes after the last request
         yield prometheus
     finally:
@@ -166,6 +177,6 @@ def test_every_recording_rule_returns_data(traffic: str, name: str, expr: str) -
 def test_rules_load_and_evaluate_in_prometheus(traffic: str) -> None:
     groups = httpx.get(f"{traffic}/api/v1/rules", timeout=10).json()["data"]["groups"]
     rules = [rule for group in groups for rule in group["rules"]]
-    assert len(rules) == 19
+    assert len(rules) == 20
     assert all(rule["health"] == "ok" for rule in rules), [r for r in rules if r["health"] != "ok"]
     assert finite(query(traffic, "route:gateway_request_duration_seconds:p99_rate5m"))

@@ -102,7 +102,7 @@ def _monitor(
         {"window_seconds": 60, "slot_seconds": 10, "min_inputs": 50, **settings}
     )
     monitor = DriftMonitor(
-        config, GatewayMetrics(registry), store or LocalDriftStore(), lambda: served, clock, seed=1
+        config, GatewayMetrics(registry), store or LocalDriftStore(), lambda: served, clock
     )
     return monitor, registry, clock
 
