@@ -98,6 +98,12 @@ def _parser() -> argparse.ArgumentParser:
         help="with --onnx: a Hugging Face config.json whose id2label names the classes",
     )
     add.add_argument("--repository", type=Path, default=Path("model_repository"))
+    add.add_argument(
+        "--reference",
+        type=Path,
+        help='a validation set\'s predictions (JSON lines: {"label": ..., "score": ...} or '
+        "/classify answers): the model's drift reference until one is captured from live traffic",
+    )
     add.add_argument("--replace", action="store_true", help="overwrite a model of that name")
     network = add.add_argument_group("your own network (--onnx; images and fine-tuned texts)")
     network.add_argument(
@@ -258,6 +264,21 @@ def _refuse_options(args: argparse.Namespace, names: tuple[str, ...], what: str)
 
 
 def _add_model(args: argparse.Namespace) -> list[str]:
+    """The model written, then its reference (read first: a bad file writes nothing)."""
+    from gateway.modelrepo.reference import ReferenceFileError, attach_reference, read_reference
+    from gateway.modelrepo.repository import ModelRepositoryError
+
+    try:
+        reference = None if args.reference is None else read_reference(args.reference)
+    except ReferenceFileError as exc:
+        raise ModelRepositoryError(exc.detail) from exc
+    written = _write_model(args)
+    if reference is not None:
+        attach_reference(args.repository / args.name / "config.pbtxt", reference)
+    return written
+
+
+def _write_model(args: argparse.Namespace) -> list[str]:
     from gateway.modelrepo.imageentry import ImageOptions
     from gateway.modelrepo.repository import (
         ModelRepositoryError,

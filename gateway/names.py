@@ -58,3 +58,8 @@ def is_version(text: str) -> bool:
 def is_model_name(text: str) -> bool:
     """Whether ``text`` is a model name as Triton's repository may hold it (the whole of it)."""
     return _MODEL_NAME.fullmatch(text) is not None
+
+
+# A drift reference carried by a model's configuration (add-model --reference), as JSON:
+# gateway.observe.drift reads it, gateway.modelrepo.reference writes it.
+REFERENCE_PARAMETER = "gateway_reference"

@@ -34,6 +34,7 @@ from gateway.errors import (
     TritonUnavailableError,
     WrongInputKindError,
 )
+from gateway.names import REFERENCE_PARAMETER
 from gateway.periodic import Periodic
 from gateway.serving.kinds import KINDS, Caps, Kind
 from gateway.serving.kinds.base import merged_parameters
@@ -45,8 +46,6 @@ from gateway.triton.tensors import strings
 logger = logging.getLogger("gateway.catalog")
 
 TASK_PARAMETER = "gateway_task"
-# A reference of the model's answers (add-model --reference): JSON, see gateway.observe.drift.
-REFERENCE_PARAMETER = "gateway_reference"
 # Triton's states (its repository index), as the catalog reports them.
 _STATES = {"READY": "ready", "LOADING": "loading", "UNLOADING": "unloading", "UNAVAILABLE": "unavailable"}
 

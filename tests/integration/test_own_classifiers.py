@@ -121,7 +121,16 @@ def test_the_fine_tuned_classifier_gets_held_out_sentences_right_and_zero_shot_i
         "neutral: This text is neutral: a plain fact, a question or a request.\n"
         "positive: This text is positive: praise, satisfaction or joy.\n"
     )
-    _add(own, "sentiment_zero_shot", "--task", "text-classification", "--labels", str(labels))
+    # The fine-tuned model's answers on the held-out set: the zero-shot one's drift reference
+    # (a validation set's predictions, as /classify answers, one a line).
+    reference = own.repository.parent / "sentiment-reference.jsonl"
+    answers = _classify(own, "sentiment", [text for _, text in held_out], top_k=1)
+    reference.write_text("".join(json.dumps({"results": [{"predictions": a}]}) + "\n" for a in answers))
+    _add(own, "sentiment_zero_shot", "--task", "text-classification", "--labels", str(labels),
+         "--reference", str(reference))  # fmt: skip
+    drift = httpx.get(f"{own.url}/models/sentiment_zero_shot", timeout=30).json()["drift"]
+    assert drift["reference"]["source"] == "model-config"
+    assert drift["reference"]["inputs"] == len(held_out)
     zero_shot = _accuracy(own, "sentiment_zero_shot", held_out)
     print(
         f"held-out sentiment ({len(held_out)} sentences): fine-tuned {fine_tuned:.0%}, zero-shot {zero_shot:.0%}"

@@ -45,7 +45,7 @@ ALLOWED: dict[str, set[str]] = {
     "gateway.shared": LEAVES | {"gateway.observe"},
     "gateway.serving": LEAVES | {"gateway.observe", "gateway.triton", "gateway.shared"},
     "gateway.http": LEAVES | {"gateway.observe", "gateway.triton", "gateway.shared", "gateway.serving"},
-    "gateway.modelrepo": LEAVES | {"gateway.triton"},
+    "gateway.modelrepo": LEAVES | {"gateway.triton", "gateway.observe"},
     "gateway.app": LEAVES
     | {"gateway.observe", "gateway.triton", "gateway.shared", "gateway.serving", "gateway.http"},
 }

@@ -4,12 +4,16 @@ tests/integration/test_catalog_stack.py.)"""
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from gateway.modelrepo.reference import ReferenceFileError, read_reference
 from gateway.modelrepo.repository import ModelRepositoryError, add_text_classifier, remove_model
+from gateway.observe.drift import Reference, score_bin
 from gateway.triton import pbtxt
 
 from helpers.repositories import TEXT_MODELS, labels, shipped_copy, snapshot
@@ -115,3 +119,40 @@ def test_a_name_with_a_trailing_newline_is_not_a_name(tmp_path: Path) -> None:
     tmp_path.joinpath("repo").mkdir()
     with pytest.raises(ModelRepositoryError, match="not a model name"):
         remove_model(tmp_path / "repo", "foo\n")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "0 predictions"),
+        ('{"label": "a", "score": 0.5}\n' * 3, "3 predictions"),
+        ("not json\n", ":1: not JSON"),
+        ('{"label": "", "score": 0.5}\n', "'label'"),
+        ('{"label": "a", "score": NaN}\n', "'score' must be a number"),
+        ('{"label": "a", "score": true}\n', "'score' must be a number"),
+        ('{"label": "a", "score": -0.1}\n', "between 0 and 1"),
+        ('{"results": [{"predictions": []}]}\n', "'predictions'"),
+        ('{"results": {}}\n', "'results' must be a list"),
+        ("[1, 2]\n", "expected"),
+    ],
+)
+def test_a_predictions_file_that_makes_no_reference_is_refused_with_its_line(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    path = tmp_path / "predictions.jsonl"
+    path.write_text(text)
+    with pytest.raises(ReferenceFileError, match=re.escape(message)):
+        read_reference(path)
+
+
+def test_a_reference_counts_top1_labels_and_scores_from_either_line_form(tmp_path: Path) -> None:
+    path = tmp_path / "predictions.jsonl"
+    answer = {
+        "results": [{"predictions": [{"label": "cat", "score": 0.8}, {"label": "dog", "score": 0.1}]}] * 6
+    }
+    path.write_text(json.dumps(answer) + "\n\n" + '{"label": "dog", "score": 0.3}\n' * 5)
+    document = json.loads(read_reference(path))
+    assert document["labels"] == {"cat": 6, "dog": 5}
+    assert document["scores"][score_bin(0.8)] == 6
+    assert document["scores"][score_bin(0.3)] == 5
+    assert Reference.from_json(document).distribution.inputs == 11
