@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from gateway.errors import ConfigurationError
+from gateway.errors import ConfigurationError, GatewayError
 from gateway.names import ACTIVATIONS, DEFAULT_ACTIVATION, TASKS, TEXT_TASK
 from gateway.settings import Settings
 
@@ -160,6 +160,27 @@ def _parser() -> argparse.ArgumentParser:
     remove.add_argument("name")
     remove.add_argument("--repository", type=Path, default=Path("model_repository"))
 
+    predictions = commands.add_parser(
+        "predictions", help="the prediction log: `predictions export` reads a Redis sink back as JSON lines"
+    )
+    export = predictions.add_subparsers(dest="action", required=True).add_parser(
+        "export",
+        help="every record of the Redis streams, oldest first per model, one JSON document a line",
+        description="Read the prediction log's Redis Streams (GATEWAY_PREDICTION_LOG__URL=redis://...) "
+        "back as JSON lines on standard output; a summary per model (and the id to resume from) "
+        "goes to standard error.",
+    )
+    export.add_argument(
+        "--url",
+        help="the Redis URL (default: GATEWAY_PREDICTION_LOG__URL); a password in it is better given "
+        "through that variable than on a command line",
+    )
+    export.add_argument("--model", action="append", default=[], help="only this model (repeatable)")
+    export.add_argument("--since", default="-", help="only records after this stream id")
+    export.add_argument(
+        "--prefix", help="the streams' prefix (default: GATEWAY_PREDICTION_LOG__STREAM_PREFIX)"
+    )
+
     local = commands.add_parser("local", help="start a local CPU tritonserver and the gateway together")
     local.add_argument("--host", default="127.0.0.1", help="gateway listen address (default 127.0.0.1)")
     local.add_argument("--port", type=int, default=8080, help="gateway port (default 8080)")
@@ -196,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command in ("add-model", "remove-model"):
         return _repository_command(args)
+    if args.command == "predictions":
+        return _export_predictions(args)
     try:
         settings = Settings()
     except ValidationError as exc:
@@ -230,6 +253,48 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigurationError as exc:
         print(f"triton-gateway: {exc.detail}", file=sys.stderr)
         return 1
+
+
+def _export_predictions(args: argparse.Namespace) -> int:
+    """`predictions export`: the Redis sink's records on standard output."""
+    import asyncio
+
+    from gateway.shared.streams import export
+
+    try:
+        log = Settings().prediction_log if args.url is None or args.prefix is None else None
+    except ValidationError as exc:
+        print(f"triton-gateway: invalid settings:\n{exc}", file=sys.stderr)
+        return 2
+    url = args.url or (log.url.get_secret_value() if log else "")
+    prefix = args.prefix or (log.stream_prefix if log else "")
+    if not url.startswith(("redis://", "rediss://")):
+        print(
+            "triton-gateway: give the Redis sink's URL: --url redis://... or GATEWAY_PREDICTION_LOG__URL",
+            file=sys.stderr,
+        )
+        return 2
+
+    async def run() -> dict[str, tuple[int, str]]:
+        seen: dict[str, tuple[int, str]] = {}
+        async for model, entry_id, document in export(url, prefix, args.model, args.since):
+            sys.stdout.buffer.write(document + b"\n")
+            count, _ = seen.get(model, (0, ""))
+            seen[model] = (count + 1, entry_id)
+        sys.stdout.flush()
+        return seen
+
+    try:
+        seen = asyncio.run(run())
+    except GatewayError as exc:
+        print(f"triton-gateway: {exc.detail}", file=sys.stderr)
+        return 1
+    for model, (count, last) in sorted(seen.items()):
+        print(
+            f"{model}: {count} records, the last {last} (resume with --since {last} --model {model})",
+            file=sys.stderr,
+        )
+    return 0
 
 
 def _repository_command(args: argparse.Namespace) -> int:

@@ -26,7 +26,7 @@ from gateway.http.schemas import Problem, classify_json_model
 from gateway.http.telemetry import TelemetryMiddleware
 from gateway.observe.drift import DriftMonitor, LocalDriftStore, Served, SharedDriftStore
 from gateway.observe.metrics import GatewayMetrics, TritonMetricsScraper
-from gateway.observe.predictionlog import PredictionLog
+from gateway.observe.predictionlog import PredictionLog, Sink, make_sink
 from gateway.observe.tracing import Tracing
 from gateway.serving.admission import Admission
 from gateway.serving.catalog import Catalog
@@ -36,7 +36,7 @@ from gateway.serving.guard import GuardedBackend
 from gateway.serving.plane import InferencePlane
 from gateway.serving.rollout import RolloutRunner
 from gateway.serving.workers import CheckWorkers
-from gateway.settings import Settings
+from gateway.settings import PredictionLogSettings, Settings
 from gateway.shared.keyfiles import KeyRing
 from gateway.shared.ratelimit import RateLimiter
 from gateway.shared.routing import Routing
@@ -78,6 +78,19 @@ def _shared_state(settings: Settings, metrics: GatewayMetrics) -> SharedState | 
     return SharedState(
         settings.redis, on_health=None if gauge is None else lambda up: gauge.set(1 if up else 0)
     )
+
+
+def _prediction_sink(settings: PredictionLogSettings) -> Sink:
+    """The prediction log's sink: a Redis Stream per model for redis(s)://, else the
+    observe layer's own (HTTP CloudEvents, file)."""
+    url = settings.url.get_secret_value()
+    if url.startswith(("redis://", "rediss://")):
+        from gateway.shared.streams import RedisStreamSink
+
+        return RedisStreamSink(
+            url, settings.stream_prefix, settings.max_stream_length, settings.timeout_seconds
+        )
+    return make_sink(settings)
 
 
 def _url_kind(url: str) -> str:
@@ -150,7 +163,7 @@ def create_app(
         await catalog.refresh()
         catalog.start()
         plane = InferencePlane(backend, admission, tracing, metrics, workers)
-        prediction_log = PredictionLog(settings.prediction_log, metrics)
+        prediction_log = PredictionLog(settings.prediction_log, metrics, _prediction_sink)
         prediction_log.start()
         drift = DriftMonitor(
             settings.drift,

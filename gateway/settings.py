@@ -8,6 +8,7 @@ model repository supports.
 from __future__ import annotations
 
 import ipaddress
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -415,13 +416,34 @@ class DriftSettings(BaseModel):
 class PredictionLogSettings(BaseModel):
     """A sampled log of the models' answers (off unless a URL and a rate are given)."""
 
-    url: str = Field(
-        "",
-        pattern=r"^((https?|file)://\S+)?$",
-        description="Where records go: http(s):// (CloudEvents in KServe's payload-logger format) or "
-        "file:///path (JSON lines); empty: no log.",
+    url: SecretStr = Field(
+        SecretStr(""),
+        description="Where records go: http(s):// (CloudEvents in KServe's payload-logger format), "
+        "redis(s)://[:PASSWORD@]host:port/db (a Redis Stream per model; `triton-gateway predictions "
+        "export` reads them back) or file:///path (JSON lines); empty: no log.",
     )
     sample_rate: float = Field(0.0, ge=0, le=1, description="Share of answered requests logged (0: none).")
+    key_sample_rates: dict[str, float] = Field(
+        default_factory=dict,
+        description="Per API key id, a sample rate overriding sample_rate (JSON object, key id -> rate "
+        "in [0, 1]): all of a new integration's traffic, none of a noisy batch job's.",
+    )
+    capture_inputs: bool = Field(
+        False,
+        description="Also log each input itself (images base64, texts as sent) when it is at most "
+        "max_captured_bytes; off: a digest and a size only. Mind what your inputs may hold.",
+    )
+    max_captured_bytes: int = Field(
+        64 * 1024, ge=1, le=8 * MiB, description="With capture_inputs: larger inputs keep their digest only."
+    )
+    stream_prefix: str = Field(
+        "triton-gateway:predictions",
+        pattern=r"^[A-Za-z0-9_:.\-]{1,100}$",
+        description="Redis sink: each model's stream is <prefix>:<model>.",
+    )
+    max_stream_length: int = Field(
+        100_000, ge=100, le=100_000_000, description="Redis sink: records kept per model's stream (about)."
+    )
     failure_sample_rate: float = Field(
         1.0, ge=0, le=1, description="Share of refused or failed requests logged (with a URL)."
     )
@@ -435,6 +457,16 @@ class PredictionLogSettings(BaseModel):
     source: str = Field(
         "triton-gateway", min_length=1, max_length=200, description="ce-source of the events."
     )
+
+    @model_validator(mode="after")
+    def _log(self) -> PredictionLogSettings:
+        url = self.url.get_secret_value()
+        if url and not re.fullmatch(r"(https?|rediss?|file)://\S+", url):
+            raise ValueError("url must be http(s)://, redis(s):// or file:// (or empty)")
+        for key, rate in self.key_sample_rates.items():
+            if not 0 <= rate <= 1:
+                raise ValueError(f"key_sample_rates[{key!r}] must be between 0 and 1")
+        return self
 
 
 class Settings(BaseSettings):

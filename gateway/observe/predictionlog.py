@@ -1,7 +1,10 @@
 """A sampled log of what the models answered, never in a request's way.
 
-A request is sampled once, from its request id (``sample_rate``; failures at
-``failure_sample_rate``); its record (time, request id, key id, model, version, route,
+A request is sampled once (``sample_rate``, per API key ``key_sample_rates``; failures at
+``failure_sample_rate``), from its trace id when it has one, as OpenTelemetry's
+``TraceIdRatioBased`` sampler decides (the low 64 bits against the rate): with a log rate
+at or under the trace ratio, every logged request has its trace. Without tracing, its
+request id decides. Its record (time, request id, trace id, key id, model, version, route,
 status, latency, each input's digest and size, the answer's labels and scores) goes into a
 bounded queue, and one background task sends it on. A full queue or a sink that fails
 drops the record and counts it (``gateway_prediction_log_dropped_total``): the answer and
@@ -12,17 +15,21 @@ Sinks, by ``url``:
   ``org.kubeflow.serving.inference.request`` and a ``.response`` event, ``ce-id`` the
   request id, the model in ``ce-inferenceservicename``), so a KServe logger consumer
   takes them unchanged (the ``cloudevents`` package is the one boundary);
+- ``redis(s)://``: a Redis Stream per model (gateway.shared.streams, built by the app);
 - ``file://``: JSON lines, rotated to ``<file>.1`` past ``max_file_bytes``.
-Inputs are never written, only their digest (SHA-256) and size.
+Inputs are written as their digest (SHA-256) and size; the inputs themselves only with
+``capture_inputs``, each up to ``max_captured_bytes``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -43,14 +50,19 @@ RESPONSE_TYPE = "org.kubeflow.serving.inference.response"
 
 @dataclass(frozen=True)
 class InputDigest:
-    """What the log says of one input: its SHA-256 and size (never the input itself)."""
+    """What the log says of one input: its SHA-256 and size, and the input itself only
+    when the operator opted in (``capture``: at most that many bytes)."""
 
     sha256: str
     size: int  # bytes
+    data: str | None = None  # a text as sent, an image in base64
 
     @classmethod
-    def of(cls, data: bytes) -> InputDigest:
-        return cls(hashlib.sha256(data).hexdigest(), len(data))
+    def of(cls, data: bytes, capture: int = 0, text: bool = False) -> InputDigest:
+        kept = None
+        if 0 < len(data) <= capture:
+            kept = data.decode() if text else base64.b64encode(data).decode()
+        return cls(hashlib.sha256(data).hexdigest(), len(data), kept)
 
 
 @dataclass(frozen=True)
@@ -67,6 +79,7 @@ class PredictionRecord:
     inputs: list[InputDigest] = field(default_factory=list)
     predictions: list[list[dict[str, Any]]] | None = None  # per input: label, score
     error: str | None = None  # the problem type of a failure
+    trace_id: str | None = None
     time: float = field(default_factory=time.time)
 
     def document(self) -> dict[str, Any]:
@@ -141,32 +154,60 @@ class FileSink:
 
 
 def make_sink(settings: PredictionLogSettings) -> Sink:
-    parts = urlsplit(settings.url)
+    """The HTTP or file sink of ``settings.url`` (the Redis one is the app's to build:
+    gateway.shared is the one importer of redis)."""
+    url = settings.url.get_secret_value()
+    parts = urlsplit(url)
     if parts.scheme in ("http", "https"):
-        return CloudEventsSink(settings.url, settings.timeout_seconds, settings.source)
-    return FileSink(Path(parts.path), settings.max_file_bytes)
+        return CloudEventsSink(url, settings.timeout_seconds, settings.source)
+    if parts.scheme == "file":
+        return FileSink(Path(parts.path), settings.max_file_bytes)
+    raise ValueError(f"no sink of its own for {parts.scheme}://")
 
 
-def _fraction(request_id: str) -> float:
-    """A stable number in [0, 1) from the request id: the same request is in or out
-    wherever it is asked (the gateway's spans and logs carry the same id)."""
+_LOW_64 = 2**64 - 1
+
+
+def _fraction(request_id: str, trace_id: str | None) -> float:
+    """A stable number in [0, 1): the trace id's low 64 bits, as OpenTelemetry's
+    TraceIdRatioBased sampler reads them (the log's sample and the traces' are then one
+    and the same cut), else a digest of the request id."""
+    if trace_id is not None:
+        return (int(trace_id, 16) & _LOW_64) / 2**64
     return int.from_bytes(hashlib.blake2b(request_id.encode(), digest_size=8).digest()) / 2**64
 
 
 class PredictionLog:
     """The sampler, the bounded queue and the sender (started in the app's lifespan)."""
 
-    def __init__(self, settings: PredictionLogSettings, metrics: GatewayMetrics) -> None:
+    def __init__(
+        self,
+        settings: PredictionLogSettings,
+        metrics: GatewayMetrics,
+        sink_factory: Callable[[PredictionLogSettings], Sink] = make_sink,
+    ) -> None:
         self.settings = settings
-        self.enabled = bool(settings.url) and (settings.sample_rate > 0 or settings.failure_sample_rate > 0)
+        rates = (settings.sample_rate, settings.failure_sample_rate, *settings.key_sample_rates.values())
+        self.enabled = bool(settings.url.get_secret_value()) and any(rate > 0 for rate in rates)
+        self.capture = settings.max_captured_bytes if settings.capture_inputs else 0
+        self._make_sink = sink_factory
         self._metrics = metrics
         self._queue: asyncio.Queue[PredictionRecord] | None = None
         self._task: asyncio.Task[None] | None = None
         self._sink: Sink | None = None
 
-    def sampled(self, request_id: str, failed: bool) -> bool:
-        rate = self.settings.failure_sample_rate if failed else self.settings.sample_rate
-        return self.enabled and _fraction(request_id) < rate
+    def sampled(
+        self, request_id: str, failed: bool, client: str | None = None, trace_id: str | None = None
+    ) -> bool:
+        """Whether this request is logged: its key's rate (failures: their own), decided
+        by its trace id (else its request id)."""
+        if failed:
+            rate = self.settings.failure_sample_rate
+        elif client is not None:
+            rate = self.settings.key_sample_rates.get(client, self.settings.sample_rate)
+        else:
+            rate = self.settings.sample_rate
+        return self.enabled and rate > 0 and _fraction(request_id, trace_id) < rate
 
     def offer(self, record: PredictionRecord) -> None:
         """Queue ``record`` for the sink, or drop it (counted) when the queue is full."""
@@ -181,7 +222,7 @@ class PredictionLog:
         if not self.enabled:
             return
         self._queue = asyncio.Queue(self.settings.max_queued)
-        self._sink = make_sink(self.settings)
+        self._sink = self._make_sink(self.settings)
         self._task = asyncio.create_task(self._send_all(), name="prediction log")
 
     async def _send_all(self) -> None:

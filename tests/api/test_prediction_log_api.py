@@ -6,6 +6,7 @@ here: the log sits after the answer)."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import threading
@@ -16,14 +17,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 from cloudevents.core.bindings import http as ce_http
 
 from gateway.app import create_app
 from gateway.dev.tritonserver import free_port
 from gateway.settings import Settings
+from gateway.shared.keyfiles import hash_key
 
-from helpers.support import FakeBackend, ServedApp
+from helpers.support import FakeBackend, ServedApp, encode
 
 TEXT = "The striker scored twice in the final."
 
@@ -71,9 +74,19 @@ class Receiver:
             time.sleep(0.05)
 
 
-def served(**log: object) -> ServedApp:
-    settings = Settings(prediction_log=log)
+def served(settings: Settings | None = None, **log: object) -> ServedApp:
+    settings = settings or Settings(prediction_log=log)
     return ServedApp(create_app(settings, backend_factory=lambda *_: FakeBackend()), settings).start()
+
+
+def records(path: Path, count: int, timeout: float = 10.0) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        if len(found) >= count:
+            return found
+        assert time.monotonic() < deadline, f"{len(found)} records of {count}"
+        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -107,7 +120,11 @@ def test_a_sampled_answer_is_a_kserve_request_and_response_event(receiver: Recei
     assert request.get_extension("inferenceservicename") == "text_classifier"
     request_data: dict[str, Any] = request.get_data()  # type: ignore[assignment]
     digests = request_data["inputs"]
-    assert digests[0] == {"sha256": hashlib.sha256(TEXT.encode()).hexdigest(), "size": len(TEXT.encode())}
+    assert digests[0] == {
+        "sha256": hashlib.sha256(TEXT.encode()).hexdigest(),
+        "size": len(TEXT.encode()),
+        "data": None,  # never the input itself unless the operator opts in
+    }
     data: dict[str, Any] = response.get_data()  # type: ignore[assignment]
     assert data["status"] == 200
     assert [row[0]["label"] for row in data["predictions"]] == [
@@ -193,3 +210,88 @@ def test_a_file_sink_writes_json_lines_and_rotates(tmp_path: Path) -> None:
     assert records
     assert {record["model"] for record in records} == {"text_classifier"}
     assert all(record["status"] == 200 and record["predictions"] for record in records)
+
+
+def test_each_key_has_its_rate_and_a_header_cannot_claim_one(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text(f"new-app {hash_key('new-secret')}\nbatch {hash_key('batch-secret')}\n")
+    target = tmp_path / "log.jsonl"
+    settings = Settings(
+        auth={"keys_file": keys},
+        prediction_log={"url": f"file://{target}", "sample_rate": 0.0, "key_sample_rates": {"new-app": 1.0}},
+    )
+    gateway = served(settings)
+    try:
+        with httpx.Client(base_url=gateway.url, timeout=10) as client:
+            for _ in range(3):
+                mine = client.post("/classify", json={"text": TEXT}, headers={"X-API-Key": "new-secret"})
+                assert mine.status_code == 200
+                # the batch key sends the rollout header naming the sampled key: still its own rate (0)
+                other = client.post(
+                    "/classify",
+                    json={"text": TEXT},
+                    headers={"X-API-Key": "batch-secret", "X-Rollout-Key": "new-app"},
+                )
+                assert other.status_code == 200
+        found = records(target, 3)
+        time.sleep(0.3)
+    finally:
+        gateway.stop()
+    found = [json.loads(line) for line in target.read_text().splitlines()]
+    assert len(found) == 3
+    assert {record["client"] for record in found} == {"new-app"}
+
+
+def _traceparent(low: int) -> str:
+    return f"00-{0xABCDEF:016x}{low:016x}-{0x1234:016x}-01"
+
+
+def test_the_trace_id_decides_as_the_trace_sampler_does(tmp_path: Path) -> None:
+    """A rate of 0.5: a trace id whose low 64 bits are under half of 2^64 is logged, one
+    over it is not (OpenTelemetry's TraceIdRatioBased cut), and the record names its trace."""
+    target = tmp_path / "log.jsonl"
+    settings = Settings(
+        tracing={
+            "enabled": True,
+            "trust_inbound": True,
+            "endpoint": f"http://127.0.0.1:{free_port()}/v1/traces",
+        },
+        prediction_log={"url": f"file://{target}", "sample_rate": 0.5, "failure_sample_rate": 0.0},
+    )
+    gateway = served(settings)
+    try:
+        with httpx.Client(base_url=gateway.url, timeout=10) as client:
+            for low in (2**62, 2**63 + 2**62, 2**61, 2**64 - 1):
+                sent = client.post(
+                    "/classify", json={"text": TEXT}, headers={"traceparent": _traceparent(low)}
+                )
+                assert sent.status_code == 200
+        found = records(target, 2)
+        time.sleep(0.3)
+    finally:
+        gateway.stop()
+    found = [json.loads(line) for line in target.read_text().splitlines()]
+    assert sorted(record["trace_id"][16:] for record in found) == sorted(
+        f"{low:016x}" for low in (2**62, 2**61)
+    )
+
+
+def test_inputs_are_captured_only_when_asked_and_only_up_to_the_cap(tmp_path: Path) -> None:
+    target = tmp_path / "log.jsonl"
+    gateway = served(url=f"file://{target}", sample_rate=1.0, capture_inputs=True, max_captured_bytes=100)
+    long_text = "word " * 40  # 200 bytes: over the cap, its digest only
+    small_png = encode(np.full((2, 2, 3), 9, dtype=np.uint8), "PNG")  # 79 bytes: kept
+    assert len(small_png) <= 100
+    try:
+        with httpx.Client(base_url=gateway.url, timeout=10) as client:
+            assert client.post("/classify", json={"texts": [TEXT, long_text]}).status_code == 200
+            image = client.post("/classify", content=small_png, headers={"content-type": "image/png"})
+            assert image.status_code == 200, image.text
+        found = records(target, 2)
+    finally:
+        gateway.stop()
+    texts = next(record for record in found if record["model"] == "text_classifier")
+    assert [item["data"] for item in texts["inputs"]] == [TEXT, None]
+    assert texts["inputs"][1]["size"] == len(long_text.encode())
+    pictures = next(record for record in found if record["model"] == "image_classifier")
+    assert base64.b64decode(pictures["inputs"][0]["data"]) == small_png

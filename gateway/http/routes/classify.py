@@ -14,6 +14,7 @@ from gateway.http.dependencies import GatewayState, gateway_state
 from gateway.http.problems import problem_responses
 from gateway.http.schemas import EXAMPLE_PNG_BASE64, ClassifyResponse, classify_response_json
 from gateway.observe.predictionlog import InputDigest, PredictionRecord
+from gateway.observe.tracing import current_trace_id
 from gateway.serving.dispatch import Answer, Call
 from gateway.serving.payload import ClassifyInput
 from gateway.settings import TOP_K_CEILING
@@ -172,25 +173,36 @@ async def classify_request(
         return response
     read: list[ClassifyInput] = []
     route = template(model, version)
+    key = request.scope["state"].get("client")  # the API key's id (never a header the client chose)
+    trace_id = current_trace_id()
     try:
         response, answer = await _classify(request, state, call, top_k, threshold, model, version, read)
     except GatewayError as exc:
-        if log.sampled(call.request_id, failed=True):
-            log.offer(_record(call, route, exc.status, read, None, exc.slug))
+        if log.sampled(call.request_id, True, key, trace_id):
+            log.offer(_record(call, key, trace_id, route, exc.status, read, None, exc.slug, log.capture))
         raise
-    if log.sampled(call.request_id, failed=False):
-        log.offer(_record(call, route, 200, read, answer, None))
+    if log.sampled(call.request_id, False, key, trace_id):
+        log.offer(_record(call, key, trace_id, route, 200, read, answer, None, log.capture))
     return response
 
 
 def _record(
-    call: Call, route: str, status: int, read: list[ClassifyInput], answer: Answer | None, error: str | None
+    call: Call,
+    key: str | None,
+    trace_id: str | None,
+    route: str,
+    status: int,
+    read: list[ClassifyInput],
+    answer: Answer | None,
+    error: str | None,
+    capture: int,
 ) -> PredictionRecord:
-    """A sampled request's record: digests of its inputs, never the inputs."""
+    """A sampled request's record: digests of its inputs (the inputs themselves only up
+    to ``capture`` bytes each, when the operator opted in)."""
     payload = read[0] if read else None
-    inputs = [] if payload is None else [InputDigest.of(image) for image in payload.images]
+    inputs = [] if payload is None else [InputDigest.of(image, capture) for image in payload.images]
     if payload is not None:
-        inputs += [InputDigest.of(text.encode()) for text in payload.texts]
+        inputs += [InputDigest.of(text.encode(), capture, text=True) for text in payload.texts]
     results = answer.classifications if answer is not None else []
     return PredictionRecord(
         request_id=call.request_id,
@@ -198,13 +210,14 @@ def _record(
         route=route,
         status=status,
         latency_seconds=round(perf_counter() - call.started, 6),
-        client=call.client,
+        client=key,
         version=results[0].model_version if results else "",
         inputs=inputs,
         predictions=None
         if answer is None
         else [[{"label": p.label, "score": p.score} for p in result.predictions] for result in results],
         error=error,
+        trace_id=trace_id,
     )
 
 
