@@ -401,7 +401,8 @@ class DriftSettings(BaseModel):
     reference_dir: str = Field(
         "",
         description="Without Redis: the directory where captured references are kept across restarts "
-        "(empty: in memory only). With Redis they are kept there, for every replica.",
+        "(empty: in memory only). With Redis, references live in Redis, for every replica, and this "
+        "is not used.",
     )
 
     @model_validator(mode="after")
