@@ -22,6 +22,7 @@ from gateway.http.fastlane import FastLane
 from gateway.http.problems import install_error_handlers
 from gateway.http.routes import admin as admin_routes
 from gateway.http.routes import classify, health, metrics_route, oip
+from gateway.http.routes import openai as openai_routes
 from gateway.http.schemas import Problem, classify_json_model
 from gateway.http.telemetry import TelemetryMiddleware
 from gateway.observe.drift import DriftMonitor, LocalDriftStore, Served, SharedDriftStore
@@ -265,6 +266,7 @@ def create_app(
     app.include_router(health.router)
     app.include_router(metrics_route.router)
     app.include_router(oip.router)
+    app.include_router(openai_routes.router)
     app.state.admin_included = admin_keys is not None
     if admin_keys is not None:
         app.state.admin_keys = admin_keys

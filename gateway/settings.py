@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from gateway.names import DEFAULT_IMAGE_MODEL, DEFAULT_TEXT_MODEL, IMAGE_TASK, TEXT_TASK, VERSION
+from gateway.names import DEFAULT_IMAGE_MODEL, DEFAULT_TEXT_MODEL, IMAGE_TASK, MODEL_NAME, TEXT_TASK, VERSION
 
 MiB = 1024 * 1024
 # The most predictions a client may ever ask for; each model's own max_top_k (its
@@ -470,6 +470,26 @@ class PredictionLogSettings(BaseModel):
         return self
 
 
+class OpenAISettings(BaseModel):
+    """The task APIs of other servers (/v1/classify, /v1/embeddings, /v1/models)."""
+
+    embedding_models: list[str] = Field(
+        default_factory=lambda: ["text_embedder"],
+        description="Models POST /v1/embeddings serves (JSON list): each takes TEXT (BYTES, one text "
+        "a row) and answers embedding_output.",
+    )
+    embedding_output: str = Field(
+        "EMBEDDING", pattern=r"^[A-Za-z0-9_.\-]{1,64}$", description="The embedding models' output tensor."
+    )
+
+    @model_validator(mode="after")
+    def _names(self) -> OpenAISettings:
+        for name in self.embedding_models:
+            if not re.fullmatch(MODEL_NAME, name):
+                raise ValueError(f"embedding_models: {name!r} is not a model name")
+        return self
+
+
 class Settings(BaseSettings):
     """Everything the gateway can be told. Environment: GATEWAY_<FIELD>, GATEWAY_<GROUP>__<FIELD>."""
 
@@ -538,6 +558,7 @@ class Settings(BaseSettings):
     predictions: PredictionSettings = Field(default_factory=PredictionSettings)
     prediction_log: PredictionLogSettings = Field(default_factory=PredictionLogSettings)
     drift: DriftSettings = Field(default_factory=DriftSettings)
+    openai: OpenAISettings = Field(default_factory=OpenAISettings)
     v2_models: list[str] = Field(
         default_factory=list,
         description="Models the /v2 Open Inference Protocol routes expose besides the catalog's "

@@ -322,9 +322,30 @@ def classify_bounds(settings: Settings) -> JsonBounds:
         max_tokens=2 * (sum(caps.values()) + 16),
         max_string_bytes=2 * (-(-settings.image.max_bytes * 4 // 3)) + 64 * 1024,
         max_bare_bytes=64 * 1024,
-        text_keys=frozenset({b"text", b"texts"}),
+        text_keys=frozenset({b"text", b"texts", b"input"}),
         text_limit=settings.max_text_body_bytes,
     )
+
+
+_OWN_KEYS = frozenset({"image", "images", "text", "texts"})
+
+
+def _task_from(document: dict[str, Any], body_size: int, settings: Settings) -> ClassifyInput:
+    """vLLM's classification body (``{"model", "input": str | [str]}``; its other fields,
+    such as ``user`` or ``priority``, are ignored as vLLM's own server ignores unknown ones)."""
+    if body_size > settings.max_text_body_bytes:
+        raise PayloadTooLargeError(
+            f"a text request may be at most {settings.max_text_body_bytes} bytes; this one is {body_size}"
+        )
+    model, raw = document.get("model"), document.get("input")
+    if not isinstance(model, str) or not model:
+        raise InvalidInputError("'model' must name a text classifier")
+    items = [raw] if isinstance(raw, str) else raw
+    if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+        raise InvalidInputError("'input' must be a text or a list of texts")
+    check_count(len(items), settings.text.max_texts, "inputs")
+    texts = [normalize_text(item, settings.text.max_chars, f"input {i}") for i, item in enumerate(items)]
+    return ClassifyInput(texts=texts, task_model=model)
 
 
 async def _read_json(request: Request, settings: Settings, workers: CheckWorkers) -> ClassifyInput:
@@ -360,6 +381,8 @@ def _check_shape(document: dict[str, Any], body_size: int, settings: Settings, c
 def classify_input(document: dict[str, Any], size: int, settings: Settings) -> ClassifyInput:
     """A parsed JSON /classify body of ``size`` bytes -> ClassifyInput (CPU-bound: base64;
     run off the loop when large)."""
+    if "input" in document and not document.keys() & _OWN_KEYS:
+        return _task_from(document, size, settings)
     caps = settings.list_caps()
     _check_shape(document, size, settings, caps)
     model = classify_json_model(**caps)

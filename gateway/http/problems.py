@@ -61,6 +61,16 @@ def _where(request: Request) -> str:
     return f"{request.method[:16]} {request.url.path[:200]}"
 
 
+# OpenAI's error types by status; any other 4xx is an invalid request, any 5xx a server error.
+_OPENAI_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+    503: "service_unavailable_error",
+}
+
+
 def problem_response(
     error: GatewayError, request: Request, headers: dict[str, str] | None = None
 ) -> JSONResponse:
@@ -71,6 +81,18 @@ def problem_response(
         # The Open Inference Protocol's error: application/json with `error` (what
         # tritonclient reads); the problem members stay alongside.
         body["error"] = error.detail
+        media_type = "application/json"
+    elif request.url.path.startswith("/v1/"):
+        # OpenAI's error, as its clients (and vLLM's, SGLang's) parse it; the problem
+        # members stay alongside.
+        body["error"] = {
+            "message": error.detail,
+            "type": _OPENAI_TYPES.get(
+                error.status, "server_error" if error.status >= 500 else "invalid_request_error"
+            ),
+            "param": None,
+            "code": error.slug,
+        }
         media_type = "application/json"
     merged = {**error.headers, **(headers or {})}
     return JSONResponse(body, status_code=error.status, headers=merged, media_type=media_type)

@@ -130,6 +130,7 @@ class Catalog:
         self._backend = backend
         self._entries: dict[str, CatalogEntry] = {}
         self.generation = 0  # how many times the catalog was read (stale answers go with it)
+        self._label_counts: dict[tuple[str, int], int] = {}
         self._defaults = settings.default_models()  # task -> model name
         self._tasks_of_defaults = {name: task for task, name in self._defaults.items()}
         # Version pins: this process's, or every replica's through the shared state.
@@ -307,6 +308,19 @@ class Catalog:
         if key not in self._noted:
             self._noted.add(key)
             logger.error("%s", message)
+
+    async def label_count(self, entry: CatalogEntry) -> int | None:
+        """How many classes the model has (None: it lists none), asked of Triton once per
+        catalog read, not once per request."""
+        key = (entry.name, self.generation)
+        if key not in self._label_counts:
+            labels = await self.labels(entry)
+            if labels is None:
+                return None  # not remembered: a failed read is asked again
+            if len(self._label_counts) > 4 * len(self._entries) + 16:
+                self._label_counts.clear()
+            self._label_counts[key] = len(labels)
+        return self._label_counts[key]
 
     async def labels(self, entry: CatalogEntry) -> list[str] | None:
         """The model's configured label list, where it has a model that lists it."""

@@ -19,3 +19,5 @@ class ClassifyInput:
     candidate_labels: list[str] | None = None
     top_k: int | None = None
     threshold: float | None = None  # only labels scoring at least this (0 < t <= 1)
+    # vLLM's /classify body ({"model", "input"}): the model it names, answered in its shape
+    task_model: str | None = None

@@ -7,17 +7,21 @@ traffic (what it reports is the window the two share).
 2. More photos of the same kind (other crops): replica B's drift stays under its
    thresholds, and the PredictionDrift expression is empty in Prometheus.
 3. The same kind of photos darkened (a camera's firmware update): B's drift rises past the
-   threshold within the window, and the alert's expression fires in Prometheus.
+   threshold within the window, and the alert's expression fires in Prometheus; the
+   dashboard's drift queries, in Prometheus' page rendered by headless Chromium, show it.
 4. B restarted: the reference is still there (it lives in Redis).
 """
 
 from __future__ import annotations
 
 import io
+import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 import numpy as np
@@ -30,6 +34,7 @@ from gateway.dev.redisserver import RedisServer
 from gateway.dev.tritonserver import TritonServer
 from gateway.shared.keyfiles import hash_key
 
+from helpers.chromium import dump_dom
 from helpers.support import running_prometheus
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,6 +104,23 @@ def wait_for_window(url: str, inputs: int, timeout: float = 30) -> dict[str, Any
             return reading
         time.sleep(0.3)
     raise AssertionError(f"the window did not fill: {reading}")
+
+
+def drift_panels() -> list[tuple[str, str]]:
+    """The model-quality dashboard's drift queries, as Grafana sends them for every model."""
+    board = json.loads((ROOT / "deploy" / "grafana" / "dashboards" / "model-quality.json").read_text())
+    found = []
+    for panel in board["panels"]:
+        if panel["title"].startswith("Drift"):
+            for target in panel["targets"]:
+                found.append((panel["title"], target["expr"].replace("$model", ".*")))
+    assert len(found) == 4, found
+    return found
+
+
+def rendered(prometheus: str, query: str) -> str:
+    """Prometheus' graph page for ``query`` in its table view, after Chromium ran its scripts."""
+    return dump_dom(f"{prometheus}/graph?{urlencode({'g0.expr': query, 'g0.tab': '1'})}")
 
 
 def alert_expression() -> str:
@@ -188,6 +210,12 @@ def test_darkened_photos_drift_past_the_threshold_and_fire_the_alert(
             assert shifted["drift"]["confidence"] > shifted["drift"]["confidence_threshold"]
             fired = wait_for(prometheus, expr, present=True)
             assert {item["metric"]["model"] for item in fired} == {MODEL}
+            # the dashboard's drift panels, as a browser shows them: Prometheus' own page
+            # (no Grafana server runs here), rendered by headless Chromium
+            for title, query in drift_panels():
+                shown = rendered(prometheus, query)
+                assert MODEL in shown, f"{title}: {query} shows no {MODEL} series"
+                assert re.search(r"0\.\d{3,}", shown), f"{title}: no value rendered"
 
         # 4. the reference outlives a replica: it is Redis's
         watched.stop()

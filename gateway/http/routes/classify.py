@@ -8,10 +8,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response
 
-from gateway.errors import GatewayError
+from gateway import jsoncodec
+from gateway.errors import GatewayError, InvalidInputError
 from gateway.http.bodies import expects_continue, read_classify_input
 from gateway.http.dependencies import GatewayState, gateway_state
 from gateway.http.problems import problem_responses
+from gateway.http.routes.openai import classify_task
 from gateway.http.schemas import EXAMPLE_PNG_BASE64, ClassifyResponse, classify_response_json
 from gateway.observe.predictionlog import InputDigest, PredictionRecord
 from gateway.observe.tracing import current_trace_id
@@ -242,6 +244,14 @@ async def _classify(
             payload = await read_classify_input(request, state["settings"], state["workers"])
         read.append(payload)
         try:
+            if payload.task_model is not None:  # vLLM's body: vLLM's answer
+                if model is not None or top_k is not None or threshold is not None:
+                    raise InvalidInputError(
+                        "a body of 'model' and 'input' (vLLM's) goes to POST /classify or /v1/classify, "
+                        "without top_k or threshold: it answers every class"
+                    )
+                task, answer = await classify_task(state, payload.task_model, payload.texts, call)
+                return Response(jsoncodec.dumps(task.model_dump()), media_type="application/json"), answer
             answer = await dispatcher.classify(
                 payload, call, model=model, version=version, top_k=top_k, threshold=threshold
             )
