@@ -196,7 +196,7 @@ async def classify_task(
     "/classify",
     summary="Classify texts as vLLM, SGLang and Dynamo do (probs over every class)",
     response_model=ClassifyTaskResponse,
-    responses=problem_responses(400, 401, 404, 408, 413, 422, 429, 503, 504, media_type="application/json"),
+    responses=problem_responses(400, 404, 408, 413, 422, 503, 504, media_type="application/json"),
 )
 async def classify(request: Request) -> Response:
     state = gateway_state(request)
@@ -215,7 +215,7 @@ async def classify(request: Request) -> Response:
     "/embeddings",
     summary="Embed texts as OpenAI's embeddings API does",
     response_model=EmbeddingsResponse,
-    responses=problem_responses(400, 401, 404, 408, 413, 422, 429, 503, 504, media_type="application/json"),
+    responses=problem_responses(400, 404, 408, 413, 422, 503, 504, media_type="application/json"),
 )
 async def embeddings(request: Request) -> Response:
     state = gateway_state(request)
