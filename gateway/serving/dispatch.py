@@ -31,12 +31,13 @@ from gateway.serving.catalog import Catalog, CatalogEntry
 from gateway.serving.kinds import kind_of
 from gateway.serving.kinds.base import SCORES
 from gateway.serving.kinds.text import CANDIDATE_LABELS
+from gateway.serving.oip import InferRequest, bytes_checks, caps_for, check_top_k, parse_infer_request
 from gateway.serving.payload import ClassifyInput
 from gateway.serving.plane import InferencePlane
 from gateway.serving.rollout import RolloutRunner
 from gateway.serving.shared_result import SharedResult
 from gateway.serving.validation import resolve_threshold, resolve_top_k
-from gateway.settings import PredictionSettings
+from gateway.settings import PredictionSettings, Settings
 from gateway.shared.routing import Rollout
 from gateway.triton.backend import Classification, InferResult, ModelSignature, ModelStatus, ServerStatus
 from gateway.triton.tensors import Tensor
@@ -323,6 +324,32 @@ class Dispatcher:
 
     async def signature(self, target: OipTarget) -> ModelSignature:
         return await self.plane.backend.model_signature(target.name, target.version)
+
+    async def infer_request(
+        self,
+        target: OipTarget,
+        header: dict[str, Any],
+        binary: bytes,
+        size: int,
+        call: Call,
+        settings: Settings,
+    ) -> tuple[InferRequest, InferResult]:
+        """An OIP request as both doors hand it over (a JSON-shaped header and the binary
+        tensors, ``size`` bytes in all): checked against the model's signature and the
+        gateway's caps and input checks (off the loop when large), then inferred."""
+        signature = await self.signature(target)
+        with self.plane.tracing.span("validate tensors"):
+            parsed = await self.plane.workers.run(
+                size + len(binary),
+                parse_infer_request,
+                header,
+                binary,
+                signature,
+                caps_for(settings, target.entry),
+                bytes_checks(target.entry),
+            )
+            check_top_k(target.entry, parsed.inputs)
+        return parsed, await self.infer(target, parsed.inputs, parsed.outputs, call)
 
     async def infer(
         self, target: OipTarget, inputs: Sequence[Tensor], outputs: Sequence[str], call: Call

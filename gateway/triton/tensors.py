@@ -1,7 +1,7 @@
 """Tensors and their one codec: datatypes, raw little-endian contents, BYTES elements.
 
 Used by both wire formats the gateway speaks, the Open Inference Protocol's binary
-extension (``gateway.http.oip``) and Triton's gRPC ``raw_input_contents`` /
+extension (``gateway.serving.oip``) and Triton's gRPC ``raw_input_contents`` /
 ``raw_output_contents`` (``gateway.triton.client``): a BYTES tensor's raw form is each element
 as a little-endian uint32 length followed by its bytes; every other datatype is its
 elements, row-major, little-endian.

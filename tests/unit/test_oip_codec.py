@@ -1,4 +1,4 @@
-"""The OIP codec (gateway/http/oip.py): binary and JSON tensors in and out, and a fuzzer that
+"""The OIP codec (gateway/serving/oip.py): binary and JSON tensors in and out, and a fuzzer that
 throws arbitrary JSON headers and binary tails at the parser: only ClientErrors come out."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from gateway.errors import ClientError, PayloadTooLargeError
 from gateway.http.bodies import byte_count
-from gateway.http.oip import Caps, encode_infer_response, parse_infer_request
+from gateway.serving.oip import Caps, encode_infer_response, parse_infer_request
 from gateway.triton.backend import ModelSignature, TensorSpec
 from gateway.triton.tensors import Tensor
 

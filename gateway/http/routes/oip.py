@@ -21,23 +21,18 @@ from fastapi import APIRouter, Path, Request
 from fastapi.responses import Response
 
 from gateway import __version__
-from gateway.errors import InvalidInputError, TritonUnavailableError
+from gateway.errors import TritonUnavailableError
 from gateway.http.bodies import byte_count, expects_continue, read_json
 from gateway.http.dependencies import BackendDep, DispatcherDep, SettingsDep, gateway_state
-from gateway.http.oip import (
+from gateway.http.problems import problem_responses as _problem_responses
+from gateway.serving.dispatch import Call, Dispatcher
+from gateway.serving.oip import (
     HEADER_LENGTH,
-    BytesCheck,
-    Caps,
     encode_infer_response,
     oip_bounds,
-    parse_infer_request,
 )
-from gateway.http.problems import problem_responses as _problem_responses
-from gateway.serving.catalog import CatalogEntry
-from gateway.serving.dispatch import Call, Dispatcher
 from gateway.settings import Settings
 from gateway.triton.backend import InferenceBackend
-from gateway.triton.tensors import Tensor
 
 
 def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -196,45 +191,6 @@ async def model_version_ready(
     return await _ready(dispatcher, backend, settings, model_name, model_version)
 
 
-def _bytes_checks(entry: CatalogEntry | None) -> BytesCheck:
-    """A classifier's BYTES inputs pass the checks of its kind, as on /classify (texts
-    normalised, images inspected, candidate labels capped and unrepeated); a model of
-    GATEWAY_V2_MODELS has no checks of the gateway's beyond the protocol's."""
-
-    def check(tensor: Tensor) -> Tensor:
-        if entry is not None and tensor.name in entry.kind.oip_inputs:
-            return entry.kind.check_tensor(tensor, entry.caps)
-        return tensor
-
-    return check
-
-
-def _check_top_k(entry: CatalogEntry | None, inputs: list[Tensor]) -> None:
-    if entry is None:
-        return
-    highest = entry.caps.max_top_k
-    for tensor in inputs:
-        if tensor.name == "TOP_K" and ((tensor.array < 1).any() or (tensor.array > highest).any()):
-            raise InvalidInputError(f"TOP_K must be between 1 and {highest}")
-
-
-def _caps(settings: Settings, entry: CatalogEntry | None) -> Caps:
-    """What one /v2 request may hold: the largest image batch or text request the
-    gateway's caps allow, and the JSON body cap; a classifier's BYTES input at most a
-    batch of candidate label sets, another model's at most ``server.max_json_values``."""
-    max_batch = max(settings.image.max_images, settings.text.max_texts)
-    return Caps(
-        max_tensor_bytes=max(
-            settings.image.max_bytes * settings.image.max_images, settings.max_text_body_bytes
-        ),
-        max_request_bytes=settings.max_json_body_bytes,
-        max_batch=max_batch,
-        max_strings=max_batch * settings.text.max_candidate_labels
-        if entry is not None
-        else settings.server.max_json_values,
-    )
-
-
 async def _infer(request: Request, name: str, version: str) -> Response:
     state = gateway_state(request)
     settings, tracing, dispatcher = state["settings"], state["tracing"], state["dispatcher"]
@@ -252,20 +208,9 @@ async def _infer(request: Request, name: str, version: str) -> Response:
                 state["workers"],
                 json_bytes,
             )
-        signature = await dispatcher.signature(target)
-        with tracing.span("validate tensors"):
-            header, binary = body.document, body.rest
-            parsed = await state["workers"].run(
-                body.size + len(binary),
-                parse_infer_request,
-                header,
-                binary,
-                signature,
-                _caps(settings, target.entry),
-                _bytes_checks(target.entry),
-            )
-            _check_top_k(target.entry, parsed.inputs)
-        answer = await dispatcher.infer(target, parsed.inputs, parsed.outputs, call)
+        parsed, answer = await dispatcher.infer_request(
+            target, body.document, body.rest, body.size, call, settings
+        )
     outputs = list(answer.outputs.values())
     content, header_length = encode_infer_response(
         name, answer.model_version, parsed.id, outputs, parsed.binary_outputs

@@ -1,8 +1,11 @@
-"""The Open Inference Protocol (KServe v2) over HTTP: request parsing, checks against a
-model's signature, and response encoding, JSON and the binary tensor extension.
+"""The Open Inference Protocol (KServe v2): request parsing, checks against a model's
+signature, what one request may hold, and response encoding (JSON and the binary tensor
+extension).
 
-Pure functions on bytes and numpy arrays, no I/O: the routes (``gateway.http.routes.oip``)
-read the body and call Triton. Every refusal is a :class:`gateway.errors.ClientError`.
+Pure functions on bytes and numpy arrays, no I/O, shared by both doors: the HTTP routes
+(``gateway.http.routes.oip``) and the gRPC service (``gateway.grpcfront``), which hands its
+requests over in the same form (a JSON-shaped header and the binary tensors). Every refusal
+is a :class:`gateway.errors.ClientError`.
 
 Binary tensor extension (what ``tritonclient.http`` sends by default): the body is a JSON
 header of ``Inference-Header-Content-Length`` bytes followed by the raw tensors of the
@@ -23,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from gateway.errors import InvalidInputError, MalformedRequestError, PayloadTooLargeError
+from gateway.serving.catalog import CatalogEntry
 from gateway.serving.jsonguard import JsonBounds
 from gateway.settings import Settings
 from gateway.triton.backend import ModelSignature, TensorSpec
@@ -319,3 +323,43 @@ def encode_infer_response(
     if not tail:
         return header, None
     return header + b"".join(tail), len(header)
+
+
+def caps_for(settings: Settings, entry: CatalogEntry | None) -> Caps:
+    """What one OIP request may hold: the largest image batch or text request the
+    gateway's caps allow, and the JSON body cap; a classifier's BYTES input at most a
+    batch of candidate label sets, another model's at most ``server.max_json_values``."""
+    max_batch = max(settings.image.max_images, settings.text.max_texts)
+    return Caps(
+        max_tensor_bytes=max(
+            settings.image.max_bytes * settings.image.max_images, settings.max_text_body_bytes
+        ),
+        max_request_bytes=settings.max_json_body_bytes,
+        max_batch=max_batch,
+        max_strings=max_batch * settings.text.max_candidate_labels
+        if entry is not None
+        else settings.server.max_json_values,
+    )
+
+
+def bytes_checks(entry: CatalogEntry | None) -> BytesCheck:
+    """A classifier's BYTES inputs pass the checks of its kind, as on /classify (texts
+    normalised, images inspected, candidate labels capped and unrepeated); a model of
+    GATEWAY_V2_MODELS has no checks of the gateway's beyond the protocol's."""
+
+    def check(tensor: Tensor) -> Tensor:
+        if entry is not None and tensor.name in entry.kind.oip_inputs:
+            return entry.kind.check_tensor(tensor, entry.caps)
+        return tensor
+
+    return check
+
+
+def check_top_k(entry: CatalogEntry | None, inputs: list[Tensor]) -> None:
+    """A classifier's TOP_K within what it answers."""
+    if entry is None:
+        return
+    highest = entry.caps.max_top_k
+    for tensor in inputs:
+        if tensor.name == "TOP_K" and ((tensor.array < 1).any() or (tensor.array > highest).any()):
+            raise InvalidInputError(f"TOP_K must be between 1 and {highest}")
