@@ -173,6 +173,25 @@ def create_app(
             lambda: [Served(e.name, e.versions, e.reference) for e in catalog.entries()],
         )
         drift.start()
+        dispatcher = Dispatcher(
+            catalog,
+            plane,
+            rollouts,
+            settings.v2_models,
+            settings.triton.probe_cache_seconds,
+            settings.predictions,
+            drift,
+        )
+        grpc_door = None
+        if settings.grpc.port:
+            from gateway.rpc.door import InferenceDoor
+            from gateway.triton.frontdoor import serve as serve_grpc
+
+            door = InferenceDoor(settings, dispatcher, backend, metrics, tracing, api_keys, limiter)
+            # the largest OIP request the gateway takes, and its answer
+            grpc_door = await serve_grpc(
+                door, settings.grpc.host, settings.grpc.port, settings.max_json_body_bytes + 1024 * 1024
+            )
         try:
             yield GatewayState(
                 settings=settings,
@@ -185,21 +204,15 @@ def create_app(
                 catalog=catalog,
                 plane=plane,
                 rollouts=rollouts,
-                dispatcher=Dispatcher(
-                    catalog,
-                    plane,
-                    rollouts,
-                    settings.v2_models,
-                    settings.triton.probe_cache_seconds,
-                    settings.predictions,
-                    drift,
-                ),
+                dispatcher=dispatcher,
                 model_control=ModelControl(backend, catalog),
                 routing_control=RoutingControl(backend, catalog, rollouts),
                 prediction_log=prediction_log,
                 drift=drift,
             )
         finally:
+            if grpc_door is not None:
+                await grpc_door.stop(settings.grpc.grace_seconds)
             await drift.stop()
             await prediction_log.stop()
             await rollouts.stop()

@@ -470,6 +470,22 @@ class PredictionLogSettings(BaseModel):
         return self
 
 
+class GrpcSettings(BaseModel):
+    """The gRPC door: Triton's GRPCInferenceService served by the gateway (off unless a port)."""
+
+    port: int = Field(
+        0, ge=0, le=65535, description="Port of the gRPC door (KServe v2 GRPCInferenceService); 0: off."
+    )
+    host: str = Field(
+        "0.0.0.0",
+        description="Address the gRPC door listens on (without API keys, a non-loopback address is "
+        "refused at start as for the HTTP port).",
+    )
+    grace_seconds: float = Field(
+        5.0, ge=0, le=300, description="At shutdown, how long calls in flight may finish."
+    )
+
+
 class OpenAISettings(BaseModel):
     """The task APIs of other servers (/v1/classify, /v1/embeddings, /v1/models)."""
 
@@ -559,6 +575,7 @@ class Settings(BaseSettings):
     prediction_log: PredictionLogSettings = Field(default_factory=PredictionLogSettings)
     drift: DriftSettings = Field(default_factory=DriftSettings)
     openai: OpenAISettings = Field(default_factory=OpenAISettings)
+    grpc: GrpcSettings = Field(default_factory=GrpcSettings)
     v2_models: list[str] = Field(
         default_factory=list,
         description="Models the /v2 Open Inference Protocol routes expose besides the catalog's "

@@ -18,8 +18,6 @@ opens it, and an admin body has its own small cap and deadline.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import math
 from typing import TYPE_CHECKING
 
@@ -35,7 +33,7 @@ from gateway.errors import (
 from gateway.http.bodies import limited_body
 from gateway.http.problems import log_problem, problem_response
 from gateway.observe.metrics import GatewayMetrics
-from gateway.shared.keyfiles import ApiKey
+from gateway.shared.keyfiles import ApiKey, find_key
 
 if TYPE_CHECKING:
     from gateway.shared.keyfiles import KeyRing
@@ -48,21 +46,8 @@ ADMIN_PREFIX = "/admin/"
 
 def identify(keys: list[ApiKey], scope: Scope) -> ApiKey | None:
     """The key a request presents (``Authorization: Bearer`` or ``X-API-Key``), if it is
-    one of ``keys``; every key is compared, in constant time, so timing tells nothing."""
-    presented = None
-    for name, value in scope.get("headers", []):
-        if name == b"authorization" and value[:7].lower() == b"bearer ":
-            presented = value[7:].strip()
-        elif name == b"x-api-key":
-            presented = value.strip()
-    if not presented:
-        return None
-    digest = hashlib.sha256(presented).digest()
-    found = None
-    for key in keys:
-        if hmac.compare_digest(digest, key.digest):
-            found = key
-    return found
+    one of ``keys`` (gateway.shared.keyfiles.find_key: the gRPC door's rule too)."""
+    return find_key(keys, scope.get("headers", []))
 
 
 def missing_key_error() -> UnauthorizedError:

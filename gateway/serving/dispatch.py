@@ -301,6 +301,25 @@ class Dispatcher:
             raise NotFoundError("there is no such model version")
         return OipTarget(name, version or self.catalog.version(name), entry)
 
+    async def model_ready(self, name: str, version: str = "") -> bool:
+        """An exposed model's readiness (unversioned: the pinned version's); an unknown
+        model or version is 404, not "not ready"."""
+        target = self.oip_target(name, version)
+        if target.version:
+            await self.plane.backend.model_signature(name, target.version)
+        return (await self.plane.backend.model_status(name, target.version)).ready
+
+    async def server_live(self) -> bool:
+        """Triton's liveness, shared by the probes of a moment."""
+        return (await self.liveness.get(self.plane.backend.server_status)).live
+
+    async def server_ready(self) -> bool:
+        """Every default and allow-listed model ready (the OIP readiness)."""
+        statuses = await self.v2_readiness.get(
+            lambda: self.served_statuses(v2_models=True), self.catalog.generation
+        )
+        return all(s.ready for s in statuses)
+
     def exposed(self) -> set[str]:
         """The models /v2 shows: the catalog's classifiers and GATEWAY_V2_MODELS."""
         return {entry.name for entry in self.catalog.entries()} | set(self.v2_models)

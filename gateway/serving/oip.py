@@ -325,6 +325,10 @@ def encode_infer_response(
     return header + b"".join(tail), len(header)
 
 
+# The protocol's extensions the gateway serves, exactly (docs/how-to/v2.md: the others, and why).
+EXTENSIONS = ("binary_tensor_data", "model_configuration", "statistics")
+
+
 def caps_for(settings: Settings, entry: CatalogEntry | None) -> Caps:
     """What one OIP request may hold: the largest image batch or text request the
     gateway's caps allow, and the JSON body cap; a classifier's BYTES input at most a

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import hmac
 import logging
 import math
 import os
 import re
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -178,3 +180,23 @@ class KeyRing:
         if self._watching is not None:
             await self._watching.stop()
             self._watching = None
+
+
+def find_key(keys: list[ApiKey], headers: Iterable[tuple[bytes, bytes]]) -> ApiKey | None:
+    """The key presented in ``headers`` (lower-case names: ``authorization: Bearer ...`` or
+    ``x-api-key``; HTTP headers or gRPC metadata), if it is one of ``keys``. Every key is
+    compared, in constant time, so timing tells nothing."""
+    presented = None
+    for name, value in headers:
+        if name == b"authorization" and value[:7].lower() == b"bearer ":
+            presented = value[7:].strip()
+        elif name == b"x-api-key":
+            presented = value.strip()
+    if not presented:
+        return None
+    digest = hashlib.sha256(presented).digest()
+    found = None
+    for key in keys:
+        if hmac.compare_digest(digest, key.digest):
+            found = key
+    return found

@@ -27,12 +27,12 @@ from gateway.http.dependencies import BackendDep, DispatcherDep, SettingsDep, ga
 from gateway.http.problems import problem_responses as _problem_responses
 from gateway.serving.dispatch import Call, Dispatcher
 from gateway.serving.oip import (
+    EXTENSIONS,
     HEADER_LENGTH,
     encode_infer_response,
     oip_bounds,
 )
 from gateway.settings import Settings
-from gateway.triton.backend import InferenceBackend
 
 
 def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -42,8 +42,6 @@ def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 router = APIRouter(prefix="/v2", tags=["open inference protocol"])
 
-# The protocol's extensions the gateway serves, exactly (docs/how-to/v2.md: the others, and why).
-EXTENSIONS = ("binary_tensor_data", "model_configuration", "statistics")
 
 # Unconstrained on purpose: a name off the allow-list or a version that is not a number is
 # a model that does not exist (404), not a malformed request.
@@ -66,7 +64,7 @@ async def server_metadata(backend: BackendDep) -> dict[str, Any]:
 async def health_live(
     backend: BackendDep, dispatcher: DispatcherDep, settings: SettingsDep
 ) -> dict[str, bool]:
-    if not (await dispatcher.liveness.get(backend.server_status)).live:
+    if not await dispatcher.server_live():
         raise TritonUnavailableError("Triton is not live", retry_after=settings.triton.retry_after_seconds)
     return {"live": True}
 
@@ -75,10 +73,7 @@ async def health_live(
     "/health/ready", summary="Every allow-listed model is ready (OIP)", responses=problem_responses(503)
 )
 async def health_ready(dispatcher: DispatcherDep, settings: SettingsDep) -> dict[str, bool]:
-    statuses = await dispatcher.v2_readiness.get(
-        lambda: dispatcher.served_statuses(v2_models=True), dispatcher.catalog.generation
-    )
-    if not all(s.ready for s in statuses):
+    if not await dispatcher.server_ready():
         raise TritonUnavailableError("a model is not ready", retry_after=settings.triton.retry_after_seconds)
     return {"ready": True}
 
@@ -153,14 +148,8 @@ async def model_version_metadata(
     return (await backend.model_signature(model_name, model_version)).as_json()
 
 
-async def _ready(
-    dispatcher: Dispatcher, backend: InferenceBackend, settings: Settings, name: str, version: str
-) -> dict[str, bool]:
-    target = dispatcher.oip_target(name, version)  # unversioned: the pinned version's readiness
-    if target.version:
-        await backend.model_signature(name, target.version)  # an unknown version is 404, not "not ready"
-    status = await backend.model_status(name, target.version)
-    if not status.ready:
+async def _ready(dispatcher: Dispatcher, settings: Settings, name: str, version: str) -> dict[str, bool]:
+    if not await dispatcher.model_ready(name, version):
         raise TritonUnavailableError(
             "the model is not ready", retry_after=settings.triton.retry_after_seconds
         )
@@ -173,7 +162,7 @@ async def _ready(
 async def model_ready(
     model_name: ModelName, dispatcher: DispatcherDep, backend: BackendDep, settings: SettingsDep
 ) -> dict[str, bool]:
-    return await _ready(dispatcher, backend, settings, model_name, "")
+    return await _ready(dispatcher, settings, model_name, "")
 
 
 @router.get(
@@ -188,7 +177,7 @@ async def model_version_ready(
     backend: BackendDep,
     settings: SettingsDep,
 ) -> dict[str, bool]:
-    return await _ready(dispatcher, backend, settings, model_name, model_version)
+    return await _ready(dispatcher, settings, model_name, model_version)
 
 
 async def _infer(request: Request, name: str, version: str) -> Response:

@@ -1,0 +1,166 @@
+"""The gRPC door's work, protocol-neutral (gateway.triton.frontdoor speaks the protocol):
+the same rules as ``/v2``, from the same code.
+
+Every call: the API key from the metadata (``authorization: Bearer ...`` or ``x-api-key``,
+as on HTTP) and its rate limit; a server span continuing the caller's ``traceparent``
+(with ``tracing.trust_inbound``); ``gateway_requests_total`` and the latency histogram with
+``route`` the RPC (``/inference.GRPCInferenceService/ModelInfer``), ``method`` ``GRPC``,
+``status`` the HTTP status of the outcome and ``model`` an exposed name only. ``ModelInfer``
+goes through Dispatcher.infer_request as ``/v2`` does (signature, caps, the kind's checks,
+TOP_K, pins, admission, breaker, the prediction metrics and drift), under the client's
+deadline (``grpc-timeout``) when it is shorter than the gateway's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
+from time import perf_counter
+from typing import Any, TypeVar
+
+from gateway import __version__
+from gateway.errors import GatewayError, RateLimitedError, TritonTimeoutError, UnauthorizedError
+from gateway.observe.metrics import GatewayMetrics
+from gateway.observe.tracing import Tracing, describe_server_span
+from gateway.serving.dispatch import Call, Dispatcher
+from gateway.serving.oip import EXTENSIONS
+from gateway.settings import Settings
+from gateway.shared.keyfiles import KeyRing, find_key
+from gateway.shared.ratelimit import RateLimiter
+from gateway.triton.backend import InferenceBackend
+from gateway.triton.frontdoor import Metadata
+from gateway.triton.tensors import Tensor
+
+logger = logging.getLogger("gateway.grpc")
+T = TypeVar("T")
+SERVICE = "/inference.GRPCInferenceService/"
+
+
+def _headers(metadata: Metadata) -> list[tuple[bytes, bytes]]:
+    """gRPC metadata as HTTP-style header pairs (binary ``-bin`` values left out)."""
+    return [
+        (key.lower().encode("latin-1"), value.encode("latin-1"))
+        for key, value in metadata
+        if isinstance(value, str) and not key.endswith("-bin")
+    ]
+
+
+class InferenceDoor:
+    """Built by the app's lifespan when ``GATEWAY_GRPC__PORT`` is set."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        dispatcher: Dispatcher,
+        backend: InferenceBackend,
+        metrics: GatewayMetrics,
+        tracing: Tracing,
+        keys: KeyRing | None,
+        limiter: RateLimiter,
+    ) -> None:
+        self.settings = settings
+        self.dispatcher = dispatcher
+        self.backend = backend
+        self.metrics = metrics
+        self.tracing = tracing
+        self.keys = keys
+        self.limiter = limiter
+
+    async def _authorize(self, headers: list[tuple[bytes, bytes]]) -> str | None:
+        """The key's id (None: keys are off), or the refusal."""
+        if self.keys is None:
+            return None
+        key = find_key(self.keys.keys, headers)
+        if key is None:
+            raise UnauthorizedError("an API key is required: authorization: Bearer <key>, or x-api-key")
+        verdict = await self.limiter.check(key)
+        if verdict is not None and verdict.wait:
+            self.metrics.client_requests.labels(client=key.id, outcome="rate_limited").inc()
+            raise RateLimitedError(
+                f"the rate for this key is {verdict.rate:g} requests a second", retry_after=verdict.wait
+            )
+        self.metrics.client_requests.labels(client=key.id, outcome="allowed").inc()
+        return key.id
+
+    @asynccontextmanager
+    async def _rpc(self, rpc: str, metadata: Metadata, model: str = "") -> AsyncIterator[Call]:
+        """One RPC: authenticated, traced, counted; its GatewayError propagates (the
+        servicer maps it to a status code)."""
+        route = SERVICE + rpc
+        headers = _headers(metadata)
+        started = perf_counter()
+        status = 200
+        label = model if model in self.dispatcher.exposed() else ""
+        with self.tracing.server_span("GRPC", route, headers) as span:
+            try:
+                client = await self._authorize(headers)
+                yield Call(uuid.uuid4().hex, started, client)
+            except GatewayError as error:
+                status = error.status
+                self.metrics.rejections.labels(reason=error.slug).inc()
+                if status >= 500:
+                    logger.warning("gRPC %s failed: %s (%s)", rpc, error.slug, error.detail)
+                raise
+            finally:
+                describe_server_span(span, "GRPC", route, status)
+                self.metrics.child(self.metrics.requests, route, "GRPC", str(status), label).inc()
+                self.metrics.child(self.metrics.request_duration, route, "GRPC", label).observe(
+                    perf_counter() - started
+                )
+
+    async def _bounded(self, work: Awaitable[T], deadline: float | None) -> T:
+        """``work`` under the client's deadline (the gateway's own apply inside it)."""
+        if deadline is None:
+            return await work
+        try:
+            async with asyncio.timeout(max(deadline, 0.0)):
+                return await work
+        except TimeoutError:
+            raise TritonTimeoutError("the call's deadline passed") from None
+
+    async def server_live(self, metadata: Metadata) -> bool:
+        async with self._rpc("ServerLive", metadata):
+            return await self.dispatcher.server_live()
+
+    async def server_ready(self, metadata: Metadata) -> bool:
+        async with self._rpc("ServerReady", metadata):
+            return await self.dispatcher.server_ready()
+
+    async def model_ready(self, metadata: Metadata, name: str, version: str) -> bool:
+        async with self._rpc("ModelReady", metadata, name):
+            return await self.dispatcher.model_ready(name, version)
+
+    async def server_metadata(self, metadata: Metadata) -> tuple[str, str, list[str]]:
+        async with self._rpc("ServerMetadata", metadata):
+            return "triton-gateway", __version__, list(EXTENSIONS)
+
+    async def model_metadata(self, metadata: Metadata, name: str, version: str) -> dict[str, Any]:
+        async with self._rpc("ModelMetadata", metadata, name):
+            self.dispatcher.oip_target(name, version)  # 404 for a model that is not exposed
+            return (await self.backend.model_signature(name, version)).as_json()
+
+    async def model_config(self, metadata: Metadata, name: str, version: str) -> dict[str, Any]:
+        async with self._rpc("ModelConfig", metadata, name):
+            return await self.dispatcher.configuration(name, version)
+
+    async def model_statistics(self, metadata: Metadata, name: str, version: str) -> dict[str, Any]:
+        async with self._rpc("ModelStatistics", metadata, name):
+            return await self.dispatcher.statistics(name or None, version)
+
+    async def infer(
+        self,
+        metadata: Metadata,
+        name: str,
+        version: str,
+        header: dict[str, Any],
+        binary: bytes,
+        deadline: float | None,
+    ) -> tuple[str, list[Tensor]]:
+        async with self._rpc("ModelInfer", metadata, name) as call:
+            target = self.dispatcher.oip_target(name, version)  # the pin applies to an unversioned call
+            work = self.dispatcher.infer_request(target, header, binary, len(binary), call, self.settings)
+            _, answer = await self._bounded(work, deadline)
+            return answer.model_version, list(answer.outputs.values())

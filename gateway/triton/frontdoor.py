@@ -1,0 +1,272 @@
+"""Triton's gRPC protocol served by the gateway (KServe v2 ``GRPCInferenceService``): the
+servicer that turns each call into the door's protocol-neutral call (gateway.rpc) and its
+answer back into Triton's messages. With gateway.triton.client, the one place ``grpc`` and
+Triton's protos are used.
+
+- ``ModelInfer``'s tensors are handed over as ``/v2`` hands them over: a JSON-shaped header
+  (names, datatypes, shapes, parameters) and the binary tensors, so one parser checks both
+  doors' requests. ``raw_input_contents`` is taken as sent; typed ``contents`` are turned
+  into the same wire bytes first.
+- Errors: the gateway's error's HTTP status decides the gRPC code (:data:`STATUS_CODES`);
+  the message is the problem's detail; ``retry-after`` (seconds) goes in the trailing
+  metadata of UNAVAILABLE and RESOURCE_EXHAUSTED.
+- The repository RPCs are PERMISSION_DENIED (model control is the admin surface's); shared
+  memory, trace and log settings are UNIMPLEMENTED, as ``/v2`` refuses them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Sequence
+from typing import Any, Protocol, TypeVar
+
+import grpc
+import numpy as np
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+
+from gateway.errors import GatewayError, InvalidInputError
+from gateway.triton.tensors import DTYPES, Tensor, encode_bytes
+
+logger = logging.getLogger("gateway.grpc")
+T = TypeVar("T")
+
+# HTTP status of the gateway's error -> gRPC code (the closest meaning).
+STATUS_CODES: dict[int, grpc.StatusCode] = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    404: grpc.StatusCode.NOT_FOUND,
+    405: grpc.StatusCode.UNIMPLEMENTED,
+    408: grpc.StatusCode.DEADLINE_EXCEEDED,
+    409: grpc.StatusCode.FAILED_PRECONDITION,
+    413: grpc.StatusCode.INVALID_ARGUMENT,  # a cap of the gateway's, not a retryable shortage
+    415: grpc.StatusCode.INVALID_ARGUMENT,
+    422: grpc.StatusCode.INVALID_ARGUMENT,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    500: grpc.StatusCode.INTERNAL,
+    502: grpc.StatusCode.INTERNAL,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+
+# Typed contents fields by datatype (FP16 and BF16 have none: raw only).
+_CONTENTS = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+}
+
+Metadata = Sequence[tuple[str, str | bytes]]
+
+
+class Door(Protocol):
+    """What the gRPC door does, protocol-neutral (gateway.rpc.door implements it). Every
+    call authenticates ``metadata`` and raises GatewayError for what it refuses."""
+
+    async def server_live(self, metadata: Metadata) -> bool: ...
+
+    async def server_ready(self, metadata: Metadata) -> bool: ...
+
+    async def model_ready(self, metadata: Metadata, name: str, version: str) -> bool: ...
+
+    async def server_metadata(self, metadata: Metadata) -> tuple[str, str, list[str]]: ...
+
+    async def model_metadata(self, metadata: Metadata, name: str, version: str) -> dict[str, Any]: ...
+
+    async def model_config(self, metadata: Metadata, name: str, version: str) -> dict[str, Any]: ...
+
+    async def model_statistics(self, metadata: Metadata, name: str, version: str) -> dict[str, Any]: ...
+
+    async def infer(
+        self,
+        metadata: Metadata,
+        name: str,
+        version: str,
+        header: dict[str, Any],
+        binary: bytes,
+        deadline: float | None,
+    ) -> tuple[str, list[Tensor]]:
+        """The model version that answered, and the outputs."""
+        ...
+
+
+def _parameter(value: Any) -> Any:
+    kind = value.WhichOneof("parameter_choice")
+    return None if kind is None else getattr(value, kind)
+
+
+def _parameters(parameters: Any) -> dict[str, Any]:
+    return {key: _parameter(value) for key, value in parameters.items()}
+
+
+def _contents(tensor: Any) -> bytes:
+    """Typed ``contents`` as the wire bytes ``raw_input_contents`` would carry."""
+    if tensor.datatype == "BYTES":
+        return encode_bytes(list(tensor.contents.bytes_contents))
+    field = _CONTENTS.get(tensor.datatype)
+    if field is None:
+        raise InvalidInputError(
+            f"input {tensor.name!r}: {tensor.datatype} is sent in raw_input_contents only"
+        )
+    values = getattr(tensor.contents, field)
+    return np.asarray(values, dtype=np.dtype(DTYPES[tensor.datatype]).newbyteorder("<")).tobytes()
+
+
+def request_header(request: Any) -> tuple[dict[str, Any], bytes]:
+    """A ModelInferRequest as ``/v2``'s binary form: the JSON-shaped header and the tensors."""
+    raw = list(request.raw_input_contents)
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidInputError("raw_input_contents must hold one entry per input")
+    inputs, chunks = [], []
+    for index, tensor in enumerate(request.inputs):
+        data = raw[index] if raw else _contents(tensor)
+        parameters = _parameters(tensor.parameters)
+        parameters["binary_data_size"] = len(data)
+        inputs.append(
+            {
+                "name": tensor.name,
+                "datatype": tensor.datatype,
+                "shape": list(tensor.shape),
+                "parameters": parameters,
+            }
+        )
+        chunks.append(data)
+    header: dict[str, Any] = {"inputs": inputs}
+    if request.id:
+        header["id"] = request.id
+    parameters = _parameters(request.parameters)
+    # perf_analyzer sends it on every gRPC call; it concerns decoupled models' streams,
+    # which the door does not serve (Triton ignores it for the others): not passed on.
+    parameters.pop("triton_enable_empty_final_response", None)
+    if parameters:
+        header["parameters"] = parameters
+    if request.outputs:
+        header["outputs"] = [
+            {
+                "name": output.name,
+                **({"parameters": _parameters(output.parameters)} if output.parameters else {}),
+            }
+            for output in request.outputs
+        ]
+    return header, b"".join(chunks)
+
+
+def infer_response(name: str, version: str, request_id: str, outputs: Sequence[Tensor]) -> Any:
+    response = service_pb2.ModelInferResponse(model_name=name, model_version=version, id=request_id)
+    for tensor in outputs:
+        entry = response.outputs.add()
+        entry.name, entry.datatype = tensor.name, tensor.datatype
+        entry.shape.extend(tensor.shape)
+        response.raw_output_contents.append(tensor.raw())
+    return response
+
+
+class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+    """The servicer: each RPC to the door, its refusals to gRPC status codes."""
+
+    def __init__(self, door: Door) -> None:
+        self._door = door
+
+    async def _run(self, context: Any, call: Awaitable[T]) -> T:
+        try:
+            return await call
+        except GatewayError as error:
+            code = STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL)
+            retry = error.headers.get("Retry-After")
+            if retry and code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED):
+                context.set_trailing_metadata((("retry-after", retry),))
+            # 5xx details are generic (the problem's detail never quotes Triton)
+            await context.abort(code, error.detail)
+            raise  # abort raises; this line is for the type checker
+
+    @staticmethod
+    def _metadata(context: Any) -> Metadata:
+        return tuple((item.key, item.value) for item in context.invocation_metadata() or ())
+
+    async def ServerLive(self, request: Any, context: Any) -> Any:  # noqa: N802 (the RPC names)
+        live = await self._run(context, self._door.server_live(self._metadata(context)))
+        return service_pb2.ServerLiveResponse(live=live)
+
+    async def ServerReady(self, request: Any, context: Any) -> Any:  # noqa: N802 (the RPC names)
+        ready = await self._run(context, self._door.server_ready(self._metadata(context)))
+        return service_pb2.ServerReadyResponse(ready=ready)
+
+    async def ModelReady(self, request: Any, context: Any) -> Any:  # noqa: N802 (the RPC names)
+        call = self._door.model_ready(self._metadata(context), request.name, request.version)
+        return service_pb2.ModelReadyResponse(ready=await self._run(context, call))
+
+    async def ServerMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802 (the RPC names)
+        name, version, extensions = await self._run(
+            context, self._door.server_metadata(self._metadata(context))
+        )
+        return service_pb2.ServerMetadataResponse(name=name, version=version, extensions=extensions)
+
+    async def ModelMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802 (the RPC names)
+        call = self._door.model_metadata(self._metadata(context), request.name, request.version)
+        document = await self._run(context, call)
+        return json_format.ParseDict(
+            document, service_pb2.ModelMetadataResponse(), ignore_unknown_fields=True
+        )
+
+    async def ModelConfig(self, request: Any, context: Any) -> Any:  # noqa: N802 (the RPC names)
+        call = self._door.model_config(self._metadata(context), request.name, request.version)
+        document = await self._run(context, call)
+        config = json_format.ParseDict(document, model_config_pb2.ModelConfig(), ignore_unknown_fields=True)
+        return service_pb2.ModelConfigResponse(config=config)
+
+    async def ModelStatistics(self, request: Any, context: Any) -> Any:  # noqa: N802 (the RPC names)
+        call = self._door.model_statistics(self._metadata(context), request.name, request.version)
+        document = await self._run(context, call)
+        return json_format.ParseDict(
+            document, service_pb2.ModelStatisticsResponse(), ignore_unknown_fields=True
+        )
+
+    async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802 (the RPC names)
+        async def work() -> Any:
+            header, binary = request_header(request)
+            version, outputs = await self._door.infer(
+                self._metadata(context),
+                request.model_name,
+                request.model_version,
+                header,
+                binary,
+                context.time_remaining(),
+            )
+            return infer_response(request.model_name, version, request.id, outputs)
+
+        return await self._run(context, work())
+
+    async def _denied(self, request: Any, context: Any) -> Any:
+        await context.abort(
+            grpc.StatusCode.PERMISSION_DENIED, "model control is the gateway's admin surface (/admin)"
+        )
+
+    RepositoryIndex = _denied
+    RepositoryModelLoad = _denied
+    RepositoryModelUnload = _denied
+
+
+async def serve(door: Door, host: str, port: int, max_message_bytes: int) -> Any:
+    """Start the gRPC door on ``host:port`` (an aio server, on the running loop)."""
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+        ]
+    )
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(door), server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"the gRPC door cannot listen on {host}:{port}")
+    await server.start()
+    logger.info("gRPC door listening on %s:%d", host, bound)
+    return server

@@ -1,0 +1,205 @@
+"""The gRPC door (GATEWAY_GRPC__PORT) with clients nobody here wrote, on the real stack:
+NVIDIA's tritonclient.grpc (sync and aio) compared call for call with Triton's own gRPC
+endpoint; keys, limits and refusals as gRPC status codes; the metrics labelled by RPC; and
+perf_analyzer -i grpc on both shipped models."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as tritongrpc
+import tritonclient.grpc.aio as tritongrpc_aio
+from tritonclient.utils import InferenceServerException
+
+from gateway.bench import perfanalyzer
+from gateway.dev.tritonserver import TritonServer, free_port
+from gateway.settings import Settings
+from gateway.shared.keyfiles import hash_key
+
+from helpers.support import chelsea_jpeg
+from helpers.triton_fixtures import gateway_settings
+
+KEY = {"authorization": "Bearer client-secret"}
+TEXTS = ["The striker scored twice in the final.", "The central bank raised interest rates again."]
+
+
+@pytest.fixture
+def door(
+    triton: TritonServer, serve_gateway: Callable[[Settings], httpx.Client], tmp_path: Path
+) -> tuple[str, httpx.Client]:
+    """A gateway with keys (one limited to 2 requests/s) and its gRPC door: (door address, HTTP client)."""
+    keys = tmp_path / "keys"
+    keys.write_text(f"app {hash_key('client-secret')}\nslow {hash_key('slow-secret')} 1 2\n")
+    port = free_port()
+    settings = gateway_settings(
+        triton, auth={"keys_file": keys, "protect_metrics": False}, grpc={"port": port, "host": "127.0.0.1"}
+    )
+    http = serve_gateway(settings)
+    return f"127.0.0.1:{port}", http
+
+
+def _text_inputs(module: Any = tritongrpc) -> list[Any]:
+    text = module.InferInput("TEXT", [len(TEXTS), 1], "BYTES")
+    text.set_data_from_numpy(np.array([[t.encode()] for t in TEXTS], dtype=np.object_))
+    top_k = module.InferInput("TOP_K", [len(TEXTS), 1], "INT32")
+    top_k.set_data_from_numpy(np.array([[3]] * len(TEXTS), dtype=np.int32))
+    return [text, top_k]
+
+
+def _image_inputs(body: bytes) -> list[Any]:
+    image = tritongrpc.InferInput("IMAGE", [1, 1], "BYTES")
+    image.set_data_from_numpy(np.array([[body]], dtype=np.object_))
+    top_k = tritongrpc.InferInput("TOP_K", [1, 1], "INT32")
+    top_k.set_data_from_numpy(np.array([[5]], dtype=np.int32))
+    return [image, top_k]
+
+
+def _same(mine: Any, theirs: Any) -> None:
+    for name in ("LABELS", "CLASS_IDS"):
+        assert mine.as_numpy(name).tolist() == theirs.as_numpy(name).tolist(), name
+    np.testing.assert_allclose(mine.as_numpy("SCORES"), theirs.as_numpy("SCORES"), atol=1e-5)
+
+
+def test_tritonclient_grpc_gets_tritons_answers_through_the_door(
+    door: tuple[str, httpx.Client], triton: TritonServer
+) -> None:
+    address, http = door
+    mine = tritongrpc.InferenceServerClient(address)
+    theirs = tritongrpc.InferenceServerClient(triton.grpc_url)
+    assert mine.is_server_live(headers=KEY)
+    assert mine.is_server_ready(headers=KEY)
+    assert mine.is_model_ready("text_classifier", headers=KEY)
+    assert mine.get_server_metadata(headers=KEY).name == "triton-gateway"
+    meta = mine.get_model_metadata("text_classifier", headers=KEY)
+    direct_meta = theirs.get_model_metadata("text_classifier")
+    assert [(i.name, i.datatype) for i in meta.inputs] == [(i.name, i.datatype) for i in direct_meta.inputs]
+    assert [(o.name, o.datatype) for o in meta.outputs] == [(o.name, o.datatype) for o in direct_meta.outputs]
+    config = mine.get_model_config("text_classifier", headers=KEY).config
+    assert config.name == "text_classifier"
+    assert not config.ensemble_scheduling.step  # the steps stay private, as on /v2
+    stats = mine.get_inference_statistics("text_classifier", headers=KEY)
+    assert [s.name for s in stats.model_stats] == ["text_classifier"]
+
+    _same(
+        mine.infer("text_classifier", _text_inputs(), headers=KEY),
+        theirs.infer("text_classifier", _text_inputs()),
+    )
+    jpeg = chelsea_jpeg()
+    _same(
+        mine.infer("image_classifier", _image_inputs(jpeg), headers=KEY),
+        theirs.infer("image_classifier", _image_inputs(jpeg)),
+    )
+
+    # the aio client, too
+    async def aio() -> Any:
+        client = tritongrpc_aio.InferenceServerClient(address)
+        try:
+            return await client.infer("text_classifier", _text_inputs(tritongrpc_aio), headers=KEY)
+        finally:
+            await client.close()
+
+    _same(asyncio.run(aio()), theirs.infer("text_classifier", _text_inputs()))
+    metrics = http.get("/metrics").text
+    assert 'route="/inference.GRPCInferenceService/ModelInfer"' in metrics
+    assert (
+        'method="GRPC",model="text_classifier",route="/inference.GRPCInferenceService/ModelInfer",status="200"'
+        in metrics
+    )
+
+
+def _code(call: Callable[[], object]) -> str:
+    with pytest.raises(InferenceServerException) as caught:
+        call()
+    return str(caught.value.status())
+
+
+def test_refusals_are_grpc_status_codes(door: tuple[str, httpx.Client]) -> None:
+    address, _ = door
+    client = tritongrpc.InferenceServerClient(address)
+    assert _code(lambda: client.infer("text_classifier", _text_inputs())) == "StatusCode.UNAUTHENTICATED"
+    wrong = {"authorization": "Bearer nope"}
+    assert _code(lambda: client.is_server_live(headers=wrong)) == "StatusCode.UNAUTHENTICATED"
+    assert _code(lambda: client.infer("no_such_model", _text_inputs(), headers=KEY)) == "StatusCode.NOT_FOUND"
+    assert _code(lambda: client.infer("text_embedder", _text_inputs(), headers=KEY)) == "StatusCode.NOT_FOUND"
+    bad_k = _text_inputs()
+    bad_k[1].set_data_from_numpy(np.array([[0]] * len(TEXTS), dtype=np.int32))
+    assert _code(lambda: client.infer("text_classifier", bad_k, headers=KEY)) == "StatusCode.INVALID_ARGUMENT"
+    corrupt = b"\xff\xd8\xff" + b"not a jpeg" * 10
+    assert (
+        _code(lambda: client.infer("image_classifier", _image_inputs(corrupt), headers=KEY))
+        == "StatusCode.INVALID_ARGUMENT"
+    )
+    assert _code(lambda: client.load_model("text_classifier", headers=KEY)) == "StatusCode.PERMISSION_DENIED"
+    assert _code(lambda: client.get_system_shared_memory_status(headers=KEY)) == "StatusCode.UNIMPLEMENTED"
+    # the key's rate (1/s, burst 2): the third call at once is RESOURCE_EXHAUSTED
+    slow = {"x-api-key": "slow-secret"}
+    codes = []
+    for _ in range(4):
+        try:
+            client.is_server_live(headers=slow)
+            codes.append("OK")
+        except InferenceServerException as exc:
+            codes.append(str(exc.status()))
+    assert codes[:2] == ["OK", "OK"]
+    assert "StatusCode.RESOURCE_EXHAUSTED" in codes[2:]
+
+
+def test_a_client_deadline_shorter_than_the_call_is_deadline_exceeded(door: tuple[str, httpx.Client]) -> None:
+    address, _ = door
+    client = tritongrpc.InferenceServerClient(address)
+    texts = tritongrpc.InferInput("TEXT", [64, 1], "BYTES")
+    texts.set_data_from_numpy(
+        np.array([[f"text number {i} ".encode() * 50] for i in range(64)], dtype=np.object_)
+    )
+    top_k = tritongrpc.InferInput("TOP_K", [64, 1], "INT32")
+    top_k.set_data_from_numpy(np.array([[1]] * 64, dtype=np.int32))
+    code = _code(lambda: client.infer("text_classifier", [texts, top_k], headers=KEY, client_timeout=0.001))
+    assert code == "StatusCode.DEADLINE_EXCEEDED"
+
+
+@pytest.mark.parametrize(
+    ("model", "inputs"),
+    [
+        ("image_classifier", {"IMAGE": "jpeg", "TOP_K": [3]}),
+        ("text_classifier", {"TEXT": "The striker scored twice in the final.", "TOP_K": [2]}),
+    ],
+)
+def test_perf_analyzer_over_grpc_runs_through_the_door(
+    triton: TritonServer,
+    serve_gateway: Callable[[Settings], httpx.Client],
+    tmp_path: Path,
+    model: str,
+    inputs: dict[str, object],
+) -> None:
+    port = free_port()
+    http = serve_gateway(gateway_settings(triton, grpc={"port": port, "host": "127.0.0.1"}))
+    row = {
+        name: perfanalyzer.bytes_input(chelsea_jpeg() if value == "jpeg" else str(value).encode())
+        if isinstance(value, str) else value
+        for name, value in inputs.items()
+    }  # fmt: skip
+    data = perfanalyzer.input_data(tmp_path / "data.json", [row])
+    before = sum(s["inference_count"] for s in http.get(f"/v2/models/{model}/stats").json()["model_stats"])
+    started = time.monotonic()
+    command = [*perfanalyzer.command(), "-m", model, "-u", f"127.0.0.1:{port}", "-i", "grpc",
+               "--input-data", str(data), "--measurement-interval", "1500", "--concurrency-range", "1:2",
+               "--max-trials", "10", "--stability-percentage", "100"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    after = sum(s["inference_count"] for s in http.get(f"/v2/models/{model}/stats").json()["model_stats"])
+    throughput = [line for line in done.stdout.splitlines() if line.startswith("Concurrency:")]
+    print(
+        f"perf_analyzer -i grpc through the door, {model} ({time.monotonic() - started:.0f} s):",
+        *throughput,
+        sep="\n  ",
+    )
+    assert len(throughput) == 2
+    assert after - before >= 10
