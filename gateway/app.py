@@ -190,7 +190,7 @@ def create_app(
             door = InferenceDoor(settings, dispatcher, backend, metrics, tracing, api_keys, limiter)
             # the largest OIP request the gateway takes, and its answer
             grpc_door = await serve_grpc(
-                door, settings.grpc.host, settings.grpc.port, settings.max_json_body_bytes + 1024 * 1024
+                door, settings.grpc_host, settings.grpc.port, settings.max_json_body_bytes + 1024 * 1024
             )
         try:
             yield GatewayState(

@@ -477,9 +477,9 @@ class GrpcSettings(BaseModel):
         0, ge=0, le=65535, description="Port of the gRPC door (KServe v2 GRPCInferenceService); 0: off."
     )
     host: str = Field(
-        "0.0.0.0",
-        description="Address the gRPC door listens on (without API keys, a non-loopback address is "
-        "refused at start as for the HTTP port).",
+        "",
+        description="Address the gRPC door listens on; empty: the HTTP port's (without API keys, a "
+        "non-loopback address is refused at start, as for the HTTP port).",
     )
     grace_seconds: float = Field(
         5.0, ge=0, le=300, description="At shutdown, how long calls in flight may finish."
@@ -617,6 +617,11 @@ class Settings(BaseSettings):
                 "or a request in flight at SIGTERM could be cut off"
             )
         return self
+
+    @property
+    def grpc_host(self) -> str:
+        """Where the gRPC door listens: its own address, else the HTTP port's."""
+        return self.grpc.host or self.host
 
     def exposure_problem(self, host: str) -> str | None:
         """Why serving on ``host`` as configured would be open to anyone who reaches it, or

@@ -104,11 +104,11 @@ def test_compose_stack_is_valid_and_wired(files: tuple[str, ...]) -> None:
     assert gateway["depends_on"]["redis"]["condition"] == "service_healthy"
     assert re.search(r":\d+\.\d+\.\d+-alpine$", redis["image"]), redis["image"]
     proxy = services["proxy"]
-    assert [str(p.get("target", p)) if isinstance(p, dict) else p for p in proxy["ports"]] in (
-        ["8080"],
-        ["8080:8080"],
-        ["8080:8080/tcp"],
-    ), proxy["ports"]
+    # the HTTP port and the gRPC door: nothing else is published
+    published = sorted(str(p.get("target", p)) if isinstance(p, dict) else p for p in proxy["ports"])
+    assert published in (["8001", "8080"], ["8001:8001", "8080:8080"]), proxy["ports"]
+    assert gateway["environment"]["GATEWAY_GRPC__PORT"] == "8001"
+    assert proxy["environment"]["GATEWAY_GRPC_PORT"] == "8001"
     assert proxy["depends_on"]["gateway"]["condition"] == "service_healthy"
     assert proxy["environment"]["GATEWAY_HOST"] == "gateway"
     assert set(proxy["networks"]) == {"frontend"}
@@ -356,7 +356,9 @@ def test_overlay_renders_a_complete_stack(overlay: str) -> None:
     assert keys["secret"].get("optional") is not True
     public = by_kind(documents, "NetworkPolicy", "gateway-public-port-only")["spec"]
     assert public["podSelector"]["matchLabels"].items() <= labels.items()
-    assert [port["port"] for rule in public["ingress"] for port in rule["ports"]] == [8080]
+    # the HTTP port and the gRPC door (GATEWAY_GRPC__PORT), never the admin port
+    assert [port["port"] for rule in public["ingress"] for port in rule["ports"]] == [8080, 8001]
+    assert settings["GATEWAY_GRPC__PORT"] == "8001"
 
     limits = triton["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
     args = triton["spec"]["template"]["spec"]["containers"][0]["args"]

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.dev.tritonserver import TritonServer
+from gateway.dev.tritonserver import TritonServer, free_port
 
 from helpers.balancer import Balanced, balanced_replicas, classified
 from helpers.load import LoadResult, run_load
@@ -70,3 +70,65 @@ def test_a_replica_leaving_on_sigterm_loses_no_request(balanced: Balanced) -> No
     assert statuses == {200: statuses.get(200, 0)}, f"a request failed while a replica left: {statuses}"
     assert classified(staying) > served_before
     assert statuses[200] > 40
+
+
+def test_grpc_calls_are_balanced_over_every_replicas_door(triton: TritonServer, tmp_path: Path) -> None:
+    """tritonclient.grpc through HAProxy's `grpc` frontend (the shipped config; TCP, by
+    connection): every call answered, new connections spread over both replicas' doors."""
+    import numpy as np
+    import tritonclient.grpc as tritongrpc
+    from tritonclient.utils import InferenceServerException
+
+    with balanced_replicas(triton, tmp_path, GATEWAY_GRPC__PORT=str(free_port())) as stack:
+        client = tritongrpc.InferenceServerClient(stack.grpc)
+        text = tritongrpc.InferInput("TEXT", [1, 1], "BYTES")
+        text.set_data_from_numpy(np.array([[b"The match ended two to nil."]], dtype=np.object_))
+        top_k = tritongrpc.InferInput("TOP_K", [1, 1], "INT32")
+        top_k.set_data_from_numpy(np.array([[1]], dtype=np.int32))
+        deadline = time.monotonic() + 15
+        while True:  # HAProxy's checks (every 2 s) see the doors up
+            try:
+                if client.is_server_ready():
+                    break
+            except InferenceServerException:
+                pass  # 503 from HAProxy: no door up yet
+            assert time.monotonic() < deadline, "the balancer's gRPC backend never came up"
+            time.sleep(0.5)
+        # calls until both doors have answered some (HAProxy's checks bring the second up
+        # within a check round or two); every call answered, the same answer from either
+        before = _grpc_calls(stack)
+        labels, sent = set(), 0
+        while True:
+            for _ in range(4):  # a client of its own each time: a connection of its own (gRPC
+                # shares one across channels to a target unless told not to)
+                fresh = tritongrpc.InferenceServerClient(
+                    stack.grpc, channel_args=[("grpc.use_local_subchannel_pool", 1)]
+                )
+                for _ in range(5):
+                    answer = fresh.infer("text_classifier", [text, top_k])
+                    labels.add(str(answer.as_numpy("LABELS")[0][0]))
+                    sent += 1
+                fresh.close()
+            counts = [after - then for after, then in zip(_grpc_calls(stack), before, strict=True)]
+            if min(counts) >= 1 or time.monotonic() > deadline + 15:
+                break
+        client.close()
+        assert len(labels) == 1
+        assert sum(counts) == sent, counts  # each call answered by exactly one replica
+        assert min(counts) >= 1, f"one replica's door got nothing: {counts}"
+
+
+def _grpc_calls(stack: Balanced) -> list[float]:
+    """ModelInfer calls each replica's door answered, from its own /metrics."""
+    found = []
+    for replica in stack.replicas:
+        metrics = httpx.get(f"{replica.url}/metrics", timeout=5).text
+        found.append(
+            sum(
+                float(line.split()[-1])
+                for line in metrics.splitlines()
+                if line.startswith("gateway_requests_total{")
+                and 'route="/inference.GRPCInferenceService/ModelInfer"' in line
+            )
+        )
+    return found

@@ -41,6 +41,7 @@ class Balanced:
     url: str
     replicas: list[GatewayProcess]
     dns: DnsStub
+    grpc: str = ""  # the balancer's gRPC door (host:port): the replicas' when they run one
 
 
 def classified(replica: GatewayProcess, headers: dict[str, str] | None = None) -> int:
@@ -62,13 +63,15 @@ def balanced_replicas(
         GatewayProcess.start(triton, tmp_path, host=host, port=port, env={**REPLICA_ENV, **env})
         for host in REPLICAS
     ]
-    public, admin = free_port(), free_port()
+    public, admin, grpc = free_port(), free_port(), free_port()
     with DnsStub({"gateway": list(REPLICAS)}) as dns:
         environment = {
             **os.environ,
             "DNS_SERVER": dns.address,
             "PUBLIC_BIND": f"127.0.0.1:{public}",
             "ADMIN_BIND": f"127.0.0.1:{admin}",
+            "GRPC_BIND": f"127.0.0.1:{grpc}",
+            "GATEWAY_GRPC_PORT": env.get("GATEWAY_GRPC__PORT", str(port)),
             "GATEWAY_HOST": "gateway",
             "GATEWAY_PORT": str(port),
             "GATEWAY_ADMIN_PORT": str(port),
@@ -88,7 +91,7 @@ def balanced_replicas(
                 assert balancer.poll() is None, (tmp_path / "haproxy.log").read_text()
                 assert time.monotonic() < deadline, (tmp_path / "haproxy.log").read_text()
                 httpx.post(f"{url}/classify", json={"text": "warming up"}, headers=headers, timeout=30)
-            yield Balanced(url, replicas, dns)
+            yield Balanced(url, replicas, dns, f"127.0.0.1:{grpc}")
         finally:
             balancer.terminate()
             balancer.wait(timeout=10)
