@@ -175,8 +175,10 @@ class Problem(BaseModel):
     errors: list[dict[str, Any]] | None = Field(
         None, description="Every problem found, when there are several."
     )
-    error: str | None = Field(
-        None, description="On /v2 routes: the detail again, as the Open Inference Protocol's error."
+    error: str | dict[str, Any] | None = Field(
+        None,
+        description="On /v2 routes: the detail again, as the Open Inference Protocol's error. On /v1 "
+        "routes: OpenAI's error object (message, type, param, code).",
     )
 
 

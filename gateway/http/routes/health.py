@@ -29,7 +29,6 @@ from gateway.http.schemas import (
     Readiness,
     TritonInfo,
 )
-from gateway.names import MODEL_NAME
 from gateway.observe.drift import DriftMonitor
 from gateway.serving.catalog import Catalog, CatalogEntry
 from gateway.serving.dispatch import Dispatcher
@@ -172,7 +171,7 @@ async def models(catalog: CatalogDep, backend: BackendDep, drift: DriftDep) -> M
     responses=problem_responses(404),
 )
 async def model(
-    model: Annotated[str, Path(pattern=rf"^{MODEL_NAME}$")],
+    model: Annotated[str, Path(description="A classifier of the catalog (any other name: 404).")],
     catalog: CatalogDep,
     backend: BackendDep,
     drift: DriftDep,
