@@ -244,6 +244,13 @@ def no_drift(
     return float(np.quantile(statistic(live, again), quantile))
 
 
+def _digest(distribution: Distribution) -> int:
+    """A number from the counts alone (not from when or where they were captured): the same
+    reference seeds the same draws, in every replica and every run."""
+    document = json.dumps(distribution.as_json(), sort_keys=True).encode()
+    return int.from_bytes(hashlib.sha256(document).digest()[:8], "big")
+
+
 def _step(size: int) -> int:
     return round(math.log(size, _SIZE_STEP)) if size > 0 else 0
 
@@ -536,8 +543,7 @@ class DriftMonitor:
                 self._readings[(served.model, version)] = reading
                 seen.add((served.model, version))
                 if reference is not None and window.inputs >= self.settings.min_inputs:
-                    digest = hashlib.sha256(self._references[served.model][0].encode()).digest()
-                    tag = int.from_bytes(digest[:8], "big")
+                    tag = _digest(reference.distribution)
                     await self._measure((served.model, version, tag), window, reference, reading)
                 self._publish(served.model, version, reading)
         for key in set(self._readings) - seen:

@@ -523,3 +523,28 @@ def processes_under(folder: Path) -> dict[int, str]:
         if str(folder) in command and state != "Z":
             found[int(entry.name)] = command
     return found
+
+
+PERF_INPUTS: dict[str, dict[str, object]] = {
+    "image_classifier": {"IMAGE": "jpeg", "TOP_K": [3]},
+    "text_classifier": {"TEXT": "The striker scored twice in the final.", "TOP_K": [2]},
+}
+
+
+def perf_analyzer_run(address: str, model: str, workdir: Path, protocol: str = "http") -> list[str]:
+    """NVIDIA's perf_analyzer on ``model`` at ``address`` over ``protocol`` (concurrency 1
+    and 2, a real JPEG or text): its "Concurrency:" lines (it must exit 0)."""
+    from gateway.bench import perfanalyzer
+
+    row = {
+        name: perfanalyzer.bytes_input(chelsea_jpeg() if value == "jpeg" else str(value).encode())
+        if isinstance(value, str) else value
+        for name, value in PERF_INPUTS[model].items()
+    }  # fmt: skip
+    data = perfanalyzer.input_data(workdir / f"{model}-data.json", [row])
+    command = [*perfanalyzer.command(), "-m", model, "-u", address, "-i", protocol, "--input-data", str(data),
+               "--measurement-interval", "1500", "--concurrency-range", "1:2", "--max-trials", "10",
+               "--stability-percentage", "100"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return [line for line in done.stdout.splitlines() if line.startswith("Concurrency:")]

@@ -104,7 +104,7 @@ def test_the_prediction_log_records_what_triton_answered(
     assert record["request_id"] == answer.headers["x-request-id"]
     assert (record["model"], record["version"], record["status"]) == ("image_classifier", "1", 200)
     assert record["inputs"] == [
-        {"sha256": hashlib.sha256(chelsea_jpeg()).hexdigest(), "size": len(chelsea_jpeg())}
+        {"sha256": hashlib.sha256(chelsea_jpeg()).hexdigest(), "size": len(chelsea_jpeg()), "data": None}
     ]
     answered = [p["label"] for p in answer.json()["results"][0]["predictions"]]
     assert [p["label"] for p in record["predictions"][0]] == answered
