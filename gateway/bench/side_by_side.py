@@ -254,6 +254,7 @@ class Stack:
     reference: GatewayProcess  # gateway/bench/reference_gateway.py
     variant: GatewayProcess | None = None  # the same gateway with other settings (--variant)
     kserve: GatewayProcess | None = None  # gateway/bench/kserve_transformer.py
+    door: str = ""  # the gateway's gRPC door (host:port), with --grpc
 
     def process(self, target: str) -> GatewayProcess:
         if target == "variant":
@@ -372,9 +373,11 @@ def measure(
     gateway_before = _cpu_seconds(gateway.process.pid, with_children=False)
     triton_before = _cpu_seconds(stack.triton.pid, with_children=True)
     started = time.perf_counter()
-    if target == "direct":
+    if target in ("direct", "door"):
+        # the same gRPC client and calls: Triton's endpoint, or the gateway's door in front of it
+        address = stack.triton.grpc_url if target == "direct" else stack.door
         result.requests, result.errors, latencies = asyncio.run(
-            _direct(stack.triton.grpc_url, scenario, concurrency, seconds)
+            _direct(address, scenario, concurrency, seconds)
         )
         result.p50_ms, result.p99_ms = percentiles_ms(latencies)
     else:
@@ -470,6 +473,38 @@ def summarise(measures: list[Measure]) -> list[Row]:
             )
         )  # fmt: skip
     return rows
+
+
+def door_table(measures: list[Measure]) -> str:
+    """The gRPC door beside Triton's gRPC endpoint (the same client and calls) and the
+    gateway's HTTP route: throughput, latency, and the gateway's CPU per request each way."""
+    lines = [
+        "",
+        "The gRPC door (the same tritonclient.grpc.aio client as Triton direct):",
+        "",
+        "| models | scenario | c | req/s (Triton direct / door) | door p50/p99 ms | gateway CPU ms/req "
+        "(door / HTTP) | Triton CPU ms/req (direct / via door) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    keys = sorted({(m.repository, m.scenario, m.concurrency) for m in measures if m.target == "door"})
+    for repository, scenario, concurrency in keys:
+        mine = [
+            m
+            for m in measures
+            if (m.repository, m.scenario, m.concurrency) == (repository, scenario, concurrency)
+        ]
+
+        def med(target: str, attribute: str, mine: list[Measure] = mine) -> float:
+            found = [getattr(m, attribute) for m in mine if m.target == target]
+            return float(statistics.median(found)) if found else float("nan")
+
+        lines.append(
+            f"| {repository} | {scenario} | {concurrency} | {med('direct', 'rps'):.0f} / {med('door', 'rps'):.0f} "
+            f"| {med('door', 'p50_ms'):.1f} / {med('door', 'p99_ms'):.1f} "
+            f"| {med('door', 'gateway_cpu_ms'):.2f} / {med('gateway', 'gateway_cpu_ms'):.2f} "
+            f"| {med('direct', 'triton_cpu_ms'):.2f} / {med('door', 'triton_cpu_ms'):.2f} |"
+        )
+    return "\n".join(lines)
 
 
 def table(rows: list[Row], variant_label: str = "") -> str:
@@ -658,6 +693,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help=f"leave out the KServe transformer ({KSERVE} in .cache/, installed on first use)",
     )
+    parser.add_argument(
+        "--grpc",
+        action="store_true",
+        help="also the gateway's gRPC door (GATEWAY_GRPC__PORT), loaded by the same gRPC client as "
+        "Triton direct: its own table beside the HTTP figures",
+    )
     parser.add_argument("--pin", action="store_true", help=PINNED)
     parser.add_argument(
         "--perf-analyzer",
@@ -696,7 +737,10 @@ def main(argv: list[str] | None = None) -> int:
             base_env["GATEWAY_AUTH__KEYS_FILE"] = str(keys)
             redis = RedisServer(Path(folder) / "redis").start()
             variant_env["GATEWAY_REDIS__URL"] = redis.url
+        if options.grpc:
+            base_env["GATEWAY_GRPC__PORT"] = str(free_port())
         gateways = ["gateway", "variant"] if variant_env else ["gateway"]
+        doors = ["door"] if options.grpc else []
         for name in options.repositories:
             workdir = Path(folder) / name
             workdir.mkdir()
@@ -710,13 +754,15 @@ def main(argv: list[str] | None = None) -> int:
                 base_env,
                 kserve,
             )
+            if options.grpc:
+                stack.door = f"127.0.0.1:{base_env['GATEWAY_GRPC__PORT']}"
             try:
                 if options.pin:
                     stack.pin()
                 for scenario in chosen:  # warm every path once
                     if scenario.direct:
                         measure(stack, name, scenario, "direct", 1, 0.5, workdir)
-                        for target in references:
+                        for target in [*references, *doors]:
                             measure(stack, name, scenario, target, 1, 1, workdir)
                     for target in gateways:
                         measure(stack, name, scenario, target, 1, 1, workdir)
@@ -726,7 +772,7 @@ def main(argv: list[str] | None = None) -> int:
                     for scenario in chosen:
                         for concurrency in options.concurrency:
                             # the reference has no checks: it is not measured on the error path
-                            targets = (["direct", *references] if scenario.direct else []) + gateways
+                            targets = (["direct", *references, *doors] if scenario.direct else []) + gateways
                             for target in targets:
                                 measures.append(
                                     measure(
@@ -748,6 +794,8 @@ def main(argv: list[str] | None = None) -> int:
     if options.shared_state:
         label = f"rate limits in Redis (both with an API key) {label}".strip()
     print(table(rows, label))
+    if options.grpc:
+        print(door_table(measures))
     if analysed:
         print(perf_analyzer_table(analysed))
     options.out.parent.mkdir(parents=True, exist_ok=True)

@@ -121,6 +121,9 @@ class InferenceDoor:
         except TimeoutError:
             raise TritonTimeoutError("the call's deadline passed") from None
 
+    async def readiness(self) -> bool:
+        return await self.dispatcher.server_ready()
+
     async def server_live(self, metadata: Metadata) -> bool:
         async with self._rpc("ServerLive", metadata):
             return await self.dispatcher.server_live()
@@ -158,9 +161,9 @@ class InferenceDoor:
         header: dict[str, Any],
         binary: bytes,
         deadline: float | None,
-    ) -> tuple[str, list[Tensor]]:
+    ) -> tuple[str, str, list[Tensor]]:
         async with self._rpc("ModelInfer", metadata, name) as call:
             target = self.dispatcher.oip_target(name, version)  # the pin applies to an unversioned call
             work = self.dispatcher.infer_request(target, header, binary, len(binary), call, self.settings)
-            _, answer = await self._bounded(work, deadline)
-            return answer.model_version, list(answer.outputs.values())
+            _, answer, served = await self._bounded(work, deadline)
+            return served.name, answer.model_version, list(answer.outputs.values())

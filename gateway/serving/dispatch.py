@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Iterable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from time import perf_counter
 from typing import Any
 
@@ -45,15 +45,27 @@ from gateway.triton.tensors import Tensor
 
 @dataclass
 class Call:
-    """One request as the serving side sees it. ``model`` is written back by the
-    dispatcher as soon as it is known (the metrics' model label: catalogued names only,
-    set before the inference so a failure is labelled too)."""
+    """One request as the serving side sees it. ``model`` is set by the dispatcher as soon
+    as it is known (catalogued or allow-listed names only, set before the inference so a
+    failure is labelled too) and written through to ``labels``, the request's state, where
+    the telemetry layer reads the metrics' model label: no route writes it back."""
 
     request_id: str
     started: float
     client: str | None = None  # who a canary assignment sticks to (key id, X-Rollout-Key)
-    model: str | None = None
     admitted: bool = False  # holds its in-flight slot already (admitted before its body)
+    labels: Any = None  # the request's state (GatewayState): only its "model" is written
+    _model: str | None = field(default=None, init=False, repr=False)
+
+    @property
+    def model(self) -> str | None:
+        return self._model
+
+    @model.setter
+    def model(self, name: str | None) -> None:
+        self._model = name
+        if self.labels is not None and name is not None:
+            self.labels["model"] = name
 
 
 @dataclass(frozen=True)
@@ -73,6 +85,7 @@ class OipTarget:
     name: str
     version: str
     entry: CatalogEntry | None
+    named_version: bool = False  # the client named it (never rerouted by a rollout)
 
 
 def at_least(answers: list[Classification], threshold: float | None) -> list[Classification]:
@@ -291,15 +304,36 @@ class Dispatcher:
         return list(await asyncio.gather(*(backend.model_status(n, self.catalog.version(n)) for n in unique)))
 
     # -- /v2 --------------------------------------------------------------------------
-    def oip_target(self, name: str, version: str = "") -> OipTarget:
+    def oip_target(self, name: str, version: str = "", call: Call | None = None) -> OipTarget:
         """The model and version an OIP call goes to; 404, exactly as an unknown model,
-        for a model neither catalogued nor allow-listed or a version that is not one."""
+        for a model neither catalogued nor allow-listed or a version that is not one.
+        With ``call``, the model becomes its label (a known name only)."""
         entry = self.catalog.find(name)
         if (entry is None and name not in self.v2_models) or (version and not is_version(version)):
             raise NotFoundError("there is no such model")
         if entry is not None and version and version not in entry.versions:
             raise NotFoundError("there is no such model version")
-        return OipTarget(name, version or self.catalog.version(name), entry)
+        if call is not None:
+            call.model = name
+        return OipTarget(name, version or self.catalog.version(name), entry, bool(version))
+
+    def _oip_arm(self, target: OipTarget, call: Call) -> tuple[OipTarget, str]:
+        """The rollout's canary share, as on /classify: an unversioned call to a classifier
+        under a canary may go to the canary (a version, or another model of its kind,
+        sticky per key). Shadows compare classifications: /classify only."""
+        entry = target.entry
+        if entry is None or target.named_version:
+            return target, "primary"
+        rollout = self.catalog.routing.rollout(entry.name)
+        canary = None if rollout is None else rollout.canary
+        if rollout is None or canary is None or not rollout.canary_for(entry.name, call.client):
+            return target, "primary"
+        candidate = self.catalog.find(canary.model)
+        if candidate is None or candidate.kind is not entry.kind:
+            return target, "primary"
+        call.model = candidate.name
+        version = canary.version or self.catalog.version(candidate.name)
+        return OipTarget(candidate.name, version, candidate, bool(canary.version)), "canary"
 
     async def model_ready(self, name: str, version: str = "") -> bool:
         """An exposed model's readiness (unversioned: the pinned version's); an unknown
@@ -352,11 +386,13 @@ class Dispatcher:
         size: int,
         call: Call,
         settings: Settings,
-    ) -> tuple[InferRequest, InferResult]:
+    ) -> tuple[InferRequest, InferResult, OipTarget]:
         """An OIP request as both doors hand it over (a JSON-shaped header and the binary
-        tensors, ``size`` bytes in all): checked against the model's signature and the
-        gateway's caps and input checks (off the loop when large), then inferred."""
-        signature = await self.signature(target)
+        tensors, ``size`` bytes in all): routed (a rollout's canary share), checked against
+        the model's signature and the gateway's caps and input checks (off the loop when
+        large), then inferred; with the target that answered."""
+        served, arm = self._oip_arm(target, call)
+        signature = await self.signature(served)
         with self.plane.tracing.span("validate tensors"):
             parsed = await self.plane.workers.run(
                 size + len(binary),
@@ -364,11 +400,20 @@ class Dispatcher:
                 header,
                 binary,
                 signature,
-                caps_for(settings, target.entry),
-                bytes_checks(target.entry),
+                caps_for(settings, served.entry),
+                bytes_checks(served.entry),
             )
-            check_top_k(target.entry, parsed.inputs)
-        return parsed, await self.infer(target, parsed.inputs, parsed.outputs, call)
+            check_top_k(served.entry, parsed.inputs)
+        if target.entry is None or self.catalog.routing.rollout(target.entry.name) is None:
+            return parsed, await self.infer(served, parsed.inputs, parsed.outputs, call), served
+        began = perf_counter()
+        try:
+            answer = await self.infer(served, parsed.inputs, parsed.outputs, call)
+        except GatewayError:
+            self.rollouts.record(target.entry.name, arm, perf_counter() - began, failed=True)
+            raise
+        self.rollouts.record(target.entry.name, arm, perf_counter() - began, failed=False)
+        return parsed, answer, served
 
     async def infer(
         self, target: OipTarget, inputs: Sequence[Tensor], outputs: Sequence[str], call: Call

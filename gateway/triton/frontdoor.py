@@ -12,6 +12,10 @@ Triton's protos are used.
   metadata of UNAVAILABLE and RESOURCE_EXHAUSTED.
 - The repository RPCs are PERMISSION_DENIED (model control is the admin surface's); shared
   memory, trace and log settings are UNIMPLEMENTED, as ``/v2`` refuses them.
+- The gRPC health protocol (``grpc.health.v1.Health``, what Kubernetes' gRPC probes call):
+  SERVING while the door's readiness holds (``/v2``'s: every default and allow-listed model
+  ready), NOT_SERVING otherwise, read again every ``health_seconds``; unauthenticated, as the
+  HTTP probes are.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from gateway.errors import GatewayError, InvalidInputError
+from gateway.periodic import Periodic
 from gateway.triton.tensors import DTYPES, Tensor, encode_bytes
 
 logger = logging.getLogger("gateway.grpc")
@@ -86,6 +91,10 @@ class Door(Protocol):
 
     async def model_statistics(self, metadata: Metadata, name: str, version: str) -> dict[str, Any]: ...
 
+    async def readiness(self) -> bool:
+        """Ready to serve (no key: what the health service reports)."""
+        ...
+
     async def infer(
         self,
         metadata: Metadata,
@@ -94,8 +103,8 @@ class Door(Protocol):
         header: dict[str, Any],
         binary: bytes,
         deadline: float | None,
-    ) -> tuple[str, list[Tensor]]:
-        """The model version that answered, and the outputs."""
+    ) -> tuple[str, str, list[Tensor]]:
+        """The model and version that answered (a rollout's canary may), and the outputs."""
         ...
 
 
@@ -233,7 +242,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
     async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802 (the RPC names)
         async def work() -> Any:
             header, binary = request_header(request)
-            version, outputs = await self._door.infer(
+            model, version, outputs = await self._door.infer(
                 self._metadata(context),
                 request.model_name,
                 request.model_version,
@@ -241,7 +250,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
                 binary,
                 context.time_remaining(),
             )
-            return infer_response(request.model_name, version, request.id, outputs)
+            return infer_response(model, version, request.id, outputs)
 
         return await self._run(context, work())
 
@@ -255,8 +264,40 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
     RepositoryModelUnload = _denied
 
 
-async def serve(door: Door, host: str, port: int, max_message_bytes: int) -> Any:
-    """Start the gRPC door on ``host:port`` (an aio server, on the running loop)."""
+HEALTH_SERVICES = ("", "inference.GRPCInferenceService")
+
+
+async def _health(door: Door, servicer: Any) -> None:
+    from grpc_health.v1 import health_pb2
+
+    try:
+        ready = await door.readiness()
+    except GatewayError:
+        ready = False
+    status = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
+    for service in HEALTH_SERVICES:
+        await servicer.set(service, status)
+
+
+class FrontDoor:
+    """The running gRPC server and its health loop."""
+
+    def __init__(self, server: Any, health: Periodic) -> None:
+        self.server = server
+        self.health = health
+
+    async def stop(self, grace: float) -> None:
+        await self.health.stop()
+        await self.server.stop(grace)
+
+
+async def serve(
+    door: Door, host: str, port: int, max_message_bytes: int, health_seconds: float = 2.0
+) -> FrontDoor:
+    """Start the gRPC door on ``host:port`` (an aio server, on the running loop), with the
+    health service."""
+    from grpc_health.v1 import health, health_pb2_grpc
+
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", max_message_bytes),
@@ -264,9 +305,14 @@ async def serve(door: Door, host: str, port: int, max_message_bytes: int) -> Any
         ]
     )
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(door), server)
+    servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"the gRPC door cannot listen on {host}:{port}")
+    await _health(door, servicer)  # a status before the first call
     await server.start()
+    loop = Periodic("grpc health", health_seconds, lambda: _health(door, servicer), logger)
+    loop.start()
     logger.info("gRPC door listening on %s:%d", host, bound)
-    return server
+    return FrontDoor(server, loop)

@@ -75,6 +75,26 @@ def test_bench_shared_state_variant_checks_keys_in_redis(tmp_path: Path, triton_
     assert row["variant_cpu_ms"] > 0
 
 
+def test_bench_measures_the_grpc_door_beside_triton_direct(tmp_path: Path, triton_python_env: Path) -> None:
+    """The short form of `triton-gateway bench --grpc`: the door loaded by the same gRPC
+    client as Triton direct, its table printed and its measures recorded without errors."""
+    out = tmp_path / "bench"
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "gateway", "bench",
+            "--seconds", "1", "--rounds", "1", "--concurrency", "2",
+            "--repositories", "trivial", "--scenarios", "text",
+            "--out", str(out), "--triton-env", str(triton_python_env), "--grpc", "--no-kserve",
+        ],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "The gRPC door" in result.stdout
+    door = [m for m in json.loads(out.with_suffix(".json").read_text())["measures"] if m["target"] == "door"]
+    assert door
+    assert all(m["errors"] == 0 and m["requests"] > 0 and m["gateway_cpu_ms"] > 0 for m in door)
+
+
 def test_triton_config_bench_compares_instance_counts_and_queue_delays(
     tmp_path: Path, triton_python_env: Path
 ) -> None:

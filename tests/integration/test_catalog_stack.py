@@ -407,6 +407,31 @@ def test_a_canary_sticks_to_each_client(stack: LocalStack) -> None:
     assert stack.admin("POST", "/admin/models/text_classifier/rollout/rollback").status_code == 200
 
 
+def test_a_canary_applies_on_v2_as_on_classify(stack: LocalStack) -> None:
+    """/v2 (and the gRPC door, through the same Dispatcher.infer_request) under a canary at
+    100 %: an unversioned call is answered by the canary's model, named in the answer and
+    counted in the rollout's arms; a call naming the version is never rerouted."""
+    started = set_rollout(stack, "text_classifier", {"canary": {"target": "text_sentiment", "weight": 1.0}})
+    assert started.status_code == 200, started.text
+    body = {
+        "inputs": [
+            {"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": ["Thank you, that was quick."]},
+            {"name": "TOP_K", "shape": [1, 1], "datatype": "INT32", "data": [1]},
+        ]
+    }
+    try:
+        rerouted = httpx.post(f"{stack.url}/v2/models/text_classifier/infer", json=body, timeout=60)
+        assert rerouted.status_code == 200, rerouted.text
+        assert rerouted.json()["model_name"] == "text_sentiment"
+        named = httpx.post(f"{stack.url}/v2/models/text_classifier/versions/1/infer", json=body, timeout=60)
+        assert named.status_code == 200, named.text
+        assert named.json()["model_name"] == "text_classifier"
+        arms = rollout_state(stack, "text_classifier")["statistics"]["arms"]
+        assert arms["canary"]["requests"] == 1
+    finally:
+        assert stack.admin("POST", "/admin/models/text_classifier/rollout/rollback").status_code == 200
+
+
 SLOW_MODEL = """
 import time
 import numpy as np

@@ -62,6 +62,7 @@ ALLOWED: dict[str, set[str]] = {
 BOUNDARIES = {
     "tritonclient": "gateway.triton",
     "grpc": "gateway.triton",
+    "grpc_health": "gateway.triton",
     "redis": "gateway.shared",
     "orjson": "gateway.jsoncodec",
 }

@@ -168,7 +168,7 @@ async def classify_request(
     # resolution), and the answer is serialised once, here (FastAPI does not re-validate a
     # Response; `response_model` still documents it).
     state = gateway_state(request)
-    call = Call(state["request_id"], perf_counter(), _client(request))
+    call = Call(state["request_id"], perf_counter(), _client(request), labels=state)
     log = state["prediction_log"]
     if not log.enabled:
         response, _ = await _classify(request, state, call, top_k, threshold, model, version, [])
@@ -243,20 +243,16 @@ async def _classify(
         with state["tracing"].span("read body"):
             payload = await read_classify_input(request, state["settings"], state["workers"])
         read.append(payload)
-        try:
-            if payload.task_model is not None:  # vLLM's body: vLLM's answer
-                if model is not None or top_k is not None or threshold is not None:
-                    raise InvalidInputError(
-                        "a body of 'model' and 'input' (vLLM's) goes to POST /classify or /v1/classify, "
-                        "without top_k or threshold: it answers every class"
-                    )
-                task, answer = await classify_task(state, payload.task_model, payload.texts, call)
-                return Response(jsoncodec.dumps(task.model_dump()), media_type="application/json"), answer
-            answer = await dispatcher.classify(
-                payload, call, model=model, version=version, top_k=top_k, threshold=threshold
-            )
-        finally:
-            if call.model is not None:
-                state["model"] = call.model  # the metrics' model label
+        if payload.task_model is not None:  # vLLM's body: vLLM's answer
+            if model is not None or top_k is not None or threshold is not None:
+                raise InvalidInputError(
+                    "a body of 'model' and 'input' (vLLM's) goes to POST /classify or /v1/classify, "
+                    "without top_k or threshold: it answers every class"
+                )
+            task, answer = await classify_task(state, payload.task_model, payload.texts, call)
+            return Response(jsoncodec.dumps(task.model_dump()), media_type="application/json"), answer
+        answer = await dispatcher.classify(
+            payload, call, model=model, version=version, top_k=top_k, threshold=threshold
+        )
     body = classify_response_json(answer.model, call.request_id, answer.classifications)
     return Response(body, media_type="application/json"), answer

@@ -183,9 +183,9 @@ async def model_version_ready(
 async def _infer(request: Request, name: str, version: str) -> Response:
     state = gateway_state(request)
     settings, tracing, dispatcher = state["settings"], state["tracing"], state["dispatcher"]
-    target = dispatcher.oip_target(name, version)  # the pin applies to an unversioned call
-    state["model"] = name  # the metrics' model label: catalogued or allow-listed names only
-    call = Call(state["request_id"], perf_counter())
+    # the key's id: a rollout's canary share sticks to it, as on /classify
+    call = Call(state["request_id"], perf_counter(), request.scope["state"].get("client"), labels=state)
+    target = dispatcher.oip_target(name, version, call)  # the pin applies to an unversioned call
     async with dispatcher.admission_before_body(call, expects_continue(request)):
         json_bytes = byte_count(request.headers.get(HEADER_LENGTH), HEADER_LENGTH)
         with tracing.span("read body"):
@@ -197,12 +197,12 @@ async def _infer(request: Request, name: str, version: str) -> Response:
                 state["workers"],
                 json_bytes,
             )
-        parsed, answer = await dispatcher.infer_request(
+        parsed, answer, served = await dispatcher.infer_request(
             target, body.document, body.rest, body.size, call, settings
         )
     outputs = list(answer.outputs.values())
     content, header_length = encode_infer_response(
-        name, answer.model_version, parsed.id, outputs, parsed.binary_outputs
+        served.name, answer.model_version, parsed.id, outputs, parsed.binary_outputs
     )
     if header_length is None:
         return Response(content, media_type="application/json")

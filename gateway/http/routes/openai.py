@@ -200,14 +200,10 @@ async def classify_task(
 )
 async def classify(request: Request) -> Response:
     state = gateway_state(request)
-    call = Call(state["request_id"], perf_counter(), request.scope["state"].get("client"))
+    call = Call(state["request_id"], perf_counter(), request.scope["state"].get("client"), labels=state)
     async with state["dispatcher"].admission_before_body(call, expects_continue(request)):
         parsed: ClassifyTaskRequest = await _body(request, state, ClassifyTaskRequest)
-        try:
-            task, _ = await classify_task(state, parsed.model, _texts(parsed.input, state["settings"]), call)
-        finally:
-            if call.model is not None:
-                state["model"] = call.model  # the metrics' model label
+        task, _ = await classify_task(state, parsed.model, _texts(parsed.input, state["settings"]), call)
     return _json(task)
 
 
@@ -220,12 +216,12 @@ async def classify(request: Request) -> Response:
 async def embeddings(request: Request) -> Response:
     state = gateway_state(request)
     settings, dispatcher = state["settings"], state["dispatcher"]
-    call = Call(state["request_id"], perf_counter())
+    call = Call(state["request_id"], perf_counter(), labels=state)
     async with dispatcher.admission_before_body(call, expects_continue(request)):
         parsed: EmbeddingsRequest = await _body(request, state, EmbeddingsRequest)
         if parsed.model not in settings.openai.embedding_models:
             raise NotFoundError("there is no such embedding model")
-        state["model"] = parsed.model  # the metrics' model label: an allow-listed name
+        call.model = parsed.model  # an allow-listed name: the metrics' model label
         texts = _texts(parsed.input, settings)
         rows = np.array([[text.encode()] for text in texts], dtype=np.object_)
         version = dispatcher.catalog.version(parsed.model)
