@@ -318,22 +318,21 @@ class Dispatcher:
         return OipTarget(name, version or self.catalog.version(name), entry, bool(version))
 
     def _oip_arm(self, target: OipTarget, call: Call) -> tuple[OipTarget, str]:
-        """The rollout's canary share, as on /classify: an unversioned call to a classifier
-        under a canary may go to the canary (a version, or another model of its kind,
-        sticky per key). Shadows compare classifications: /classify only."""
+        """A rollout's canary share, as on /classify, when the canary is another version of
+        the same model: an unversioned call may go to it (sticky per key). A canary of
+        another model does not apply: an OIP client addresses one model's tensors by name,
+        and another model would answer for one it did not ask for. Shadows compare
+        classifications: /classify only."""
         entry = target.entry
         if entry is None or target.named_version:
             return target, "primary"
         rollout = self.catalog.routing.rollout(entry.name)
         canary = None if rollout is None else rollout.canary
-        if rollout is None or canary is None or not rollout.canary_for(entry.name, call.client):
+        if rollout is None or canary is None or canary.model != entry.name or not canary.version:
             return target, "primary"
-        candidate = self.catalog.find(canary.model)
-        if candidate is None or candidate.kind is not entry.kind:
+        if canary.version not in entry.versions or not rollout.canary_for(entry.name, call.client):
             return target, "primary"
-        call.model = candidate.name
-        version = canary.version or self.catalog.version(candidate.name)
-        return OipTarget(candidate.name, version, candidate, bool(canary.version)), "canary"
+        return OipTarget(entry.name, canary.version, entry, True), "canary"
 
     async def model_ready(self, name: str, version: str = "") -> bool:
         """An exposed model's readiness (unversioned: the pinned version's); an unknown

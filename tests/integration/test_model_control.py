@@ -211,15 +211,16 @@ def _versions_of(traffic: Traffic, since: float = 0.0, until: float = float("inf
     return {body["model_version"] for sent, _, body in traffic.answers if since <= sent < until}
 
 
-def _v2_version(stack: Stack) -> str:
-    """The version that answers an unversioned /v2 inference (Triton's own HTTP client)."""
+def _v2_version(stack: Stack, version: str = "") -> str:
+    """The version that answers a /v2 inference (Triton's own HTTP client; unversioned
+    unless ``version``)."""
     client = tritonhttp.InferenceServerClient(stack.gateway.url.removeprefix("http://"), network_timeout=60)
     try:
         image = tritonhttp.InferInput("IMAGE", [1, 1], "BYTES")
         image.set_data_from_numpy(np.array([[chelsea_jpeg()]], dtype=np.object_))
         k = tritonhttp.InferInput("TOP_K", [1, 1], "INT32")
         k.set_data_from_numpy(np.full((1, 1), 1, dtype=np.int32))
-        answer = client.infer("image_classifier", [image, k]).get_response()
+        answer = client.infer("image_classifier", [image, k], model_version=version).get_response()
     finally:
         client.close()
     assert answer["model_name"] == "image_classifier"
@@ -260,6 +261,16 @@ def test_version_two_loads_beside_version_one_and_takes_traffic_when_pinned(stac
     image = next(m for m in models["models"] if m["name"] == "image_classifier")
     assert image["pinned_version"] == "2"
     assert set(image["versions"]) >= {"1", "2"}
+    # a canary of version 1 at 100 %: unversioned /v2 calls go to it, as /classify's do;
+    # a call naming version 2 is never rerouted
+    canary = stack.admin("PUT", "/admin/models/image_classifier/rollout",
+                         json={"canary": {"target": "image_classifier:1", "weight": 1.0}})  # fmt: skip
+    assert canary.status_code == 200, canary.text
+    try:
+        assert _v2_version(stack) == "1"
+        assert _v2_version(stack, "2") == "2"
+    finally:
+        assert stack.admin("DELETE", "/admin/models/image_classifier/rollout").status_code == 200
 
 
 def test_an_unloaded_model_is_reported_and_the_other_one_still_served(stack: Stack) -> None:
