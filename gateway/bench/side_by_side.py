@@ -62,6 +62,7 @@ from gateway.dev.tritonserver import TritonServer, free_port
 from gateway.observe.tracing import triton_trace_args
 from gateway.settings import TracingSettings
 from gateway.shared.keyfiles import hash_key
+from gateway.triton.tensors import encode_bytes
 
 ROOT = Path(__file__).resolve().parents[2]
 REPOSITORIES = {
@@ -88,12 +89,40 @@ class Scenario:
     http_body: bytes
     http_type: str
     direct: Callable[[], tuple[str, list[grpcclient.InferInput]]] | None  # model, inputs
+    # the same call on /v2 with the binary tensor extension: model, body, JSON header length
+    v2: Callable[[], tuple[str, bytes, int]] | None = None
 
 
 def _tensor(name: str, array: np.ndarray, datatype: str) -> grpcclient.InferInput:
     tensor = grpcclient.InferInput(name, list(array.shape), datatype)
     tensor.set_data_from_numpy(array)
     return tensor
+
+
+def _v2_body(tensors: list[tuple[str, str, np.ndarray]]) -> tuple[bytes, int]:
+    """An OIP request in the binary tensor extension (what tritonclient.http sends): a JSON
+    header and the raw tensors; with its header's length."""
+    raws = [
+        encode_bytes([bytes(item) for item in array.reshape(-1)])
+        if datatype == "BYTES"
+        else np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+        for _, datatype, array in tensors
+    ]
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": name,
+                    "shape": list(array.shape),
+                    "datatype": datatype,
+                    "parameters": {"binary_data_size": len(raw)},
+                }
+                for (name, datatype, array), raw in zip(tensors, raws, strict=True)
+            ],
+            "parameters": {"binary_data_output": True},
+        }
+    ).encode()
+    return header + b"".join(raws), len(header)
 
 
 def scenarios() -> list[Scenario]:
@@ -122,12 +151,22 @@ def scenarios() -> list[Scenario]:
             _tensor("TOP_K", np.array([[5]], dtype=np.int32), "INT32"),
         ]
 
+    def images_v2(count: int) -> tuple[str, bytes, int]:
+        blobs = np.array([[jpeg]] * count, dtype=np.object_)
+        top_k = np.full((count, 1), 5, dtype=np.int32)
+        return "image_classifier", *_v2_body([("IMAGE", "BYTES", blobs), ("TOP_K", "INT32", top_k)])
+
+    def text_v2() -> tuple[str, bytes, int]:
+        texts = np.array([[SENTENCE.encode()]], dtype=np.object_)
+        top_k = np.array([[5]], dtype=np.int32)
+        return "text_classifier", *_v2_body([("TEXT", "BYTES", texts), ("TOP_K", "INT32", top_k)])
+
     multipart_type = f"multipart/form-data; boundary={boundary}"
     encoded = json.dumps({"image": base64.b64encode(jpeg).decode()}).encode()
     size = f"{len(jpeg) // 1024} KiB"
     return [
-        Scenario("text", json.dumps({"text": SENTENCE}).encode(), "application/json", text),
-        Scenario(f"raw jpeg {size}", jpeg, "image/jpeg", lambda: images(1)),
+        Scenario("text", json.dumps({"text": SENTENCE}).encode(), "application/json", text, text_v2),
+        Scenario(f"raw jpeg {size}", jpeg, "image/jpeg", lambda: images(1), lambda: images_v2(1)),
         Scenario(f"multipart jpeg {size}", multipart(1), multipart_type, lambda: images(1)),
         Scenario(f"base64 json jpeg {size}", encoded, "application/json", lambda: images(1)),
         Scenario("8 jpegs (multipart)", multipart(8), multipart_type, lambda: images(8)),
@@ -207,15 +246,24 @@ SEND_KEY = False
 
 
 def _wrk(
-    url: str, scenario: Scenario, concurrency: int, seconds: float, folder: Path
+    url: str,
+    scenario: Scenario,
+    concurrency: int,
+    seconds: float,
+    folder: Path,
+    v2: tuple[bytes, int] | None = None,
 ) -> tuple[int, int, float, float]:
+    """wrk posting the scenario's /classify body (``v2``: that /v2 body and header length)."""
     body = folder / "body.bin"
-    body.write_bytes(scenario.http_body)
+    body.write_bytes(scenario.http_body if v2 is None else v2[0])
     script = folder / "post.lua"
     key = f'wrk.headers["X-API-Key"] = "{BENCH_KEY}"\n' if SEND_KEY else ""
+    if v2 is not None:
+        key += f'wrk.headers["Inference-Header-Content-Length"] = "{v2[1]}"\n'
+    content_type = scenario.http_type if v2 is None else "application/octet-stream"
     script.write_text(
         f'wrk.method = "POST"\nlocal f = io.open("{body}", "rb")\nwrk.body = f:read("*a")\nf:close()\n'
-        f'wrk.headers["Content-Type"] = "{scenario.http_type}"\n{key}'
+        f'wrk.headers["Content-Type"] = "{content_type}"\n{key}'
         "done = function(summary, latency, requests)\n"
         '  io.write(string.format("STATUS-ERRORS %d\\n", summary.errors.status + summary.errors.connect'
         " + summary.errors.read + summary.errors.write + summary.errors.timeout))\nend\n"
@@ -380,6 +428,17 @@ def measure(
             _direct(address, scenario, concurrency, seconds)
         )
         result.p50_ms, result.p99_ms = percentiles_ms(latencies)
+    elif target == "v2":
+        assert scenario.v2 is not None
+        model, body, header_length = scenario.v2()
+        result.requests, result.errors, result.p50_ms, result.p99_ms = _wrk(
+            f"{gateway.url}/v2/models/{model}/infer",
+            scenario,
+            concurrency,
+            seconds,
+            folder,
+            (body, header_length),
+        )
     else:
         result.requests, result.errors, result.p50_ms, result.p99_ms = _wrk(
             stack.url(target), scenario, concurrency, seconds, folder
@@ -482,8 +541,8 @@ def door_table(measures: list[Measure]) -> str:
         "",
         "The gRPC door (the same tritonclient.grpc.aio client as Triton direct):",
         "",
-        "| models | scenario | c | req/s (Triton direct / door) | door p50/p99 ms | gateway CPU ms/req "
-        "(door / HTTP) | Triton CPU ms/req (direct / via door) |",
+        "| models | scenario | c | req/s (Triton direct / door / HTTP /v2) | door p50/p99 ms | gateway CPU "
+        "ms/req (door / HTTP /v2 / HTTP /classify) | Triton CPU ms/req (direct / via door) |",
         "|---|---|---|---|---|---|---|",
     ]
     keys = sorted({(m.repository, m.scenario, m.concurrency) for m in measures if m.target == "door"})
@@ -500,8 +559,9 @@ def door_table(measures: list[Measure]) -> str:
 
         lines.append(
             f"| {repository} | {scenario} | {concurrency} | {med('direct', 'rps'):.0f} / {med('door', 'rps'):.0f} "
-            f"| {med('door', 'p50_ms'):.1f} / {med('door', 'p99_ms'):.1f} "
-            f"| {med('door', 'gateway_cpu_ms'):.2f} / {med('gateway', 'gateway_cpu_ms'):.2f} "
+            f"/ {med('v2', 'rps'):.0f} | {med('door', 'p50_ms'):.1f} / {med('door', 'p99_ms'):.1f} "
+            f"| {med('door', 'gateway_cpu_ms'):.2f} / {med('v2', 'gateway_cpu_ms'):.2f} "
+            f"/ {med('gateway', 'gateway_cpu_ms'):.2f} "
             f"| {med('direct', 'triton_cpu_ms'):.2f} / {med('door', 'triton_cpu_ms'):.2f} |"
         )
     return "\n".join(lines)
@@ -740,7 +800,7 @@ def main(argv: list[str] | None = None) -> int:
         if options.grpc:
             base_env["GATEWAY_GRPC__PORT"] = str(free_port())
         gateways = ["gateway", "variant"] if variant_env else ["gateway"]
-        doors = ["door"] if options.grpc else []
+        doors = ["door"] if options.grpc else []  # and "v2" where the scenario has a /v2 form
         for name in options.repositories:
             workdir = Path(folder) / name
             workdir.mkdir()
@@ -762,7 +822,7 @@ def main(argv: list[str] | None = None) -> int:
                 for scenario in chosen:  # warm every path once
                     if scenario.direct:
                         measure(stack, name, scenario, "direct", 1, 0.5, workdir)
-                        for target in [*references, *doors]:
+                        for target in [*references, *doors, *(["v2"] if doors and scenario.v2 else [])]:
                             measure(stack, name, scenario, target, 1, 1, workdir)
                     for target in gateways:
                         measure(stack, name, scenario, target, 1, 1, workdir)
@@ -773,6 +833,8 @@ def main(argv: list[str] | None = None) -> int:
                         for concurrency in options.concurrency:
                             # the reference has no checks: it is not measured on the error path
                             targets = (["direct", *references, *doors] if scenario.direct else []) + gateways
+                            if doors and scenario.v2:
+                                targets.append("v2")
                             for target in targets:
                                 measures.append(
                                     measure(

@@ -77,7 +77,8 @@ def test_bench_shared_state_variant_checks_keys_in_redis(tmp_path: Path, triton_
 
 def test_bench_measures_the_grpc_door_beside_triton_direct(tmp_path: Path, triton_python_env: Path) -> None:
     """The short form of `triton-gateway bench --grpc`: the door loaded by the same gRPC
-    client as Triton direct, its table printed and its measures recorded without errors."""
+    client as Triton direct and the same call on HTTP /v2 (wrk, binary tensors), its table
+    printed and its measures recorded without errors."""
     out = tmp_path / "bench"
     result = subprocess.run(
         [
@@ -90,9 +91,11 @@ def test_bench_measures_the_grpc_door_beside_triton_direct(tmp_path: Path, trito
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "The gRPC door" in result.stdout
-    door = [m for m in json.loads(out.with_suffix(".json").read_text())["measures"] if m["target"] == "door"]
-    assert door
-    assert all(m["errors"] == 0 and m["requests"] > 0 and m["gateway_cpu_ms"] > 0 for m in door)
+    measures = json.loads(out.with_suffix(".json").read_text())["measures"]
+    for target in ("door", "v2"):  # the gRPC door, and the same call on HTTP /v2
+        found = [m for m in measures if m["target"] == target]
+        assert found, target
+        assert all(m["errors"] == 0 and m["requests"] > 0 and m["gateway_cpu_ms"] > 0 for m in found), found
 
 
 def test_triton_config_bench_compares_instance_counts_and_queue_delays(
