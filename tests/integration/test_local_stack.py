@@ -156,9 +156,12 @@ def test_a_launcher_killed_while_models_load_leaves_nothing_behind(
     process = _local(workdir, triton_python_env, model_repository, tmp_path / "local.log")
     try:
         deadline = time.monotonic() + 120
-        while not _stubs(processes_under(workdir)) and time.monotonic() < deadline:
-            time.sleep(0.05)
         seen = processes_under(workdir)
+        # a stub whose command line already names its shared-memory region: one caught
+        # between its fork and its exec shows its parent's (seen twice in the suite)
+        while not _shm_regions(_stubs(seen)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            seen = processes_under(workdir)
         assert _stubs(seen), "no Python-backend stub ever started"
     finally:
         process.kill()
