@@ -621,7 +621,9 @@ class DriftMonitor:
                 f"at least {self.settings.min_inputs} (GATEWAY_DRIFT__MIN_INPUTS)"
             )
         reference = Reference(merged, self._clock(), "captured", versions[0] if len(versions) == 1 else "")
-        await self._store.set_reference(model, json.dumps(reference.as_json(), separators=(",", ":")))
+        document = json.dumps(reference.as_json(), separators=(",", ":"))
+        await self._store.set_reference(model, document)
+        self._references[model] = (document, reference)  # shown at once, not at the next read
         self._thresholds.clear()
         return reference
 
@@ -631,6 +633,11 @@ class DriftMonitor:
         self._references.pop(model, None)
         self._thresholds.clear()
         return found
+
+    def cached_reference(self, model: str) -> Reference | None:
+        """The reference the last evaluation read (no store round trip), if any."""
+        cached = self._references.get(model)
+        return None if cached is None else cached[1]
 
     def readings(self, model: str) -> dict[str, Reading]:
         return {version: r for (m, version), r in self._readings.items() if m == model}

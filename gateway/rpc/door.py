@@ -93,7 +93,9 @@ class InferenceDoor:
         headers = _headers(metadata)
         started = perf_counter()
         status = 200
-        label = model if model in self.dispatcher.exposed() else ""
+        # a catalogued or allow-listed name only (looked up, not a set built per call)
+        known = self.dispatcher.catalog.find(model) is not None or model in self.dispatcher.v2_models
+        label = model if known else ""
         with self.tracing.server_span("GRPC", route, headers) as span:
             try:
                 client = await self._authorize(headers)

@@ -118,7 +118,8 @@ async def readyz(
 async def drift_state(drift: DriftMonitor, entry: CatalogEntry) -> DriftState | None:
     """The model's reference and live windows (None while the store does not answer)."""
     try:
-        reference = await drift.reference(entry.name, entry.reference)
+        # the reference the last evaluation read (every interval); the store only before one
+        reference = drift.cached_reference(entry.name) or await drift.reference(entry.name, entry.reference)
     except GatewayError:
         return None
     return DriftState(
