@@ -200,7 +200,9 @@ def test_a_gzip_json_bomb_is_refused_without_stalling_or_filling_the_gateway(
     assert answer.status_code in (400, 413, 422), answer.text
     assert answer.headers["content-type"].startswith(("application/problem+json", "application/json"))
     assert took < 1.0
-    assert watch.worst_ms < resting + 50
+    # the bug froze /livez for 9.6 s; a shared CI machine has shown one 263 ms probe for a
+    # bomb refused in 4 ms, so the bound leaves room for the machine and none for the bug
+    assert watch.worst_ms < resting + 500
     assert watch.rise_mib < 64  # the JSON cap is 42.7 MiB; the scan never holds the body
 
 
@@ -334,7 +336,8 @@ def test_a_jpeg_of_junk_does_not_hold_the_event_loop(gateway: GatewayProcess) ->
         f"3 junk JPEGs: {[a.status_code for a in answers]} in {took * 1000:.0f} ms; /livez worst {probe.worst_ms:.1f} ms"
     )
     assert [a.status_code for a in answers] == [422] * 3
-    assert probe.worst_ms < resting + 50
+    # the bug held the loop 430 ms per upload; the bound leaves room for a noisy machine
+    assert probe.worst_ms < resting + 200
 
 
 def test_a_crowd_of_uploads_is_bounded_by_the_body_budget(gateway: GatewayProcess) -> None:
