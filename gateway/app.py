@@ -26,10 +26,10 @@ from gateway.http.routes import openai as openai_routes
 from gateway.http.schemas import Problem, classify_json_model
 from gateway.http.telemetry import TelemetryMiddleware
 from gateway.observe.drift import DriftMonitor, LocalDriftStore, Served, SharedDriftStore
-from gateway.observe.metrics import GatewayMetrics, TritonMetricsScraper
+from gateway.observe.metrics import CapacityCollector, GatewayMetrics, TritonMetricsScraper
 from gateway.observe.predictionlog import PredictionLog, Sink, make_sink
 from gateway.observe.tracing import Tracing
-from gateway.serving.admission import Admission
+from gateway.serving.admission import build_admission
 from gateway.serving.catalog import Catalog
 from gateway.serving.control import ModelControl, RoutingControl
 from gateway.serving.dispatch import Dispatcher
@@ -113,9 +113,8 @@ def create_app(
         shares_state=settings.redis.url is not None,
     )
     tracing = Tracing(settings.tracing)
-    admission = Admission(
-        settings.server.max_in_flight, settings.server.queue_seconds, settings.server.retry_after_seconds
-    )
+    admission = build_admission(settings.server)
+    metrics.registry.register(CapacityCollector(admission.reading, sorted(settings.tiers)))
     metrics.build.info(
         {
             "version": __version__,
@@ -128,7 +127,11 @@ def create_app(
     # Read at build time: a keys file that does not parse refuses to start. Watched while
     # serving (the lifespan starts the watch): a rotated file applies without a restart.
     keep = settings.auth.on_invalid_keys_file == "keep"
-    api_keys = KeyRing(settings.auth.keys_file, "api", metrics, keep) if settings.auth.keys_file else None
+    api_keys = (
+        KeyRing(settings.auth.keys_file, "api", metrics, keep, settings.tiers)
+        if settings.auth.keys_file
+        else None
+    )
     admin_keys = (
         KeyRing(settings.admin.keys_file, "admin", metrics, keep) if settings.admin.keys_file else None
     )
@@ -255,6 +258,7 @@ def create_app(
             metrics=metrics,
             protect_metrics=settings.auth.protect_metrics,
             protect_docs=settings.auth.protect_docs,
+            tiers=settings.tiers,
         )
     if admin_keys is not None:
         app.add_middleware(

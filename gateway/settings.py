@@ -134,6 +134,59 @@ class TextLimits(BaseModel):
     max_label_chars: int = Field(100, ge=1, le=1000, description="Most characters in one candidate label.")
 
 
+class AdaptiveSettings(BaseModel):
+    """The in-flight limit that follows Triton's speed (gateway.serving.limit): between
+    ``floor`` and ``server.max_in_flight``, moved so admitted requests stop queueing in Triton."""
+
+    enabled: bool = Field(
+        True, description="Adapt the in-flight limit to measured latency; false: max_in_flight, always."
+    )
+    floor: int = Field(
+        4,
+        ge=1,
+        le=10_000,
+        description="The lowest the limit goes, and the concurrency at which the baseline latency "
+        "is measured (about the requests Triton runs in parallel without queueing).",
+    )
+    tolerance: float = Field(
+        0.5,
+        gt=0,
+        le=10,
+        description="How far above the baseline the p90 latency may rise before the limit falls "
+        "(0.5: 1.5x what a request costs with nothing queued).",
+    )
+    window_seconds: float = Field(
+        0.1, gt=0, le=60, description="How often the limit moves (and at least 10 requests apart)."
+    )
+    probe_interval_seconds: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="How often the baseline is measured again, holding the limit at the floor for "
+        "probe_samples requests (also at once when the limit sits at the floor for 5 windows).",
+    )
+    probe_samples: int = Field(20, ge=3, le=10_000, description="Requests one baseline measurement takes.")
+
+
+class TierSettings(BaseModel):
+    """What a key's tier (``tier=`` in the keys file) gives it when requests wait."""
+
+    share: float = Field(
+        1.0,
+        gt=0,
+        le=1000,
+        description="Its weight in the in-flight limit when keys contend: a key of share 4 holds "
+        "4 slots for a share-1 key's 1 while both wait; idle slots are borrowed freely.",
+    )
+    priority: int = Field(
+        0,
+        ge=0,
+        le=100,
+        description="Waiting requests of a higher priority are admitted first (strictly: a "
+        "flood of a higher tier waits out a lower one).",
+    )
+
+
 class ServerSettings(BaseModel):
     """How the gateway protects itself: admission, timeouts, connection cap, shutdown."""
 
@@ -141,9 +194,10 @@ class ServerSettings(BaseModel):
         64,
         ge=1,
         le=100_000,
-        description="Inference requests (/classify) handled at once; more wait up to queue_seconds, "
-        "then get 503 overloaded with Retry-After.",
+        description="Inference requests (/classify) handled at once, at most (the adaptive limit's "
+        "ceiling); more wait up to queue_seconds, then get 503 overloaded with Retry-After.",
     )
+    adaptive: AdaptiveSettings = Field(default_factory=AdaptiveSettings)
     queue_seconds: float = Field(
         0.1, ge=0, le=30, description="How long a request may wait for an in-flight slot before 503."
     )
@@ -576,6 +630,11 @@ class Settings(BaseSettings):
     drift: DriftSettings = Field(default_factory=DriftSettings)
     openai: OpenAISettings = Field(default_factory=OpenAISettings)
     grpc: GrpcSettings = Field(default_factory=GrpcSettings)
+    tiers: dict[str, TierSettings] = Field(
+        default_factory=lambda: {"standard": TierSettings()},
+        description='Key tiers by name (JSON: {"gold": {"share": 4, "priority": 1}, ...}); '
+        "'standard' (share 1, priority 0) is every key's unless its line says tier=<name>.",
+    )
     v2_models: list[str] = Field(
         default_factory=list,
         description="Models the /v2 Open Inference Protocol routes expose besides the catalog's "
@@ -616,6 +675,12 @@ class Settings(BaseSettings):
                 "server.shutdown_grace_seconds must exceed triton.timeout_seconds, "
                 "or a request in flight at SIGTERM could be cut off"
             )
+        if "standard" not in self.tiers:
+            raise ValueError("tiers must define 'standard', every key's tier unless its line names one")
+        if any(not re.fullmatch(r"[a-z][a-z0-9_-]{0,31}", name) for name in self.tiers):
+            raise ValueError("a tier's name is lower-case letters, digits, '_' and '-', at most 32")
+        if len(self.tiers) > 16:
+            raise ValueError("at most 16 tiers (each is a metric label)")
         return self
 
     @property

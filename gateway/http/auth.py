@@ -19,6 +19,7 @@ opens it, and an admin body has its own small cap and deadline.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from starlette.datastructures import MutableHeaders
@@ -33,9 +34,11 @@ from gateway.errors import (
 from gateway.http.bodies import limited_body
 from gateway.http.problems import log_problem, problem_response
 from gateway.observe.metrics import GatewayMetrics
+from gateway.serving.admission import tenant_of
 from gateway.shared.keyfiles import ApiKey, find_key
 
 if TYPE_CHECKING:
+    from gateway.settings import TierSettings
     from gateway.shared.keyfiles import KeyRing
     from gateway.shared.ratelimit import RateLimiter
 
@@ -80,8 +83,10 @@ class AuthMiddleware:
         metrics: GatewayMetrics,
         protect_metrics: bool,
         protect_docs: bool,
+        tiers: Mapping[str, TierSettings],
     ) -> None:
         self.app = app
+        self.tiers = tiers
         self.keys = keys
         self.limiter = limiter
         self.metrics = metrics
@@ -108,7 +113,9 @@ class AuthMiddleware:
         if key is None:
             await self._refuse(scope, receive, send, missing_key_error())
             return
-        scope.setdefault("state", {})["client"] = key.id
+        state = scope.setdefault("state", {})
+        state["client"] = key.id
+        state["tenant"] = tenant_of(key, self.tiers)
         try:
             verdict = await self.limiter.check(key)
         except GatewayError as error:  # the shared store is down and its policy refuses

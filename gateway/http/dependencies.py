@@ -6,6 +6,7 @@ dependency in the thread pool (a thread hop per dependency per request)."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from time import perf_counter
 from typing import Annotated, Any, NotRequired, TypedDict, cast
 
 from fastapi import Depends, Request
@@ -14,10 +15,10 @@ from gateway.observe.drift import DriftMonitor
 from gateway.observe.metrics import GatewayMetrics, TritonMetricsScraper
 from gateway.observe.predictionlog import PredictionLog
 from gateway.observe.tracing import Tracing
-from gateway.serving.admission import Admission
+from gateway.serving.admission import ANONYMOUS, Admission, Tenant
 from gateway.serving.catalog import Catalog
 from gateway.serving.control import ModelControl, RoutingControl
-from gateway.serving.dispatch import Dispatcher
+from gateway.serving.dispatch import Call, Dispatcher
 from gateway.serving.plane import InferencePlane
 from gateway.serving.rollout import RolloutRunner
 from gateway.serving.workers import CheckWorkers
@@ -46,12 +47,22 @@ class GatewayState(TypedDict):
     # per request: set by the request-id middleware and the route
     request_id: NotRequired[str]
     model: NotRequired[str]
+    client: NotRequired[str]  # the API key's id (the auth middleware)
+    tenant: NotRequired[Tenant]  # the key's id and tier, for admission (the auth middleware)
 
 
 def gateway_state(request: Request) -> GatewayState:
     """The request's state as one typed dict, without dependency resolution (for the hot
     path; routes elsewhere use the ``*Dep`` annotations below)."""
     return cast(GatewayState, request.scope["state"])
+
+
+def new_call(request: Request, state: GatewayState, client: str | None = None) -> Call:
+    """The serving side's view of one request: its id, start, the key's tenant (admission),
+    ``client`` (who a canary assignment sticks to) and the state its model label goes to."""
+    return Call(
+        state["request_id"], perf_counter(), client, tenant=state.get("tenant", ANONYMOUS), labels=state
+    )
 
 
 def _from_state(name: str) -> Callable[[Request], Awaitable[Any]]:

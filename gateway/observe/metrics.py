@@ -13,7 +13,7 @@ therefore not used.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from time import perf_counter
@@ -31,7 +31,7 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics import MetricWrapperBase
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -426,3 +426,85 @@ class TritonMetricsScraper:
 
     async def close(self) -> None:
         await self._client.aclose()
+
+
+@dataclass(frozen=True)
+class CapacityReading:
+    """The admission's state at scrape time (gateway.serving.admission.Admission.reading)."""
+
+    limit: int
+    ceiling: int
+    in_flight: int
+    waiting: int
+    in_use: float  # the limit's share in use, averaged (0-1)
+    latency_ratio: float  # the last window's p90 latency over its baseline
+    probing: bool
+    admitted: int
+    shed: int
+    waited_seconds: float
+    held_by_tier: dict[str, int]
+
+
+class CapacityCollector:
+    """The gauges an autoscaler and the dashboard read, computed at scrape time from the
+    admission (no per-request gauge updates on the hot path)."""
+
+    def __init__(self, read: Callable[[], CapacityReading], tiers: Sequence[str]) -> None:
+        self._read = read
+        self._tiers = tiers
+
+    def collect(self) -> Iterator[Metric]:
+        r = self._read()
+        yield GaugeMetricFamily(
+            "gateway_inflight_limit",
+            "Inference requests the gateway admits at once now (the adaptive limit; max_in_flight at most).",
+            value=r.limit,
+        )
+        yield GaugeMetricFamily(
+            "gateway_inflight_ceiling", "The adaptive limit's ceiling (max_in_flight).", value=r.ceiling
+        )
+        yield GaugeMetricFamily(
+            "gateway_inflight_admitted",
+            "Inference requests holding an in-flight slot now.",
+            value=r.in_flight,
+        )
+        yield GaugeMetricFamily(
+            "gateway_admission_queue",
+            "Inference requests waiting for an in-flight slot now.",
+            value=r.waiting,
+        )
+        yield GaugeMetricFamily(
+            "gateway_capacity_in_use",
+            "Share of the in-flight limit in use, averaged over about 10 s (0-1): the one to scale on.",
+            value=r.in_use,
+        )
+        yield GaugeMetricFamily(
+            "gateway_inflight_latency_ratio",
+            "The last window's p90 latency of admitted requests over their baseline (1: nothing queues "
+            "in Triton; the limit falls above 1 + tolerance).",
+            value=r.latency_ratio,
+        )
+        yield GaugeMetricFamily(
+            "gateway_inflight_probing",
+            "1 while the limit is held at its floor to measure the baseline.",
+            value=1 if r.probing else 0,
+        )
+        yield CounterMetricFamily(
+            "gateway_admission_admitted", "Inference requests given an in-flight slot.", value=r.admitted
+        )
+        yield CounterMetricFamily(
+            "gateway_admission_shed",
+            "Inference requests refused 503 overloaded after waiting queue_seconds for a slot.",
+            value=r.shed,
+        )
+        yield CounterMetricFamily(
+            "gateway_admission_wait_seconds",
+            "Seconds requests spent waiting for an in-flight slot (divide by admitted + shed).",
+            value=r.waited_seconds,
+        )
+        held = GaugeMetricFamily(
+            "gateway_inflight_by_tier", "In-flight slots held by keys of each tier.", labels=["tier"]
+        )
+        for tier in self._tiers:
+            held.add_metric([tier], r.held_by_tier.get(tier, 0))
+        yield held

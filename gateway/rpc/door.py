@@ -25,10 +25,11 @@ from gateway import __version__
 from gateway.errors import GatewayError, RateLimitedError, TritonTimeoutError, UnauthorizedError
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.tracing import Tracing, describe_server_span
+from gateway.serving.admission import tenant_of
 from gateway.serving.dispatch import Call, Dispatcher
 from gateway.serving.oip import EXTENSIONS
 from gateway.settings import Settings
-from gateway.shared.keyfiles import KeyRing, find_key
+from gateway.shared.keyfiles import ApiKey, KeyRing, find_key
 from gateway.shared.ratelimit import RateLimiter
 from gateway.triton.backend import InferenceBackend
 from gateway.triton.frontdoor import Metadata
@@ -69,8 +70,8 @@ class InferenceDoor:
         self.keys = keys
         self.limiter = limiter
 
-    async def _authorize(self, headers: list[tuple[bytes, bytes]]) -> str | None:
-        """The key's id (None: keys are off), or the refusal."""
+    async def _authorize(self, headers: list[tuple[bytes, bytes]]) -> ApiKey | None:
+        """The key (None: keys are off), or the refusal."""
         if self.keys is None:
             return None
         key = find_key(self.keys.keys, headers)
@@ -83,7 +84,7 @@ class InferenceDoor:
                 f"the rate for this key is {verdict.rate:g} requests a second", retry_after=verdict.wait
             )
         self.metrics.client_requests.labels(client=key.id, outcome="allowed").inc()
-        return key.id
+        return key
 
     @asynccontextmanager
     async def _rpc(self, rpc: str, metadata: Metadata, model: str = "") -> AsyncIterator[Call]:
@@ -98,8 +99,12 @@ class InferenceDoor:
         label = model if known else ""
         with self.tracing.server_span("GRPC", route, headers) as span:
             try:
-                client = await self._authorize(headers)
-                yield Call(uuid.uuid4().hex, started, client)
+                key = await self._authorize(headers)
+                if key is None:
+                    yield Call(uuid.uuid4().hex, started)
+                else:
+                    tenant = tenant_of(key, self.settings.tiers)
+                    yield Call(uuid.uuid4().hex, started, key.id, tenant=tenant)
             except GatewayError as error:
                 status = error.status
                 self.metrics.rejections.labels(reason=error.slug).inc()

@@ -1,35 +1,162 @@
-"""Admission control: a cap on inference requests in flight, and the drain at shutdown.
+"""Admission control: a limit on inference requests in flight, shared fairly between keys,
+and the drain at shutdown.
 
-Past the cap a request waits a short time for a slot, then gets 503 ``overloaded`` with
-Retry-After: under overload clients hear "no" in milliseconds instead of queueing into
-the Triton deadline. While draining (SIGTERM), new inference requests get 503
-``shutting-down`` and ``/readyz`` is 503, so the load balancer moves on, while the
-requests already admitted finish.
+The limit is adaptive (:mod:`gateway.serving.limit`: it follows what Triton can do now,
+``max_in_flight`` its ceiling) or static. Past it a request waits a short time
+(``queue_seconds``), then gets 503 ``overloaded`` with Retry-After: under overload clients
+hear "no" in milliseconds instead of queueing into the Triton deadline.
+
+Waiting requests are not served in arrival order. When a slot frees, it goes to the
+waiting key of the highest tier priority and, among those, to the one holding the fewest
+slots for its tier's share (weighted fair queueing over slots): a key flooding the
+gateway holds every idle slot it likes (idle capacity is borrowed freely), but each slot
+it gives back goes to another key that is waiting, so a burst from one tenant never
+starves another.
+
+While draining (SIGTERM), new inference requests get 503 ``shutting-down`` and
+``/readyz`` is 503, so the load balancer moves on, while the requests already admitted
+finish.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import math
+from collections import deque
+from collections.abc import AsyncIterator, Hashable, Mapping
 from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
-from typing import Any
+from dataclasses import dataclass, field
+from time import monotonic
+from typing import TYPE_CHECKING, Any, Protocol
 
-from gateway.errors import OverloadedError, ShuttingDownError
+from gateway.errors import OverloadedError, ShuttingDownError, TritonTimeoutError
+from gateway.observe.metrics import CapacityReading
+from gateway.serving.limit import AdaptiveLimit, LimitSettings
+
+if TYPE_CHECKING:
+    from gateway.settings import ServerSettings, TierSettings
+    from gateway.shared.keyfiles import ApiKey
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """Who a request is admitted for: the API key's id ("" without keys) and its tier."""
+
+    id: str = ""
+    tier: str = "standard"
+    share: float = 1.0
+    priority: int = 0
+
+
+ANONYMOUS = Tenant()
+
+
+class ConcurrencyLimit(Protocol):
+    """A limit on requests in flight, fed each admitted request's latency."""
+
+    @property
+    def limit(self) -> int: ...
+
+    @property
+    def ceiling(self) -> int: ...
+
+    @property
+    def probing(self) -> bool: ...
+
+    @property
+    def sample_ratio(self) -> float: ...
+
+    def observe(self, cost: Hashable, seconds: float, admitted_at: float) -> None: ...
+
+
+@dataclass
+class StaticLimit:
+    """The same number whatever Triton does (``GATEWAY_SERVER__ADAPTIVE__ENABLED=false``)."""
+
+    limit: int
+    probing: bool = False
+    sample_ratio: float = 0.0
+
+    @property
+    def ceiling(self) -> int:
+        return self.limit
+
+    def observe(self, cost: Hashable, seconds: float, admitted_at: float) -> None:
+        return None
+
+
+@dataclass
+class Ticket:
+    """One admitted request: when it got its slot, and for whom."""
+
+    tenant: Tenant
+    admitted_at: float
+
+
+@dataclass
+class _Waiter:
+    tenant: Tenant
+    future: asyncio.Future[Ticket]
+    enqueued: float
+
+
+@dataclass
+class Utilization:
+    """The share of the limit in use, averaged over ``tau`` seconds (an exponential
+    moving average updated at each change and read at scrape time): what an autoscaler
+    scales on, without the noise of one instant."""
+
+    tau: float = 10.0
+    value: float = 0.0
+    current: float = 0.0
+    stamp: float = field(default_factory=monotonic)
+
+    def _advance(self, now: float) -> None:
+        weight = 1 - math.exp(-max(0.0, now - self.stamp) / self.tau)
+        self.value += weight * (self.current - self.value)
+        self.stamp = now
+
+    def set(self, current: float, now: float) -> None:
+        self._advance(now)
+        self.current = current
+
+    def read(self, now: float) -> float:
+        self._advance(now)
+        return self.value
 
 
 class Admission:
     """Slots for inference requests; built by the app factory, shared with the server."""
 
-    def __init__(self, limit: int, queue_seconds: float, retry_after: int) -> None:
-        self.limit = limit
+    def __init__(
+        self,
+        limit: int | ConcurrencyLimit,
+        queue_seconds: float,
+        retry_after: int,
+        clock: Any = monotonic,
+    ) -> None:
+        self.limiter: ConcurrencyLimit = StaticLimit(limit) if isinstance(limit, int) else limit
         self._queue_seconds = queue_seconds
         self._retry_after = retry_after
-        self._slots = asyncio.Semaphore(limit)
+        self._clock = clock
         self.in_flight = 0
+        self.held: dict[str, int] = {}
+        self.held_by_tier: dict[str, int] = {}
+        self._waiting: dict[str, deque[_Waiter]] = {}
+        self.waiting = 0
+        self.utilization = Utilization()
         self.leaving = False  # /readyz says 503; requests are still admitted
         self.draining = False
         self._idle = asyncio.Event()
         self._idle.set()
+        # refusals and waits, for the metrics (read by the collector at scrape time)
+        self.shed = 0
+        self.admitted = 0
+        self.waited_seconds = 0.0
+
+    @property
+    def limit(self) -> int:
+        return self.limiter.limit
 
     def _check_open(self) -> None:
         if self.draining:
@@ -39,41 +166,143 @@ class Admission:
                 headers={"Connection": "close"},
             )
 
-    async def acquire(self) -> None:
+    def _take(self, tenant: Tenant, now: float) -> Ticket:
+        self.in_flight += 1
+        self.admitted += 1
+        self.held[tenant.id] = self.held.get(tenant.id, 0) + 1
+        self.held_by_tier[tenant.tier] = self.held_by_tier.get(tenant.tier, 0) + 1
+        self._idle.clear()
+        self.utilization.set(min(1.0, self.in_flight / max(1, self.limit)), now)
+        return Ticket(tenant, now)
+
+    async def acquire(self, tenant: Tenant = ANONYMOUS) -> Ticket:
         """Take one in-flight slot for a request, or raise a 503 error (then do not release)."""
         self._check_open()
-        if not self._slots.locked():
-            await self._slots.acquire()  # free: returns at once
-        else:
-            try:
-                await asyncio.wait_for(self._slots.acquire(), self._queue_seconds)
-            except TimeoutError:
-                raise OverloadedError(
-                    f"over {self.limit} requests are in flight; retry shortly", retry_after=self._retry_after
-                ) from None
-        self.in_flight += 1
-        self._idle.clear()
+        now = self._clock()
+        if self.in_flight < self.limit and not self._waiting:
+            return self._take(tenant, now)
+        future: asyncio.Future[Ticket] = asyncio.get_running_loop().create_future()
+        waiter = _Waiter(tenant, future, now)
+        self._waiting.setdefault(tenant.id, deque()).append(waiter)
+        self.waiting += 1
+        try:
+            await asyncio.wait({future}, timeout=self._queue_seconds)
+        except asyncio.CancelledError:  # the client went away while it waited
+            self._leave(waiter)
+            raise
+        self.waited_seconds += self._clock() - now
+        if not future.done():
+            self._leave(waiter)
+            self.shed += 1
+            raise OverloadedError(
+                f"over {self.limit} requests are in flight; retry shortly", retry_after=self._retry_after
+            )
+        ticket = future.result()
         if self.draining:  # it started draining while this one queued
-            self.release()
+            self.release(ticket)
             self._check_open()
+        return ticket
 
-    def release(self) -> None:
-        """Give back the slot taken by :meth:`acquire`."""
+    def _leave(self, waiter: _Waiter) -> None:
+        """A waiter gives up: out of its queue; a slot granted to it meanwhile goes back."""
+        if waiter.future.done():
+            if not waiter.future.cancelled():
+                self.release(waiter.future.result())
+            return
+        waiter.future.cancel()
+        queue = self._waiting.get(waiter.tenant.id)
+        if queue is not None:
+            queue.remove(waiter)
+            self.waiting -= 1
+            if not queue:
+                del self._waiting[waiter.tenant.id]
+
+    def _next_waiter(self) -> _Waiter | None:
+        """The waiter a free slot goes to: highest priority, then fewest slots held for
+        its share, then the longest waiting."""
+        best: tuple[int, float, float] | None = None
+        chosen = ""
+        for tenant_id, queue in self._waiting.items():
+            head = queue[0]
+            rank = (-head.tenant.priority, self.held.get(tenant_id, 0) / head.tenant.share, head.enqueued)
+            if best is None or rank < best:
+                best, chosen = rank, tenant_id
+        if best is None:
+            return None
+        queue = self._waiting[chosen]
+        waiter = queue.popleft()
+        self.waiting -= 1
+        if not queue:
+            del self._waiting[chosen]
+        return waiter
+
+    def _grant(self) -> None:
+        now = self._clock()
+        while self.in_flight < self.limit:
+            waiter = self._next_waiter()
+            if waiter is None:
+                return
+            waiter.future.set_result(self._take(waiter.tenant, now))
+
+    def release(self, ticket: Ticket, cost: Hashable | None = None) -> None:
+        """Give back the slot taken by :meth:`acquire`; with ``cost``, the request's
+        latency (admission to now) feeds the adaptive limit under that cost class."""
+        now = self._clock()
+        if cost is not None:
+            self.limiter.observe(cost, now - ticket.admitted_at, ticket.admitted_at)
         self.in_flight -= 1
-        self._slots.release()
+        held = self.held[ticket.tenant.id] - 1
+        if held:
+            self.held[ticket.tenant.id] = held
+        else:
+            del self.held[ticket.tenant.id]
+        self.held_by_tier[ticket.tenant.tier] -= 1
+        self.utilization.set(min(1.0, self.in_flight / max(1, self.limit)), now)
+        if self._waiting:
+            self._grant()
         if self.in_flight == 0:
             self._idle.set()
 
     @asynccontextmanager
-    async def slot(self, waiting: AbstractContextManager[Any] | None = None) -> AsyncIterator[None]:
+    async def slot(
+        self,
+        waiting: AbstractContextManager[Any] | None = None,
+        tenant: Tenant = ANONYMOUS,
+        cost: Hashable | None = None,
+    ) -> AsyncIterator[Ticket]:
         """Hold one in-flight slot for the duration of the block; ``waiting`` (say, a
-        tracing span) is entered only while the slot is being acquired."""
+        tracing span) is entered only while the slot is being acquired. The block's
+        latency feeds the limit under ``cost`` when it ends normally or by a Triton
+        timeout (the slowest latency there is); other failures say nothing about speed."""
         with waiting or nullcontext():
-            await self.acquire()
+            ticket = await self.acquire(tenant)
+        measured = cost
         try:
-            yield
+            yield ticket
+        except TritonTimeoutError:
+            raise
+        except BaseException:
+            measured = None
+            raise
         finally:
-            self.release()
+            self.release(ticket, measured)
+
+    def reading(self) -> CapacityReading:
+        """What the capacity gauges show (read at scrape time)."""
+        limiter = self.limiter
+        return CapacityReading(
+            limit=limiter.limit,
+            ceiling=limiter.ceiling,
+            in_flight=self.in_flight,
+            waiting=self.waiting,
+            in_use=self.utilization.read(self._clock()),
+            latency_ratio=limiter.sample_ratio,
+            probing=limiter.probing,
+            admitted=self.admitted,
+            shed=self.shed,
+            waited_seconds=self.waited_seconds,
+            held_by_tier=dict(self.held_by_tier),
+        )
 
     def start_leaving(self) -> None:
         """From now on /readyz says not ready, so load balancers stop sending; requests
@@ -88,3 +317,28 @@ class Admission:
     async def wait_idle(self) -> None:
         """Return once no admitted request is in flight (bound it with asyncio.timeout)."""
         await self._idle.wait()
+
+
+def build_admission(server: ServerSettings) -> Admission:
+    """The gateway's admission: the adaptive limit under ``max_in_flight`` (or that cap)."""
+    ceiling = server.max_in_flight
+    adaptive = server.adaptive
+    limit: int | ConcurrencyLimit = ceiling
+    if adaptive.enabled:
+        limit = AdaptiveLimit(
+            LimitSettings(
+                floor=min(adaptive.floor, ceiling),
+                ceiling=ceiling,
+                tolerance=adaptive.tolerance,
+                window_seconds=adaptive.window_seconds,
+                probe_interval_seconds=adaptive.probe_interval_seconds,
+                probe_samples=adaptive.probe_samples,
+            )
+        )
+    return Admission(limit, server.queue_seconds, server.retry_after_seconds)
+
+
+def tenant_of(key: ApiKey, tiers: Mapping[str, TierSettings]) -> Tenant:
+    """The tenant a key's requests are admitted for (its tier's share and priority)."""
+    tier = tiers.get(key.tier) or tiers["standard"]
+    return Tenant(key.id, key.tier if key.tier in tiers else "standard", tier.share, tier.priority)

@@ -27,6 +27,7 @@ from typing import Any
 from gateway.errors import GatewayError, NotFoundError, ServiceUnavailableError, WrongInputKindError
 from gateway.names import is_version
 from gateway.observe.drift import DriftMonitor
+from gateway.serving.admission import ANONYMOUS, Tenant
 from gateway.serving.catalog import Catalog, CatalogEntry
 from gateway.serving.kinds import kind_of
 from gateway.serving.kinds.base import SCORES
@@ -54,6 +55,7 @@ class Call:
     started: float
     client: str | None = None  # who a canary assignment sticks to (key id, X-Rollout-Key)
     admitted: bool = False  # holds its in-flight slot already (admitted before its body)
+    tenant: Tenant = ANONYMOUS  # the API key and its tier: whose share of the limit it takes
     labels: Any = None  # the request's state (GatewayState): only its "model" is written
     _model: str | None = field(default=None, init=False, repr=False)
 
@@ -161,11 +163,11 @@ class Dispatcher:
         if expects_continue:
             admission = self.plane.admission
             try:
-                await admission.acquire()
+                ticket = await admission.acquire(call.tenant)
             except ServiceUnavailableError as exc:
                 exc.headers = {**exc.headers, "Connection": "close"}
                 raise
-            admission.release()
+            admission.release(ticket)
         yield
 
     # -- /classify and /models/{model}[/versions/{v}]/classify ------------------------
@@ -238,6 +240,7 @@ class Dispatcher:
             call.request_id,
             call.started,
             admitted=admitted and not call.admitted,
+            tenant=call.tenant,
         )
 
     async def _in_rollout(
@@ -419,7 +422,13 @@ class Dispatcher:
     ) -> InferResult:
         call.model = target.name
         answer = await self.plane.infer(
-            target.name, target.version, inputs, outputs, call.request_id, admitted=not call.admitted
+            target.name,
+            target.version,
+            inputs,
+            outputs,
+            call.request_id,
+            admitted=not call.admitted,
+            tenant=call.tenant,
         )
         scores = answer.outputs.get(SCORES)
         if target.entry is not None and scores is not None and scores.array.ndim == 2:

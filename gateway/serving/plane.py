@@ -23,7 +23,7 @@ from gateway.errors import (
 )
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.tracing import Tracing
-from gateway.serving.admission import Admission
+from gateway.serving.admission import ANONYMOUS, Admission, Tenant
 from gateway.serving.catalog import CatalogEntry
 from gateway.serving.guard import GuardedBackend
 from gateway.serving.payload import ClassifyInput
@@ -48,6 +48,12 @@ def most_actionable(failures: Sequence[tuple[int, GatewayError]]) -> GatewayErro
     index, error = failures[0]
     error.errors = [{"input_index": i, "detail": e.detail} for i, e in failures]
     return error.at(index)
+
+
+def cost_bucket(inputs: int) -> int:
+    """The adaptive limit's cost class for a request of ``inputs`` inputs: 1, 2-4, 5-16, 17+
+    (a batch of 8 is compared with batches, not with single inputs)."""
+    return 1 if inputs <= 1 else 4 if inputs <= 4 else 16 if inputs <= 16 else 17
 
 
 @contextlib.asynccontextmanager
@@ -81,19 +87,25 @@ class InferencePlane:
         request_id: str,
         started: float,
         admitted: bool = True,
+        tenant: Tenant = ANONYMOUS,
     ) -> list[Classification]:
         """One classification per input, in input order; raises GatewayError subclasses.
         ``admitted=False`` takes no slot: a rollout's shadow (bounded by its own cap), or
         a request whose slot is held already (taken before its body)."""
         kind, model, tracing = entry.kind, entry.name, self.tracing
         # the span covers the wait for an in-flight slot (the gateway's queue)
-        slot = self.admission.slot(waiting=tracing.span("admission")) if admitted else _no_slot()
+        count = kind.count(payload)
+        slot = (
+            self.admission.slot(tracing.span("admission"), tenant, (model, cost_bucket(count)))
+            if admitted
+            else _no_slot()
+        )
         async with slot:
-            with tracing.span(f"validate {kind.noun}s", {"gateway.inputs": kind.count(payload)}):
+            with tracing.span(f"validate {kind.noun}s", {"gateway.inputs": count}):
                 await self.workers.run(kind.payload_bytes(payload), kind.check, payload, entry.caps)
             metrics = self.metrics
             metrics.child(metrics.validation_duration, model).observe(perf_counter() - started)
-            metrics.child(metrics.inputs, model).observe(kind.count(payload))
+            metrics.child(metrics.inputs, model).observe(count)
             calls = kind.calls(payload, top_k)
             invalid = kind.invalid()
             with self.backend.circuit(model):
@@ -138,10 +150,15 @@ class InferencePlane:
         outputs: Sequence[str],
         request_id: str,
         admitted: bool = True,
+        tenant: Tenant = ANONYMOUS,
     ) -> InferResult:
         """One inference on checked tensors (the Open Inference Protocol routes);
         ``admitted=False``: its slot is held already (taken before its body)."""
-        slot = self.admission.slot(waiting=self.tracing.span("admission")) if admitted else _no_slot()
+        slot = (
+            self.admission.slot(self.tracing.span("admission"), tenant, (model, "tensors"))
+            if admitted
+            else _no_slot()
+        )
         async with slot:
             with self.backend.circuit(model):
                 return await self.backend.infer(

@@ -23,7 +23,7 @@ import math
 import os
 import re
 import secrets
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,28 +37,76 @@ def hash_key(key: str) -> str:
 
 
 @dataclass(frozen=True)
+class Quota:
+    """At most ``limit`` requests (or images) per UTC ``period`` (day or month)."""
+
+    unit: str  # "requests" or "images"
+    limit: int
+    period: str  # "day" or "month"
+
+
+@dataclass(frozen=True)
 class ApiKey:
-    """One client: its id (for logs and metrics), the key's hash and its rate limit."""
+    """One client: its id (for logs and metrics), the key's hash, its rate limit, its
+    tier (its share of the in-flight limit and queue priority) and its quotas."""
 
     id: str
     digest: bytes
     rate: float | None = None
     burst: float | None = None
+    tier: str = "standard"
+    quotas: tuple[Quota, ...] = ()
 
 
 # A key id is a metric label and a log field: short and plain.
 _KEY_ID = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+_TIER = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+_QUOTA = re.compile(r"([0-9]{1,15})/(day|month)")
+_OPTIONS = {"tier", "quota", "image-quota"}
+_USAGE = (
+    "expected '<id> <sha256 hex> [<rate per second> [<burst>]] [tier=<name>] "
+    "[quota=<requests>/<day|month>] [image-quota=<images>/<day|month>]' (id: letters, digits, "
+    "'_.-', at most 64; rate and burst: finite, positive, burst >= 1; quotas: whole numbers >= 1)"
+)
 
 
-def parse_keys(text: str, path: Path) -> list[ApiKey]:
+def _options(words: list[str], known_tiers: Collection[str] | None) -> tuple[str, tuple[Quota, ...]]:
+    tier = "standard"
+    quotas: list[Quota] = []
+    seen: set[str] = set()
+    for word in words:
+        name, _, value = word.partition("=")
+        if name not in _OPTIONS or name in seen:
+            raise ValueError
+        seen.add(name)
+        if name == "tier":
+            if not _TIER.fullmatch(value):
+                raise ValueError
+            if known_tiers is not None and value not in known_tiers:
+                raise LookupError(value)
+            tier = value
+            continue
+        match = _QUOTA.fullmatch(value)
+        if match is None or int(match.group(1)) < 1:
+            raise ValueError
+        unit = "requests" if name == "quota" else "images"
+        quotas.append(Quota(unit, int(match.group(1)), match.group(2)))
+    return tier, tuple(quotas)
+
+
+def parse_keys(text: str, path: Path, known_tiers: Collection[str] | None = None) -> list[ApiKey]:
     """The keys of a keys file's text; ConfigurationError names the line that is wrong
-    (a rate or burst must be a finite positive number: float() takes nan and inf)."""
+    (a rate or burst must be a finite positive number: float() takes nan and inf; a
+    tier must be one of ``known_tiers`` when given)."""
     keys: list[ApiKey] = []
     for number, line in enumerate(text.splitlines(), 1):
-        parts = line.split("#", 1)[0].split()
-        if not parts:
+        words = line.split("#", 1)[0].split()
+        if not words:
             continue
+        parts = [w for w in words if "=" not in w]
         try:
+            if words[: len(parts)] != parts:  # options come after the positional fields
+                raise ValueError
             if len(parts) not in (2, 3, 4) or len(parts[1]) != 64 or not _KEY_ID.fullmatch(parts[0]):
                 raise ValueError
             digest = bytes.fromhex(parts[1])
@@ -68,12 +116,15 @@ def parse_keys(text: str, path: Path) -> list[ApiKey]:
                 raise ValueError
             if rate is not None and not (burst is not None and math.isfinite(burst) and burst >= 1):
                 raise ValueError
-        except ValueError:
+            tier, quotas = _options(words[len(parts) :], known_tiers)
+        except LookupError as exc:
             raise ConfigurationError(
-                f"{path}:{number}: expected '<id> <sha256 hex> [<rate per second> [<burst>]]' (id: "
-                "letters, digits, '_.-', at most 64; rate and burst: finite, positive, burst >= 1)"
+                f"{path}:{number}: tier {exc.args[0]!r} is not one of the gateway's tiers "
+                f"({', '.join(sorted(known_tiers or ()))}; GATEWAY_TIERS)"
             ) from None
-        keys.append(ApiKey(parts[0], digest, rate, burst))
+        except ValueError:
+            raise ConfigurationError(f"{path}:{number}: {_USAGE}") from None
+        keys.append(ApiKey(parts[0], digest, rate, burst, tier, quotas))
     if not keys:
         raise ConfigurationError(f"{path} holds no API keys")
     if len({k.id for k in keys}) != len(keys):
@@ -103,16 +154,22 @@ class KeyRing:
     """The keys of one file (``name``: api or admin), as last read successfully."""
 
     def __init__(
-        self, path: Path, name: str, metrics: GatewayMetrics | None = None, keep_on_invalid: bool = False
+        self,
+        path: Path,
+        name: str,
+        metrics: GatewayMetrics | None = None,
+        keep_on_invalid: bool = False,
+        tiers: Collection[str] | None = None,
     ) -> None:
         self.path = path
+        self._tiers = tiers
         self.name = name
         self._metrics = metrics
         self._keep = keep_on_invalid
         text = self._read()
         if text is None:
             raise ConfigurationError(f"cannot read the {name} keys file {path}")
-        self.keys: list[ApiKey] = parse_keys(text.decode("utf-8", errors="replace"), path)
+        self.keys: list[ApiKey] = parse_keys(text.decode("utf-8", errors="replace"), path, tiers)
         self._seen = hashlib.sha256(text).digest()
         self._watching: Periodic | None = None
         self._valid(True)
@@ -141,7 +198,7 @@ class KeyRing:
             return False
         self._seen = digest
         try:
-            keys = parse_keys(text.decode("utf-8"), self.path)
+            keys = parse_keys(text.decode("utf-8"), self.path, self._tiers)
         except (ConfigurationError, UnicodeDecodeError) as exc:
             reason = exc.detail if isinstance(exc, ConfigurationError) else "not UTF-8"
             outcome = "the previous keys stay" if self._keep else "no key is accepted until it parses"

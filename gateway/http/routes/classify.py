@@ -11,7 +11,7 @@ from fastapi.responses import Response
 from gateway import jsoncodec
 from gateway.errors import GatewayError, InvalidInputError
 from gateway.http.bodies import expects_continue, read_classify_input
-from gateway.http.dependencies import GatewayState, gateway_state
+from gateway.http.dependencies import GatewayState, gateway_state, new_call
 from gateway.http.problems import problem_responses
 from gateway.http.routes.openai import classify_task
 from gateway.http.schemas import EXAMPLE_PNG_BASE64, ClassifyResponse, classify_response_json
@@ -168,7 +168,7 @@ async def classify_request(
     # resolution), and the answer is serialised once, here (FastAPI does not re-validate a
     # Response; `response_model` still documents it).
     state = gateway_state(request)
-    call = Call(state["request_id"], perf_counter(), _client(request), labels=state)
+    call = new_call(request, state, _client(request))
     log = state["prediction_log"]
     if not log.enabled:
         response, _ = await _classify(request, state, call, top_k, threshold, model, version, [])

@@ -14,7 +14,6 @@ problem members.
 
 from __future__ import annotations
 
-from time import perf_counter
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request
@@ -23,9 +22,9 @@ from fastapi.responses import Response
 from gateway import __version__
 from gateway.errors import TritonUnavailableError
 from gateway.http.bodies import byte_count, expects_continue, read_json
-from gateway.http.dependencies import BackendDep, DispatcherDep, SettingsDep, gateway_state
+from gateway.http.dependencies import BackendDep, DispatcherDep, SettingsDep, gateway_state, new_call
 from gateway.http.problems import problem_responses as _problem_responses
-from gateway.serving.dispatch import Call, Dispatcher
+from gateway.serving.dispatch import Dispatcher
 from gateway.serving.oip import (
     EXTENSIONS,
     HEADER_LENGTH,
@@ -184,7 +183,7 @@ async def _infer(request: Request, name: str, version: str) -> Response:
     state = gateway_state(request)
     settings, tracing, dispatcher = state["settings"], state["tracing"], state["dispatcher"]
     # the key's id: a rollout's canary share sticks to it, as on /classify
-    call = Call(state["request_id"], perf_counter(), request.scope["state"].get("client"), labels=state)
+    call = new_call(request, state, state.get("client"))
     target = dispatcher.oip_target(name, version, call)  # the pin applies to an unversioned call
     async with dispatcher.admission_before_body(call, expects_continue(request)):
         json_bytes = byte_count(request.headers.get(HEADER_LENGTH), HEADER_LENGTH)

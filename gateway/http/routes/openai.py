@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import base64
 import time
-from time import perf_counter
 from typing import Annotated, Any, Literal
 
 import numpy as np
@@ -30,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 from gateway import jsoncodec
 from gateway.errors import InvalidInputError, NotFoundError, summarise_validation_errors
 from gateway.http.bodies import expects_continue, read_json
-from gateway.http.dependencies import GatewayState, gateway_state
+from gateway.http.dependencies import GatewayState, gateway_state, new_call
 from gateway.http.problems import problem_responses
 from gateway.names import TEXT_TASK
 from gateway.serving.dispatch import Answer, Call
@@ -200,7 +199,7 @@ async def classify_task(
 )
 async def classify(request: Request) -> Response:
     state = gateway_state(request)
-    call = Call(state["request_id"], perf_counter(), request.scope["state"].get("client"), labels=state)
+    call = new_call(request, state, state.get("client"))
     async with state["dispatcher"].admission_before_body(call, expects_continue(request)):
         parsed: ClassifyTaskRequest = await _body(request, state, ClassifyTaskRequest)
         task, _ = await classify_task(state, parsed.model, _texts(parsed.input, state["settings"]), call)
@@ -216,7 +215,7 @@ async def classify(request: Request) -> Response:
 async def embeddings(request: Request) -> Response:
     state = gateway_state(request)
     settings, dispatcher = state["settings"], state["dispatcher"]
-    call = Call(state["request_id"], perf_counter(), labels=state)
+    call = new_call(request, state)
     async with dispatcher.admission_before_body(call, expects_continue(request)):
         parsed: EmbeddingsRequest = await _body(request, state, EmbeddingsRequest)
         if parsed.model not in settings.openai.embedding_models:
@@ -232,6 +231,7 @@ async def embeddings(request: Request) -> Response:
             [settings.openai.embedding_output],
             call.request_id,
             admitted=not call.admitted,
+            tenant=call.tenant,
         )
     vectors = result.outputs[settings.openai.embedding_output].array.astype("<f4")
     if parsed.dimensions is not None and parsed.dimensions != vectors.shape[-1]:

@@ -1,0 +1,109 @@
+"""The adaptive limit against a simulated Triton: N requests served in parallel, each
+costing S seconds (a run-time knob), the rest queued in Triton's FIFO; a closed loop of
+clients keeps it overloaded. Time is simulated: the numbers are exact, not timed."""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Callable
+
+from gateway.serving.limit import AdaptiveLimit, LimitSettings, percentile
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def simulate(
+    limit: AdaptiveLimit | int,
+    clock: Clock,
+    cost: Callable[[float], float],
+    parallel: int,
+    until: float,
+) -> list[tuple[float, float]]:
+    """(completion time, latency) of every request; the clients always have one waiting."""
+    servers = [clock.now] * parallel
+    in_flight: list[tuple[float, float]] = []
+    done: list[tuple[float, float]] = []
+    while clock.now < until:
+        ceiling = limit if isinstance(limit, int) else limit.limit
+        while len(in_flight) < ceiling:
+            index = min(range(parallel), key=servers.__getitem__)
+            start = max(clock.now, servers[index])
+            servers[index] = start + cost(start)
+            heapq.heappush(in_flight, (servers[index], clock.now))
+        finish, admitted = heapq.heappop(in_flight)
+        clock.now = finish
+        if not isinstance(limit, int):
+            limit.observe("text", finish - admitted, admitted)
+        done.append((finish, finish - admitted))
+    return done
+
+
+def between(done: list[tuple[float, float]], start: float, end: float) -> list[float]:
+    return [latency for at, latency in done if start <= at < end]
+
+
+def adaptive(clock: Clock, ceiling: int = 64) -> AdaptiveLimit:
+    return AdaptiveLimit(LimitSettings(floor=2, ceiling=ceiling), clock=clock, rng=random.Random(7))
+
+
+def test_a_steady_overload_keeps_admitted_latency_near_one_clients() -> None:
+    clock = Clock()
+    limit = adaptive(clock)
+    done = simulate(limit, clock, lambda t: 0.010, parallel=4, until=20.0)
+    steady = between(done, 10.0, 20.0)
+    static_clock = Clock()
+    static = between(simulate(64, static_clock, lambda t: 0.010, 4, 20.0), 10.0, 20.0)
+    print(
+        f"p99 adaptive {percentile(steady, 0.99) * 1000:.0f} ms at {len(steady) / 10:.0f}/s; "
+        f"static 64: {percentile(static, 0.99) * 1000:.0f} ms at {len(static) / 10:.0f}/s"
+    )
+    assert percentile(steady, 0.99) < 3 * 0.010  # one client's latency is 10 ms
+    assert percentile(static, 0.99) > 10 * 0.010  # the static cap queues 64 in Triton
+    assert len(steady) >= 0.9 * len(static)  # no throughput given up for it
+
+
+def test_a_5x_slowdown_is_learnt_within_seconds_and_a_recovery_too() -> None:
+    clock = Clock()
+    limit = adaptive(clock)
+
+    def cost(t: float) -> float:
+        return 0.050 if 20.0 <= t < 40.0 else 0.010
+
+    done = simulate(limit, clock, cost, parallel=4, until=60.0)
+    slow = between(done, 22.0, 40.0)  # two seconds after the slowdown
+    print(f"slow p99 {percentile(slow, 0.99) * 1000:.0f} ms; limit {limit.limit}")
+    assert percentile(slow, 0.99) < 3 * 0.050
+    assert len(slow) >= 0.85 * 18.0 * 4 / 0.050  # Triton kept busy while slow
+    recovered = between(done, 42.0, 60.0)
+    assert len(recovered) >= 0.85 * 18.0 * 4 / 0.010  # throughput back
+    assert percentile(recovered, 0.99) < 3 * 0.010
+
+
+def test_a_faster_class_does_not_read_as_congestion() -> None:
+    """Two models, one 10x slower: each latency is compared with its own baseline."""
+    clock = Clock()
+    limit = adaptive(clock)
+    rng = random.Random(3)
+    for _ in range(20_000):
+        clock.now += 0.001
+        slow = rng.random() < 0.3
+        limit.observe("image" if slow else "text", 0.100 if slow else 0.010, clock.now - 0.01)
+    assert limit.limit == 64  # uncongested: the ceiling, not the floor
+
+
+def test_the_limit_starts_at_the_ceiling_and_probes_soon() -> None:
+    clock = Clock()
+    limit = adaptive(clock, ceiling=32)
+    assert limit.limit == 32
+    assert not limit.probing
+    for _ in range(200):
+        clock.now += 0.05
+        limit.observe("text", 0.01, clock.now - 0.01)
+    assert limit.state().baseline_seconds["text"] == 0.01

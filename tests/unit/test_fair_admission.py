@@ -1,0 +1,106 @@
+"""Admission shares slots fairly between keys: a freed slot goes to the waiting key of the
+highest priority holding the fewest slots for its share; idle slots are borrowed freely."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import pytest
+
+from gateway.errors import OverloadedError
+from gateway.serving.admission import Admission, Tenant, Ticket
+
+FLOOD = Tenant("flood")
+QUIET = Tenant("quiet")
+GOLD = Tenant("gold", tier="gold", share=4, priority=1)
+
+
+def run(test: Callable[[], Coroutine[Any, Any, None]]) -> Callable[[], None]:
+    """Runs an async test on a fresh event loop (the suite has no async plugin)."""
+
+    @functools.wraps(test)
+    def sync() -> None:
+        asyncio.run(test())
+
+    return sync
+
+
+@run
+async def test_idle_slots_are_borrowed_and_a_freed_slot_goes_to_the_other_key() -> None:
+    admission = Admission(4, queue_seconds=5, retry_after=1)
+    held = [await admission.acquire(FLOOD) for _ in range(4)]  # the flood borrows everything
+    assert admission.held == {"flood": 4}
+    flooding = [asyncio.create_task(admission.acquire(FLOOD)) for _ in range(20)]
+    await asyncio.sleep(0)
+    quiet = asyncio.create_task(admission.acquire(QUIET))
+    await asyncio.sleep(0)
+    admission.release(held.pop())
+    # the slot went to the quiet key although 20 of the flood queued before it
+    assert admission.held == {"flood": 3, "quiet": 1}
+    assert (await quiet).tenant == QUIET
+    admission.release(held.pop())
+    assert admission.held == {"flood": 3, "quiet": 1}  # then to the flood again
+    for task in flooding:
+        task.cancel()
+    await asyncio.gather(*flooding, return_exceptions=True)
+
+
+@run
+async def test_shares_weight_the_slots_while_keys_contend() -> None:
+    admission = Admission(10, queue_seconds=5, retry_after=1)
+    big, small = Tenant("big", share=4), Tenant("small", share=1)
+    tickets: list[Ticket] = [await admission.acquire(Tenant("other")) for _ in range(10)]
+    waiting = [asyncio.create_task(admission.acquire(t)) for t in [big] * 20 + [small] * 20]
+    await asyncio.sleep(0)
+    for ticket in tickets:
+        admission.release(ticket)
+    await asyncio.sleep(0)
+    assert admission.held == {"big": 8, "small": 2}
+    for task in waiting:
+        task.cancel()
+    await asyncio.gather(*waiting, return_exceptions=True)
+
+
+@run
+async def test_a_higher_priority_is_admitted_first() -> None:
+    admission = Admission(1, queue_seconds=5, retry_after=1)
+    ticket = await admission.acquire(QUIET)
+    standard = asyncio.create_task(admission.acquire(FLOOD))
+    await asyncio.sleep(0)
+    gold = asyncio.create_task(admission.acquire(GOLD))
+    await asyncio.sleep(0)
+    admission.release(ticket)
+    assert admission.held == {"gold": 1}  # although the standard key waited longer
+    admission.release(await gold)
+    assert (await standard).tenant == FLOOD
+
+
+@run
+async def test_a_waiter_that_times_out_gets_503_and_leaves_no_trace() -> None:
+    admission = Admission(1, queue_seconds=0.01, retry_after=3)
+    ticket = await admission.acquire(FLOOD)
+    with pytest.raises(OverloadedError) as refused:
+        await admission.acquire(QUIET)
+    assert refused.value.headers["Retry-After"] == "3"
+    assert admission.waiting == 0
+    admission.release(ticket)
+    assert admission.in_flight == 0
+    assert admission.held == {}
+    assert (await admission.acquire(QUIET)).tenant == QUIET
+
+
+@run
+async def test_a_cancelled_waiter_returns_a_slot_granted_to_it() -> None:
+    admission = Admission(1, queue_seconds=5, retry_after=1)
+    ticket = await admission.acquire(FLOOD)
+    waiter = asyncio.create_task(admission.acquire(QUIET))
+    await asyncio.sleep(0)
+    admission.release(ticket)  # granted: the future is set, the task not yet resumed
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert admission.in_flight == 0
+    assert admission.held == {}
