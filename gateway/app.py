@@ -39,6 +39,7 @@ from gateway.serving.rollout import RolloutRunner
 from gateway.serving.workers import CheckWorkers
 from gateway.settings import PredictionLogSettings, Settings
 from gateway.shared.keyfiles import KeyRing
+from gateway.shared.quota import QuotaKeeper
 from gateway.shared.ratelimit import RateLimiter
 from gateway.shared.routing import Routing
 from gateway.triton.backend import InferenceBackend
@@ -136,6 +137,7 @@ def create_app(
         KeyRing(settings.admin.keys_file, "admin", metrics, keep) if settings.admin.keys_file else None
     )
     limiter = RateLimiter(None, settings.redis, metrics)
+    quotas = QuotaKeeper(None, settings.redis, metrics)
     routing = Routing(settings.default_pins())
 
     @asynccontextmanager
@@ -148,6 +150,7 @@ def create_app(
         workers = CheckWorkers(settings.check_threads)
         store = _shared_state(settings, metrics)
         limiter.attach(store)
+        quotas.attach(store)
         routing.attach(store)
         if store is not None:
             # The shared pins before the first request (a restarted replica keeps them);
@@ -184,6 +187,7 @@ def create_app(
             settings.triton.probe_cache_seconds,
             settings.predictions,
             drift,
+            quotas,
         )
         grpc_door = None
         if settings.grpc.port:
@@ -212,6 +216,8 @@ def create_app(
                 routing_control=RoutingControl(backend, catalog, rollouts),
                 prediction_log=prediction_log,
                 drift=drift,
+                key_ring=api_keys,
+                quotas=quotas,
             )
         finally:
             if grpc_door is not None:
@@ -259,6 +265,7 @@ def create_app(
             protect_metrics=settings.auth.protect_metrics,
             protect_docs=settings.auth.protect_docs,
             tiers=settings.tiers,
+            quotas=quotas,
         )
     if admin_keys is not None:
         app.add_middleware(

@@ -13,6 +13,7 @@ Every error a client can see is a :class:`GatewayError`; each class has a stable
     │   ├── ConflictError              409 conflict            not possible in the model's state (admin)
     │   │   └── ModelLoadError         409 model-load-failed   Triton could not load the model (admin)
     │   ├── RateLimitedError           429 rate-limited        the key's rate is spent (+ Retry-After)
+    │   ├── QuotaExceededError         429 quota-exceeded      the key's day or month quota is spent
     │   ├── PayloadTooLargeError       413 payload-too-large   body, image bytes or count caps
     │   │   └── ImageTooLargeError     413 image-too-large     pixel, side or frame caps
     │   ├── UnsupportedMediaTypeError  415 unsupported-media-type   Content-Type not accepted
@@ -183,6 +184,15 @@ class RateLimitedError(ClientError):
     slug = "rate-limited"
     advice = "Wait `Retry-After` seconds; ask for a higher rate if this is regular."
     title = "Too many requests"
+
+
+class QuotaExceededError(ClientError):
+    """The API key has spent its quota (requests or images) for the day or month."""
+
+    status = 429
+    slug = "quota-exceeded"
+    advice = "Wait `Retry-After` seconds, until the period resets; ask for a larger quota."
+    title = "Quota exceeded"
 
 
 class PayloadTooLargeError(ClientError):

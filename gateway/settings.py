@@ -165,7 +165,7 @@ class AdaptiveSettings(BaseModel):
         description="How often the baseline is measured again, holding the limit at the floor for "
         "probe_samples requests (also at once when the limit sits at the floor for 5 windows).",
     )
-    probe_samples: int = Field(20, ge=3, le=10_000, description="Requests one baseline measurement takes.")
+    probe_samples: int = Field(30, ge=3, le=10_000, description="Requests one baseline measurement takes.")
 
 
 class TierSettings(BaseModel):

@@ -36,6 +36,7 @@ from gateway.http.problems import log_problem, problem_response
 from gateway.observe.metrics import GatewayMetrics
 from gateway.serving.admission import tenant_of
 from gateway.shared.keyfiles import ApiKey, find_key
+from gateway.shared.quota import QuotaKeeper, quota_headers
 
 if TYPE_CHECKING:
     from gateway.settings import TierSettings
@@ -84,8 +85,10 @@ class AuthMiddleware:
         protect_metrics: bool,
         protect_docs: bool,
         tiers: Mapping[str, TierSettings],
+        quotas: QuotaKeeper,
     ) -> None:
         self.app = app
+        self.quotas = quotas
         self.tiers = tiers
         self.keys = keys
         self.limiter = limiter
@@ -122,32 +125,56 @@ class AuthMiddleware:
             self.metrics.client_requests.labels(client=key.id, outcome="refused").inc()
             await self._refuse(scope, receive, send, error)
             return
-        if verdict is None:
-            self.metrics.client_requests.labels(client=key.id, outcome="allowed").inc()
+        headers: dict[str, str] = {}
+        if verdict is not None:
+            rate, burst, tokens = verdict.rate, verdict.burst, max(0.0, verdict.tokens)
+            headers = {
+                "RateLimit-Policy": f'"default";q={int(burst)};w={max(1, math.ceil(burst / rate))}',
+                "RateLimit": f'"default";r={int(tokens)};t={math.ceil((burst - tokens) / rate)}',
+            }
+            if verdict.wait:
+                self.metrics.client_requests.labels(client=key.id, outcome="rate_limited").inc()
+                limited = RateLimitedError(
+                    f"the rate for this key is {rate:g} requests a second",
+                    headers=headers,
+                    retry_after=verdict.wait,
+                )
+                await self._refuse(scope, receive, send, limited)
+                return
+        if key.quotas:
+            try:
+                standing = await self.quotas.charge(key, "requests", 1)
+            except GatewayError as error:  # spent (429), or the store is down and refuses
+                outcome = "quota_exceeded" if error.status == 429 else "refused"
+                self.metrics.client_requests.labels(client=key.id, outcome=outcome).inc()
+                error.headers = merge_limits(headers, error.headers)
+                await self._refuse(scope, receive, send, error)
+                return
+            state["quota"] = standing
+        self.metrics.client_requests.labels(client=key.id, outcome="allowed").inc()
+        if not headers and not key.quotas:
             await self.app(scope, receive, send)
             return
-        rate, burst, tokens = verdict.rate, verdict.burst, max(0.0, verdict.tokens)
-        headers = {
-            "RateLimit-Policy": f'"default";q={int(burst)};w={max(1, math.ceil(burst / rate))}',
-            "RateLimit": f'"default";r={int(tokens)};t={math.ceil((burst - tokens) / rate)}',
-        }
-        if verdict.wait:
-            self.metrics.client_requests.labels(client=key.id, outcome="rate_limited").inc()
-            limited = RateLimitedError(
-                f"the rate for this key is {rate:g} requests a second",
-                headers=headers,
-                retry_after=verdict.wait,
-            )
-            await self._refuse(scope, receive, send, limited)
-            return
-        self.metrics.client_requests.labels(client=key.id, outcome="allowed").inc()
 
         async def send_with_limits(message: Message) -> None:
             if message["type"] == "http.response.start":
-                MutableHeaders(scope=message).update(headers)
+                # the request quota's standing, and the images' (counted once the body is read)
+                MutableHeaders(scope=message).update(
+                    merge_limits(headers, quota_headers(state.get("quota", [])))
+                )
             await send(message)
 
         await self.app(scope, receive, send_with_limits)
+
+
+def merge_limits(first: dict[str, str], second: dict[str, str]) -> dict[str, str]:
+    """Two sets of RateLimit-Policy / RateLimit headers as one (their items listed)."""
+    merged = dict(first)
+    for name, value in second.items():
+        merged[name] = (
+            f"{merged[name]}, {value}" if name in merged and name.startswith("RateLimit") else value
+        )
+    return merged
 
 
 # An admin body is a small JSON document (a rollout, a pin): this is far above any.

@@ -23,6 +23,8 @@ from gateway.serving.plane import InferencePlane
 from gateway.serving.rollout import RolloutRunner
 from gateway.serving.workers import CheckWorkers
 from gateway.settings import Settings
+from gateway.shared.keyfiles import KeyRing
+from gateway.shared.quota import QuotaKeeper
 from gateway.triton.backend import InferenceBackend
 
 
@@ -44,6 +46,8 @@ class GatewayState(TypedDict):
     routing_control: RoutingControl
     prediction_log: PredictionLog
     drift: DriftMonitor
+    key_ring: KeyRing | None  # the API keys (None: keys are off)
+    quotas: QuotaKeeper
     # per request: set by the request-id middleware and the route
     request_id: NotRequired[str]
     model: NotRequired[str]
@@ -91,3 +95,5 @@ DispatcherDep = Annotated[Dispatcher, Depends(_from_state("dispatcher"))]
 ModelControlDep = Annotated[ModelControl, Depends(_from_state("model_control"))]
 RoutingControlDep = Annotated[RoutingControl, Depends(_from_state("routing_control"))]
 DriftDep = Annotated[DriftMonitor, Depends(_from_state("drift"))]
+KeyRingDep = Annotated["KeyRing | None", Depends(_from_state("key_ring"))]
+QuotasDep = Annotated[QuotaKeeper, Depends(_from_state("quotas"))]

@@ -362,6 +362,30 @@ class RolloutRequest(BaseModel):
     shadow: ShadowSpec | None = None
 
 
+class QuotaStanding(BaseModel):
+    """One quota of a key and its use this period (counted across replicas with Redis)."""
+
+    unit: Literal["requests", "images"]
+    period: Literal["day", "month"]
+    limit: int
+    used: int
+    remaining: int
+    reset_seconds: int = Field(description="Seconds until the period (UTC day or month) ends.")
+
+
+class KeyStanding(BaseModel):
+    """An API key's limits and what it uses now (never its hash)."""
+
+    id: str
+    tier: str
+    share: float = Field(description="Its tier's weight in the in-flight limit while keys contend.")
+    priority: int = Field(description="Its tier's queue priority (higher: admitted first).")
+    rate: float | None = Field(description="Requests a second (None: no rate limit).")
+    burst: float | None
+    in_flight: int = Field(description="In-flight slots it holds on this replica now.")
+    quotas: list[QuotaStanding]
+
+
 class RolloutState(BaseModel):
     """A model's rollout and this replica's statistics of it."""
 

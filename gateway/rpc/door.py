@@ -83,6 +83,9 @@ class InferenceDoor:
             raise RateLimitedError(
                 f"the rate for this key is {verdict.rate:g} requests a second", retry_after=verdict.wait
             )
+        quotas = self.dispatcher.quotas
+        if key.quotas and quotas is not None:
+            await quotas.charge(key, "requests", 1)  # 429 quota-exceeded once spent
         self.metrics.client_requests.labels(client=key.id, outcome="allowed").inc()
         return key
 

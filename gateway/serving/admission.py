@@ -46,6 +46,7 @@ class Tenant:
     tier: str = "standard"
     share: float = 1.0
     priority: int = 0
+    key: ApiKey | None = None  # its quotas (the keys file's line)
 
 
 ANONYMOUS = Tenant()
@@ -341,4 +342,4 @@ def build_admission(server: ServerSettings) -> Admission:
 def tenant_of(key: ApiKey, tiers: Mapping[str, TierSettings]) -> Tenant:
     """The tenant a key's requests are admitted for (its tier's share and priority)."""
     tier = tiers.get(key.tier) or tiers["standard"]
-    return Tenant(key.id, key.tier if key.tier in tiers else "standard", tier.share, tier.priority)
+    return Tenant(key.id, key.tier if key.tier in tiers else "standard", tier.share, tier.priority, key)

@@ -29,7 +29,7 @@ from gateway.names import is_version
 from gateway.observe.drift import DriftMonitor
 from gateway.serving.admission import ANONYMOUS, Tenant
 from gateway.serving.catalog import Catalog, CatalogEntry
-from gateway.serving.kinds import kind_of
+from gateway.serving.kinds import Kind, kind_of
 from gateway.serving.kinds.base import SCORES
 from gateway.serving.kinds.text import CANDIDATE_LABELS
 from gateway.serving.oip import InferRequest, bytes_checks, caps_for, check_top_k, parse_infer_request
@@ -39,6 +39,7 @@ from gateway.serving.rollout import RolloutRunner
 from gateway.serving.shared_result import SharedResult
 from gateway.serving.validation import resolve_threshold, resolve_top_k
 from gateway.settings import PredictionSettings, Settings
+from gateway.shared.quota import QuotaKeeper
 from gateway.shared.routing import Rollout
 from gateway.triton.backend import Classification, InferResult, ModelSignature, ModelStatus, ServerStatus
 from gateway.triton.tensors import Tensor
@@ -137,7 +138,9 @@ class Dispatcher:
         probe_seconds: float = 0.5,
         predictions: PredictionSettings | None = None,
         drift: DriftMonitor | None = None,
+        quotas: QuotaKeeper | None = None,
     ) -> None:
+        self.quotas = quotas
         self.predictions = predictions or PredictionSettings()
         self.drift = drift
         self.catalog = catalog
@@ -202,6 +205,7 @@ class Dispatcher:
             raise WrongInputKindError(
                 f"{entry.name} takes {entry.kind.noun}s ({entry.task}), not {kind.noun}s"
             )
+        await self._charge_images(kind, payload, call)
         cut = resolve_threshold(threshold, payload.threshold)
         rollout = self.catalog.routing.rollout(entry.name)
         if rollout is None or version is not None:  # a version named explicitly is never rerouted
@@ -212,6 +216,16 @@ class Dispatcher:
             self._record(entry, answers, cut, payload.candidate_labels is not None)
             return Answer(entry.name, at_least(answers, cut))
         return await self._in_rollout(entry, rollout, payload, top_k, cut, call)
+
+    async def _charge_images(self, kind: Kind, payload: ClassifyInput, call: Call) -> None:
+        """Count an image request's images against its key's image quotas (429 when spent);
+        the standing goes to the answer's RateLimit headers with the request quota's."""
+        key = call.tenant.key
+        if self.quotas is None or key is None or kind.noun != "image" or not key.quotas:
+            return
+        standing = await self.quotas.charge(key, "images", kind.count(payload))
+        if standing and call.labels is not None:
+            call.labels.setdefault("quota", []).extend(standing)
 
     @staticmethod
     def _top_k(

@@ -4,7 +4,8 @@ AIMD anchored to a measured latency, in the manner of Envoy's adaptive concurren
 
 - **Baseline.** Every ``probe_interval_seconds`` (jittered; the first within 5 s of start),
   the limit is held at its floor until ``probe_samples`` requests admitted during the
-  probe have completed; their median latency, per cost class, is the baseline: what a
+  probe have completed; their p90 latency, per cost class (the windows' statistic, so
+  latency's own spread never reads as queueing), is the baseline: what a
   request costs Triton with almost nothing queued. A probe also starts at once when the
   limit has sat at its floor for ``floor_windows`` windows (Triton slowed down: the old
   baseline makes every latency look congested) and when a window's p90 is under half
@@ -64,7 +65,7 @@ class LimitSettings:
     window_seconds: float = 0.1
     window_samples: int = 10
     probe_interval_seconds: float = 30.0
-    probe_samples: int = 20
+    probe_samples: int = 30
     floor_windows: int = 5
     probe_timeout_seconds: float = 5.0
 
@@ -183,7 +184,10 @@ class AdaptiveLimit:
     def _end_probe(self, now: float) -> None:
         assert self._probe is not None
         for cost, samples in self._probe.items():
-            self._baseline[cost] = statistics.median(samples)
+            # the statistic the windows use (p90), so latency's own spread is not queueing
+            self._baseline[cost] = (
+                percentile(samples, 0.9) if len(samples) >= 5 else statistics.median(samples)
+            )
         self._probe = None
         self._window = []
         self._window_started = now

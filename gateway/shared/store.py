@@ -179,6 +179,21 @@ class SharedState:
             pipe.hgetall(self._key(key))
         return [dict(found) for found in await self._run("reading counts", pipe.execute())]
 
+    async def add_usage(self, key: str, amount: int, ttl: int) -> int:
+        """Add ``amount`` (negative: give back) to counter ``key`` (expiring ``ttl`` s after
+        its first use); its new value. One round trip."""
+        pipe = self._client.pipeline(transaction=False)
+        name = self._key(key)
+        pipe.incrby(name, amount)
+        pipe.expire(name, ttl, nx=True)
+        used, _ = await self._run("counting a quota", pipe.execute())
+        return int(used)
+
+    async def read_usage(self, keys: Sequence[str]) -> list[int]:
+        """Each counter's value (0 when absent), one round trip."""
+        found = await self._run("reading quotas", self._client.mget([self._key(k) for k in keys]))
+        return [int(value or 0) for value in found]
+
     async def get_text(self, key: str) -> str | None:
         return cast(str | None, await self._run("reading a value", self._client.get(self._key(key))))
 

@@ -18,16 +18,27 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 
 from gateway.errors import NotFoundError
 from gateway.http.auth import identify, missing_key_error
-from gateway.http.dependencies import CatalogDep, DriftDep, ModelControlDep, RoutingControlDep
+from gateway.http.dependencies import (
+    AdmissionDep,
+    CatalogDep,
+    DriftDep,
+    KeyRingDep,
+    ModelControlDep,
+    QuotasDep,
+    RoutingControlDep,
+    SettingsDep,
+)
 from gateway.http.problems import problem_responses
 from gateway.http.routes.health import drift_state
 from gateway.http.schemas import (
     CanarySpec,
     DriftReference,
     DriftState,
+    KeyStanding,
     ModelControlResult,
     PinRequest,
     PromotionResult,
+    QuotaStanding,
     RepositoryEntry,
     RepositoryIndex,
     RolloutRequest,
@@ -266,3 +277,43 @@ async def delete_reference(
     state = await drift_state(drift, entry)
     assert state is not None
     return state
+
+
+@router.get(
+    "/keys/{key_id}",
+    summary="An API key's tier, limits and quota use this period (never its hash)",
+    responses=problem_responses(404),
+)
+async def key_standing(
+    key_id: str,
+    admin: AdminDep,
+    keys: KeyRingDep,
+    quotas: QuotasDep,
+    admission: AdmissionDep,
+    settings: SettingsDep,
+) -> KeyStanding:
+    key = next((k for k in keys.keys if k.id == key_id), None) if keys is not None else None
+    if key is None:
+        raise NotFoundError("there is no such API key")
+    tier = settings.tiers.get(key.tier)
+    standing = await quotas.usage(key)
+    return KeyStanding(
+        id=key.id,
+        tier=key.tier,
+        share=tier.share if tier else 1.0,
+        priority=tier.priority if tier else 0,
+        rate=key.rate,
+        burst=key.burst,
+        in_flight=admission.held.get(key.id, 0),
+        quotas=[
+            QuotaStanding(
+                unit=u.quota.unit,
+                period=u.quota.period,
+                limit=u.quota.limit,
+                used=u.used,
+                remaining=u.remaining,
+                reset_seconds=u.reset_seconds,
+            )
+            for u in standing
+        ],
+    )

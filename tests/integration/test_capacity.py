@@ -1,0 +1,139 @@
+"""Capacity against the real stack: the adaptive in-flight limit against a static cap when
+Triton slows down 5x mid-run and recovers, and one key flooding beside another.
+
+The slowdown is CPU taken from Triton: its processes (server, keeper, Python-backend
+stubs) stopped 40 ms of every 50. Load comes from :mod:`helpers.rawload` (tens of
+microseconds a request), so the generator does not take the CPU being measured."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from gateway.dev.gatewayprocess import GatewayProcess
+from gateway.dev.tritonserver import TritonServer
+from gateway.shared.keyfiles import hash_key
+
+from helpers.rawload import Flow, load, request_bytes
+
+TEXT = json.dumps({"texts": ["the film was a delight from start to finish"]}).encode()
+JSON = {"content-type": "application/json"}
+
+
+@contextmanager
+def throttled(triton: TritonServer, running: float = 0.010, stopped: float = 0.040) -> Iterator[None]:
+    """Triton's process group runs ``running`` seconds of every ``running + stopped``."""
+    stop = threading.Event()
+
+    def cycle() -> None:
+        while not stop.is_set():
+            triton.send_signal(signal.SIGSTOP)
+            time.sleep(stopped)
+            triton.send_signal(signal.SIGCONT)
+            time.sleep(running)
+
+    thread = threading.Thread(target=cycle, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        triton.send_signal(signal.SIGCONT)
+
+
+def text_load(gateway: GatewayProcess, clients: int, seconds: float, name: str) -> Flow:
+    flow = Flow(name)
+    load(seconds, (flow, gateway.url, request_bytes(gateway.url, "/classify", TEXT, JSON), clients, 0.0))
+    return flow
+
+
+def ms(value: float) -> str:
+    return f"{value * 1000:.0f} ms"
+
+
+def test_a_5x_slowdown_is_followed_by_the_limit_and_a_recovery_too(
+    triton: TritonServer, spawn_gateway: Callable[..., GatewayProcess]
+) -> None:
+    """Before (static cap 64, today's code): 100 clients on a 5x slower Triton queue 64
+    deep inside it; the admitted p99 runs to seconds. With the adaptive limit it stays
+    within 3x one client's p99 on the same slow Triton, and the excess hears a fast 503."""
+    adaptive = spawn_gateway(triton)
+    static = spawn_gateway(triton, GATEWAY_SERVER__ADAPTIVE__ENABLED="false")
+    text_load(adaptive, 8, 6, "warm-up")  # past its first baseline (within 5 s of start)
+    before = text_load(static, 100, 4, "static, Triton at speed")
+    with throttled(triton):
+        one = text_load(static, 1, 5, "one client, Triton slowed")
+        slow = text_load(adaptive, 100, 8, "adaptive, Triton slowed")
+        stuck = text_load(static, 100, 6, "static, Triton slowed")
+    recovered = text_load(adaptive, 100, 5, "adaptive, Triton recovered")
+    limit = os.environ.get("CAPACITY_REPORT")
+    report = {
+        flow.name: {
+            "statuses": flow.statuses(),
+            "p50": ms(flow.p(0.5)),
+            "p99": ms(flow.p(0.99)),
+        }
+        for flow in (before, one, slow, stuck, recovered)
+    }
+    print(json.dumps(report, indent=1))
+    if limit:
+        Path(limit).write_text(json.dumps(report, indent=1))
+    single = one.p(0.99)
+    learnt = slow.p(0.99, after=2.0)  # the limit falls within seconds: judged after 2 s
+    print(
+        f"one client p99 {ms(single)}; adaptive p99 after 2 s {ms(learnt)}; static p99 {ms(stuck.p(0.99))}; "
+        f"goodput recovered {recovered.rate(200, 1.0, 5.0):.0f}/s vs static before {before.rate(200, 0.0, 4.0):.0f}/s"
+    )
+    for flow in (slow, stuck, recovered):
+        assert set(flow.statuses()) <= {200, 503}, (flow.name, flow.statuses())  # no 504 storm
+    assert stuck.p(0.99) > 3 * single  # the scenario reproduces the problem
+    assert learnt < 3 * single
+    shed = [a for a in slow.answers if a.status == 503]
+    assert shed, "nothing was shed at 100 clients on a slowed Triton"
+    assert all(a.retry_after for a in shed)
+    assert percentile_of([a.seconds for a in shed], 0.99) < 0.5  # fast 503s
+    assert recovered.rate(200, 1.0, 5.0) > 0.7 * before.rate(200, 0.0, 4.0)
+
+
+def percentile_of(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def test_a_flooding_key_leaves_another_its_latency(
+    triton: TritonServer, spawn_gateway: Callable[..., GatewayProcess], tmp_path: Path
+) -> None:
+    """Before (one shared cap, first come first served): a second key at 2 requests a
+    second saw its median go from 41 to 401 ms beside 150 connections of a first, and
+    got 503s. Now each freed slot goes to the key holding fewer, and the limit keeps
+    Triton's queue short: the quiet key keeps its latency and gets no 503."""
+    keys = tmp_path / "api-keys"
+    keys.write_text(f"flood {hash_key('flood-key')}\nquiet {hash_key('quiet-key')}\n")
+    gateway = spawn_gateway(triton, GATEWAY_AUTH__KEYS_FILE=str(keys))
+    flood_request = request_bytes(
+        gateway.url, "/classify", TEXT, {**JSON, "authorization": "Bearer flood-key"}
+    )
+    quiet_request = request_bytes(
+        gateway.url, "/classify", TEXT, {**JSON, "authorization": "Bearer quiet-key"}
+    )
+    warm, alone = Flow("warm-up"), Flow("quiet alone")
+    load(6, (warm, gateway.url, flood_request, 8, 0.0))
+    load(5, (alone, gateway.url, quiet_request, 1, 0.5))
+    quiet, flood = Flow("quiet beside the flood"), Flow("flood")
+    load(10, (flood, gateway.url, flood_request, 150, 0.0), (quiet, gateway.url, quiet_request, 1, 0.5))
+    print(
+        f"quiet alone: median {ms(alone.p(0.5))}, p99 {ms(alone.p(0.99))}; beside 150 flood connections: "
+        f"{quiet.statuses()}, median {ms(quiet.p(0.5))}, p99 {ms(quiet.p(0.99))}; flood {flood.statuses()}, "
+        f"median {ms(flood.p(0.5))}"
+    )
+    assert quiet.statuses() == {200: len(quiet.answers)}
+    assert len(quiet.answers) >= 15
+    assert flood.statuses().get(503, 0) > 0  # the flood was over capacity
+    assert quiet.p(0.5) < 2 * alone.p(0.5) + 0.010
