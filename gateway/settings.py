@@ -38,8 +38,14 @@ class TritonSettings(BaseModel):
 
     url: str = Field(
         "127.0.0.1:8001",
-        description="host:port of Triton's gRPC endpoint (GATEWAY_TRITON__URL).",
-        pattern=r"^[A-Za-z0-9.\-\[\]:]+:\d{1,5}$",
+        description="host:port of Triton's gRPC endpoint (GATEWAY_TRITON__URL); dns:///host:port with "
+        "load_balancing round_robin to spread calls over every address a name resolves to.",
+        pattern=r"^(dns:///)?[A-Za-z0-9.\-\[\]:]+:\d{1,5}$",
+    )
+    load_balancing: Literal["pick_first", "round_robin"] = Field(
+        "pick_first",
+        description="gRPC's policy over the addresses of url: pick_first (one connection) or round_robin "
+        "(every call to the next ready Triton; with several Triton replicas behind a headless Service).",
     )
     timeout_seconds: float = Field(
         10.0, gt=0, le=300, description="Deadline for each inference call to Triton; past it, 504."
@@ -142,18 +148,20 @@ class AdaptiveSettings(BaseModel):
         True, description="Adapt the in-flight limit to measured latency; false: max_in_flight, always."
     )
     floor: int = Field(
-        4,
+        1,
         ge=1,
         le=10_000,
         description="The lowest the limit goes, and the concurrency at which the baseline latency "
-        "is measured (about the requests Triton runs in parallel without queueing).",
+        "is measured (1: what one client sees; raise it to the requests Triton runs in parallel "
+        "without queueing, if a probe at 1 costs too much throughput).",
     )
     tolerance: float = Field(
-        0.5,
+        1.0,
         gt=0,
-        le=10,
+        le=100,
         description="How far above the baseline the p90 latency may rise before the limit falls "
-        "(0.5: 1.5x what a request costs with nothing queued).",
+        "(1.0: twice what a request costs with nothing queued). Higher trades latency for the "
+        "throughput Triton's dynamic batcher gains from a deeper queue.",
     )
     window_seconds: float = Field(
         0.1, gt=0, le=60, description="How often the limit moves (and at least 10 requests apart)."
@@ -165,7 +173,7 @@ class AdaptiveSettings(BaseModel):
         description="How often the baseline is measured again, holding the limit at the floor for "
         "probe_samples requests (also at once when the limit sits at the floor for 5 windows).",
     )
-    probe_samples: int = Field(30, ge=3, le=10_000, description="Requests one baseline measurement takes.")
+    probe_samples: int = Field(20, ge=3, le=10_000, description="Requests one baseline measurement takes.")
 
 
 class TierSettings(BaseModel):

@@ -143,6 +143,7 @@ class Admission:
         self.in_flight = 0
         self.held: dict[str, int] = {}
         self.held_by_tier: dict[str, int] = {}
+        self._share_of: dict[str, float] = {}  # the share of each key holding slots
         self._waiting: dict[str, deque[_Waiter]] = {}
         self.waiting = 0
         self.utilization = Utilization()
@@ -171,6 +172,7 @@ class Admission:
         self.in_flight += 1
         self.admitted += 1
         self.held[tenant.id] = self.held.get(tenant.id, 0) + 1
+        self._share_of[tenant.id] = tenant.share
         self.held_by_tier[tenant.tier] = self.held_by_tier.get(tenant.tier, 0) + 1
         self._idle.clear()
         self.utilization.set(min(1.0, self.in_flight / max(1, self.limit)), now)
@@ -180,7 +182,7 @@ class Admission:
         """Take one in-flight slot for a request, or raise a 503 error (then do not release)."""
         self._check_open()
         now = self._clock()
-        if self.in_flight < self.limit and not self._waiting:
+        if (self.in_flight < self.limit and not self._waiting) or self._below_share(tenant):
             return self._take(tenant, now)
         future: asyncio.Future[Ticket] = asyncio.get_running_loop().create_future()
         waiter = _Waiter(tenant, future, now)
@@ -217,6 +219,23 @@ class Admission:
             self.waiting -= 1
             if not queue:
                 del self._waiting[waiter.tenant.id]
+
+    def _below_share(self, tenant: Tenant) -> bool:
+        """Whether ``tenant`` holds less than its guaranteed share of the limit (the limit
+        split between the keys holding or waiting for slots, by share; at least one):
+        such a request is admitted at once, past the limit if need be (never past the
+        ceiling), so a key that floods cannot make another wait while the limit falls.
+        Only requests of keys over their share wait, and are shed."""
+        if tenant.id == "" or self.in_flight >= self.limiter.ceiling:
+            return False
+        held = self.held.get(tenant.id, 0)
+        active = {**{t: self._share_of.get(t, 1.0) for t in self.held}, tenant.id: tenant.share}
+        for tenant_id, queue in self._waiting.items():
+            active[tenant_id] = queue[0].tenant.share
+        if len(active) < 2:
+            return False  # one key alone: the limit is its share
+        guaranteed = max(1, int(self.limit * tenant.share / sum(active.values())))
+        return held < guaranteed
 
     def _next_waiter(self) -> _Waiter | None:
         """The waiter a free slot goes to: highest priority, then fewest slots held for
@@ -257,6 +276,7 @@ class Admission:
             self.held[ticket.tenant.id] = held
         else:
             del self.held[ticket.tenant.id]
+            self._share_of.pop(ticket.tenant.id, None)
         self.held_by_tier[ticket.tenant.tier] -= 1
         self.utilization.set(min(1.0, self.in_flight / max(1, self.limit)), now)
         if self._waiting:

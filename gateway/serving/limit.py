@@ -58,14 +58,14 @@ def percentile(values: list[float], q: float) -> float:
 class LimitSettings:
     """The controller's knobs (the gateway's come from ``AdaptiveSettings``)."""
 
-    floor: int = 4
+    floor: int = 1
     ceiling: int = 64
     initial: int | None = None  # None: the ceiling
-    tolerance: float = 0.5
+    tolerance: float = 1.0
     window_seconds: float = 0.1
     window_samples: int = 10
     probe_interval_seconds: float = 30.0
-    probe_samples: int = 30
+    probe_samples: int = 20
     floor_windows: int = 5
     probe_timeout_seconds: float = 5.0
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from time import perf_counter
+from typing import cast
 
 from gateway.errors import (
     GatewayError,
@@ -48,6 +49,11 @@ def most_actionable(failures: Sequence[tuple[int, GatewayError]]) -> GatewayErro
     index, error = failures[0]
     error.errors = [{"input_index": i, "detail": e.detail} for i, e in failures]
     return error.at(index)
+
+
+def rows(inputs: Sequence[Tensor]) -> int:
+    """The inputs one call carries (its tensors' first dimension)."""
+    return int(inputs[0].array.shape[0]) if inputs else 0
 
 
 def cost_bucket(inputs: int) -> int:
@@ -106,15 +112,17 @@ class InferencePlane:
             metrics = self.metrics
             metrics.child(metrics.validation_duration, model).observe(perf_counter() - started)
             metrics.child(metrics.inputs, model).observe(count)
-            calls = kind.calls(payload, top_k)
+            calls = kind.calls(payload, top_k, entry.caps)
             invalid = kind.invalid()
             with self.backend.circuit(model):
-                if len(calls) == 1:
+                if len(calls) == 1 and not (kind.isolates_failures and rows(calls[0]) > 1):
                     answers = [
                         await self.backend.infer(model, version, calls[0], request_id, invalid=invalid)
                     ]
                 else:
-                    answers = await self._fan_out(model, version, calls, request_id, invalid)
+                    answers = await self._fan_out(
+                        model, version, calls, request_id, invalid, kind.isolates_failures
+                    )
         return kind.results(answers)
 
     async def _fan_out(
@@ -124,20 +132,34 @@ class InferencePlane:
         calls: Sequence[Sequence[Tensor]],
         request_id: str,
         invalid: InvalidInputError,
+        isolate: bool,
     ) -> list[InferResult]:
-        outcomes = await asyncio.gather(
-            *(self.backend.infer(model, version, inputs, request_id, invalid=invalid) for inputs in calls),
-            return_exceptions=True,
-        )
+        """Every call at once; with ``isolate``, a call of several inputs refused as invalid
+        is retried an input at a time (only then: a good batch costs one call)."""
+
+        def infer(inputs: Sequence[Tensor]) -> Awaitable[InferResult]:
+            return self.backend.infer(model, version, inputs, request_id, invalid=invalid)
+
+        outcomes = await asyncio.gather(*(infer(inputs) for inputs in calls), return_exceptions=True)
         answers: list[InferResult] = []
         failures: list[tuple[int, GatewayError]] = []
-        for index, outcome in enumerate(outcomes):
-            if isinstance(outcome, GatewayError):
-                failures.append((index, outcome))
-            elif isinstance(outcome, BaseException):
-                raise outcome
-            else:
-                answers.append(outcome)
+        start = 0
+        for inputs, outcome in zip(calls, outcomes, strict=True):
+            count = rows(inputs)
+            found: Sequence[object] = [outcome]
+            if isolate and count > 1 and isinstance(outcome, InvalidInputError):
+                singles = [
+                    [Tensor(t.name, t.datatype, t.array[i : i + 1]) for t in inputs] for i in range(count)
+                ]
+                found = await asyncio.gather(*(infer(one) for one in singles), return_exceptions=True)
+            for offset, result in enumerate(found):
+                if isinstance(result, GatewayError):
+                    failures.append((start + offset, result))
+                elif isinstance(result, BaseException):
+                    raise result
+                else:
+                    answers.append(cast(InferResult, result))
+            start += count
         if failures:
             raise most_actionable(failures)
         return answers

@@ -115,7 +115,7 @@ def map_triton_error(
     return map_status(status_code(exc), exc.message() or "", retry_after=retry_after, invalid=invalid)
 
 
-def channel_options(settings: TritonSettings, max_send_bytes: int) -> list[tuple[str, int]]:
+def channel_options(settings: TritonSettings, max_send_bytes: int) -> list[tuple[str, int | str]]:
     """gRPC channel options, set on purpose rather than left at gRPC's defaults (a 120 s
     reconnect backoff kept the gateway answering 503 for 30 s after Triton was back)."""
     backoff_ms = int(settings.reconnect_backoff_max_seconds * 1000)
@@ -132,6 +132,9 @@ def channel_options(settings: TritonSettings, max_send_bytes: int) -> list[tuple
         # the breaker's probe keeps the channel busy anyway.
         ("grpc.keepalive_permit_without_calls", 0),
         ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.lb_policy_name", settings.load_balancing),
+        # new Triton replicas are found when the name is resolved again: at most this often
+        ("grpc.dns_min_time_between_resolutions_ms", 5000),
     ]
 
 

@@ -42,7 +42,7 @@ class AudioKind(Kind):
     def check(self, payload: ClassifyInput, caps: Caps) -> None:  # pragma: no cover - /v2 only here
         raise AssertionError
 
-    def calls(self, payload: ClassifyInput, top_k: int) -> list[list[Tensor]]:  # pragma: no cover
+    def calls(self, payload: ClassifyInput, top_k: int, caps: Caps) -> list[list[Tensor]]:  # pragma: no cover
         raise AssertionError
 
     def invalid(self) -> InvalidInputError:

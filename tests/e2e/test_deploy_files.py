@@ -664,3 +664,131 @@ def test_the_redis_command_keeps_its_password_off_the_command_line(tmp_path: Pat
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=10)
+
+
+# --- autoscaling components ---------------------------------------------------------------
+
+REPLICAS = "../components/triton-replicas"
+HPA = "../components/autoscale-hpa"
+KEDA = "../components/autoscale-keda"
+ADAPTER_VALUES = K8S / "components" / "autoscale-hpa" / "prometheus-adapter-values.yaml"
+
+
+def gateway_metric_names() -> set[str]:
+    """Every family the gateway exports, from its own registry (the capacity gauges too)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gateway.app import create_app
+
+    registry = CollectorRegistry()
+    create_app(Settings(), registry=registry)
+    return {family.name for family in text_string_to_metric_families(generate_latest(registry).decode())}
+
+
+def adapter_queries() -> dict[str, str]:
+    """The adapter's metrics (their custom-metrics names) and PromQL as the adapter runs it
+    for one pod of the namespace (its templates filled in)."""
+    rules = yaml.safe_load(ADAPTER_VALUES.read_text())["rules"]["custom"]
+    found = {}
+    for rule in rules:
+        series = rule["seriesQuery"].split("{", 1)[0]
+        query = (
+            rule["metricsQuery"]
+            .replace("<<.Series>>", series)
+            .replace("<<.LabelMatchers>>", 'namespace="triton-gateway",pod="p"')
+            .replace("<<.GroupBy>>", "pod")
+        )
+        found[rule["name"]["as"]] = query
+    return found
+
+
+def promtool_accepts(queries: dict[str, str], tmp_path: Path) -> None:
+    rules = {
+        "groups": [
+            {
+                "name": "autoscaling",
+                "rules": [{"record": f"check:{n}", "expr": q} for n, q in queries.items()],
+            }
+        ]
+    }
+    path = tmp_path / "autoscaling-rules.yml"
+    path.write_text(yaml.safe_dump(rules))
+    result = subprocess.run([tool("promtool"), "check", "rules", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("overlay", ["gpu", "cpu"])
+def test_the_hpa_component_validates_and_reads_what_the_adapter_serves(overlay: str, tmp_path: Path) -> None:
+    documents = rendered(overlay, (REPLICAS, HPA))
+    files = []
+    for index, (source, document) in enumerate(documents):
+        files.append(tmp_path / f"{index:02d}-{source.stem}.yaml")
+        files[-1].write_text(yaml.safe_dump(document))
+    result = subprocess.run(
+        [tool("kubernetes-validate"), "--strict", "--quiet", *map(str, files)], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    served = adapter_queries()
+    for name in ("gateway", "triton"):
+        hpa = by_kind(documents, "HorizontalPodAutoscaler", name)["spec"]
+        assert by_kind(documents, "Deployment", hpa["scaleTargetRef"]["name"])
+        pods = [m["pods"]["metric"]["name"] for m in hpa["metrics"] if m["type"] == "Pods"]
+        assert pods, name
+        assert set(pods) <= set(served), (pods, served)
+    promtool_accepts(served, tmp_path)
+    exported = gateway_metric_names()
+    assert "gateway_capacity_in_use" in exported
+    for rule in yaml.safe_load(ADAPTER_VALUES.read_text())["rules"]["custom"]:
+        series = rule["seriesQuery"].split("{", 1)[0]
+        # the gateway's own, or Triton's as the shipped (promtool-tested) recording rules read them
+        recording = (ROOT / "deploy" / "prometheus" / "rules" / "recording.yml").read_text()
+        assert series in exported or series in recording, series
+
+
+@pytest.mark.parametrize("overlay", ["gpu", "cpu"])
+def test_the_keda_component_replaces_the_hpa_with_scaled_objects(overlay: str, tmp_path: Path) -> None:
+    documents = rendered(overlay, (REPLICAS, KEDA))
+    assert not [doc for _, doc in documents if doc["kind"] == "HorizontalPodAutoscaler"]  # KEDA makes its own
+    scaled = {doc["metadata"]["name"]: doc["spec"] for _, doc in documents if doc["kind"] == "ScaledObject"}
+    assert set(scaled) == {"gateway", "triton"}
+    queries = {}
+    for name, spec in scaled.items():
+        assert by_kind(documents, "Deployment", spec["scaleTargetRef"]["name"])
+        assert spec["minReplicaCount"] >= 1
+        assert spec["maxReplicaCount"] > spec["minReplicaCount"]
+        for index, trigger in enumerate(spec["triggers"]):
+            if trigger["type"] == "prometheus":
+                assert float(trigger["metadata"]["threshold"]) > 0
+                queries[f"{name}_{index}"] = trigger["metadata"]["query"]
+    assert "gateway_capacity_in_use" in queries["gateway_0"]
+    assert "nv_inference_queue_duration_us" in queries["triton_0"]
+    promtool_accepts(queries, tmp_path)
+    # everything else passes the strict schema check (KEDA's CRD has no published schema here)
+    files = []
+    for index, (source, document) in enumerate(documents):
+        if document["kind"] != "ScaledObject":
+            files.append(tmp_path / f"{index:02d}-{source.stem}.yaml")
+            files[-1].write_text(yaml.safe_dump(document))
+    result = subprocess.run(
+        [tool("kubernetes-validate"), "--strict", "--quiet", *map(str, files)], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_several_tritons_share_the_volume_and_the_gateways_spread_over_them() -> None:
+    documents = rendered("gpu", (REPLICAS,))
+    claim = by_kind(documents, "PersistentVolumeClaim", "triton-models")["spec"]
+    assert claim["accessModes"] == ["ReadWriteMany"]
+    assert by_kind(documents, "Deployment", "triton")["spec"]["strategy"]["type"] == "RollingUpdate"
+    headless = by_kind(documents, "Service", "triton-headless")["spec"]
+    assert headless["clusterIP"] == "None"
+    config = by_kind(documents, "ConfigMap", "gateway-settings")["data"]
+    settings = Settings(
+        triton={
+            "url": config["GATEWAY_TRITON__URL"],
+            "load_balancing": config["GATEWAY_TRITON__LOAD_BALANCING"],
+        }
+    )
+    assert settings.triton.url.startswith("dns:///triton-headless.")
+    assert settings.triton.load_balancing == "round_robin"

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -68,6 +71,7 @@ def test_a_5x_slowdown_is_followed_by_the_limit_and_a_recovery_too(
     static = spawn_gateway(triton, GATEWAY_SERVER__ADAPTIVE__ENABLED="false")
     text_load(adaptive, 8, 6, "warm-up")  # past its first baseline (within 5 s of start)
     before = text_load(static, 100, 4, "static, Triton at speed")
+    ahead = text_load(adaptive, 100, 4, "adaptive, Triton at speed")
     with throttled(triton):
         one = text_load(static, 1, 5, "one client, Triton slowed")
         slow = text_load(adaptive, 100, 8, "adaptive, Triton slowed")
@@ -80,7 +84,7 @@ def test_a_5x_slowdown_is_followed_by_the_limit_and_a_recovery_too(
             "p50": ms(flow.p(0.5)),
             "p99": ms(flow.p(0.99)),
         }
-        for flow in (before, one, slow, stuck, recovered)
+        for flow in (before, ahead, one, slow, stuck, recovered)
     }
     print(json.dumps(report, indent=1))
     if limit:
@@ -89,7 +93,8 @@ def test_a_5x_slowdown_is_followed_by_the_limit_and_a_recovery_too(
     learnt = slow.p(0.99, after=2.0)  # the limit falls within seconds: judged after 2 s
     print(
         f"one client p99 {ms(single)}; adaptive p99 after 2 s {ms(learnt)}; static p99 {ms(stuck.p(0.99))}; "
-        f"goodput recovered {recovered.rate(200, 1.0, 5.0):.0f}/s vs static before {before.rate(200, 0.0, 4.0):.0f}/s"
+        f"goodput recovered {recovered.rate(200, 1.0, 5.0):.0f}/s vs {ahead.rate(200, 0.0, 4.0):.0f}/s before "
+        f"(static: {before.rate(200, 0.0, 4.0):.0f}/s)"
     )
     for flow in (slow, stuck, recovered):
         assert set(flow.statuses()) <= {200, 503}, (flow.name, flow.statuses())  # no 504 storm
@@ -99,7 +104,8 @@ def test_a_5x_slowdown_is_followed_by_the_limit_and_a_recovery_too(
     assert shed, "nothing was shed at 100 clients on a slowed Triton"
     assert all(a.retry_after for a in shed)
     assert percentile_of([a.seconds for a in shed], 0.99) < 0.5  # fast 503s
-    assert recovered.rate(200, 1.0, 5.0) > 0.7 * before.rate(200, 0.0, 4.0)
+    # back to what it served before the slowdown, within a second of the recovery
+    assert recovered.rate(200, 1.0, 5.0) > 0.8 * ahead.rate(200, 0.0, 4.0)
 
 
 def percentile_of(values: list[float], q: float) -> float:
@@ -126,14 +132,48 @@ def test_a_flooding_key_leaves_another_its_latency(
     warm, alone = Flow("warm-up"), Flow("quiet alone")
     load(6, (warm, gateway.url, flood_request, 8, 0.0))
     load(5, (alone, gateway.url, quiet_request, 1, 0.5))
-    quiet, flood = Flow("quiet beside the flood"), Flow("flood")
-    load(10, (flood, gateway.url, flood_request, 150, 0.0), (quiet, gateway.url, quiet_request, 1, 0.5))
+    quiet = Flow("quiet beside the flood")
+    with flooding(gateway.url, "flood-key", connections=150, seconds=10, folder=tmp_path) as flood:
+        load(9, (quiet, gateway.url, quiet_request, 1, 0.5))
     print(
         f"quiet alone: median {ms(alone.p(0.5))}, p99 {ms(alone.p(0.99))}; beside 150 flood connections: "
-        f"{quiet.statuses()}, median {ms(quiet.p(0.5))}, p99 {ms(quiet.p(0.99))}; flood {flood.statuses()}, "
-        f"median {ms(flood.p(0.5))}"
+        f"{quiet.statuses()}, median {ms(quiet.p(0.5))}, p99 {ms(quiet.p(0.99))}; flood: {flood}"
     )
     assert quiet.statuses() == {200: len(quiet.answers)}
     assert len(quiet.answers) >= 15
-    assert flood.statuses().get(503, 0) > 0  # the flood was over capacity
-    assert quiet.p(0.5) < 2 * alone.p(0.5) + 0.010
+    assert flood["refused"] > flood["requests"] / 2  # the flood was far over capacity
+    assert quiet.p(0.5) < 4 * alone.p(0.5)  # before: 10x (41 -> 401 ms), and 503s
+
+
+FLOOD_SCRIPT = """
+wrk.method = "POST"
+wrk.body = '%s'
+wrk.headers["content-type"] = "application/json"
+wrk.headers["authorization"] = "Bearer %s"
+"""
+
+
+@contextmanager
+def flooding(url: str, key: str, connections: int, seconds: int, folder: Path) -> Iterator[dict[str, int]]:
+    """wrk (C, a few percent of a core) sending back to back on ``connections``: the
+    flood's own CPU does not slow the gateway and Triton it is measured against."""
+    script = folder / "flood.lua"
+    script.write_text(FLOOD_SCRIPT % (TEXT.decode(), key))
+    wrk = shutil.which("wrk")
+    assert wrk is not None, "wrk is not installed: `make test` installs it"
+    process = subprocess.Popen(
+        [wrk, "-t2", f"-c{connections}", f"-d{seconds}s", "-s", str(script), f"{url}/classify"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    found: dict[str, int] = {}
+    time.sleep(0.5)
+    try:
+        yield found
+    finally:
+        out, _ = process.communicate(timeout=seconds + 30)
+    requests = re.search(r"(\d+) requests in", out)
+    refused = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    assert requests is not None, out
+    found["requests"] = int(requests.group(1))
+    found["refused"] = int(refused.group(1)) if refused else 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -104,3 +105,46 @@ async def test_a_cancelled_waiter_returns_a_slot_granted_to_it() -> None:
         await waiter
     assert admission.in_flight == 0
     assert admission.held == {}
+
+
+@dataclass
+class Shrunk:
+    """A limit that has just fallen below what is in flight (ceiling above it)."""
+
+    limit: int = 2
+    ceiling: int = 10
+    probing: bool = False
+    sample_ratio: float = 0.0
+
+    def observe(self, cost: object, seconds: float, admitted_at: float) -> None:
+        return None
+
+
+@run
+async def test_a_key_below_its_share_is_admitted_at_once_while_the_limit_falls() -> None:
+    limiter = Shrunk(limit=8)
+    admission = Admission(limiter, queue_seconds=5, retry_after=1)
+    held = [await admission.acquire(FLOOD) for _ in range(8)]
+    limiter.limit = 2  # Triton slowed down: 8 in flight, 2 allowed
+    flooding = asyncio.create_task(admission.acquire(FLOOD))
+    await asyncio.sleep(0)
+    assert not flooding.done()  # over its share: it waits for the limit
+    quiet = await asyncio.wait_for(admission.acquire(QUIET), 1)  # below its share (1 of 2): at once
+    assert admission.held == {"flood": 8, "quiet": 1}
+    with pytest.raises(TimeoutError):  # its share is 1: a second one waits like anyone
+        await asyncio.wait_for(asyncio.shield(asyncio.ensure_future(admission.acquire(QUIET))), 0.05)
+    admission.release(quiet)
+    for ticket in held:
+        admission.release(ticket)
+    flooding.cancel()
+    await asyncio.gather(flooding, return_exceptions=True)
+
+
+@run
+async def test_without_keys_the_limit_is_the_only_rule() -> None:
+    limiter = Shrunk(limit=1)
+    admission = Admission(limiter, queue_seconds=0.01, retry_after=1)
+    ticket = await admission.acquire()
+    with pytest.raises(OverloadedError):
+        await admission.acquire()
+    admission.release(ticket)

@@ -160,9 +160,14 @@ class Kind(ABC):
     def check(self, payload: ClassifyInput, caps: Caps) -> None:
         """The checks before Triton (CPU-bound: run in the check workers). Raises ClientError."""
 
+    # True: a call of several inputs that Triton refuses as invalid is retried an input at
+    # a time (rows of every tensor), so the error names the input and the others answer.
+    isolates_failures: ClassVar[bool] = False
+
     @abstractmethod
-    def calls(self, payload: ClassifyInput, top_k: int) -> list[list[Tensor]]:
-        """The fan-out: the inputs of each Triton call this request makes."""
+    def calls(self, payload: ClassifyInput, top_k: int, caps: Caps) -> list[list[Tensor]]:
+        """The inputs of each Triton call this request makes, in input order (every
+        tensor's first dimension is the call's inputs)."""
 
     @abstractmethod
     def invalid(self) -> InvalidInputError:

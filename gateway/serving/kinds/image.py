@@ -1,4 +1,4 @@
-"""Images: header-only checks, one Triton call per image, top-k answers.
+"""Images: header-only checks, a request's images in one batched Triton call, top-k answers.
 
 A model of this kind (``gateway_task: image-classification``) takes ``IMAGE`` (encoded
 bytes, BYTES [1]) and ``TOP_K`` (INT32 [1]) and answers ``LABELS``, ``SCORES`` and
@@ -49,7 +49,9 @@ class ImageKind(Kind):
         )
         declared = {name.strip().upper() for name in parameters.get("formats", "").split(",") if name.strip()}
         formats = [f for f in ACCEPTED_FORMATS if f in declared] if declared else list(ACCEPTED_FORMATS)
-        return read.caps(settings, limits.max_images, limits, {"formats": formats})
+        # a request's images go to Triton as batches of at most the ensemble's max_batch_size
+        batch = config.max_batch_size or 1
+        return read.caps(settings, limits.max_images, limits, {"formats": formats, "batch": batch})
 
     def count(self, payload: ClassifyInput) -> int:
         return len(payload.images)
@@ -64,19 +66,33 @@ class ImageKind(Kind):
         check_count(len(payload.images), caps.max_inputs, "images")
         inspect_images(payload.images, caps.limits, tuple(caps.extra["formats"]))
 
-    def calls(self, payload: ClassifyInput, top_k: int) -> list[list[Tensor]]:
-        # One Triton request per image: Triton's dynamic batcher merges them into one
-        # batch, and a bad image fails only its own request, so the error names it.
+    # A batch that fails as invalid is retried an image at a time, so the error names the
+    # image (input_index) and the good ones are answered: the preprocess fails a whole
+    # request for one undecodable image (Triton has no per-item errors in one response).
+    isolates_failures = True
+
+    def calls(self, payload: ClassifyInput, top_k: int, caps: Caps) -> list[list[Tensor]]:
+        # One Triton request for the request's images (in batches of the ensemble's
+        # max_batch_size): one gRPC call, one ensemble run, instead of one per image.
+        batch = max(1, int(caps.extra.get("batch", 1)))
+        images = payload.images
         return [
-            [Tensor("IMAGE", "BYTES", np.array([[data]], dtype=np.object_)), top_k_tensor(1, top_k)]
-            for data in payload.images
+            [
+                Tensor(
+                    "IMAGE",
+                    "BYTES",
+                    np.array([[data] for data in images[start : start + batch]], dtype=np.object_),
+                ),
+                top_k_tensor(len(images[start : start + batch]), top_k),
+            ]
+            for start in range(0, len(images), batch)
         ]
 
     def invalid(self) -> InvalidInputError:
         return InvalidImageError("the model's preprocessing rejected the input (corrupt or truncated data)")
 
     def results(self, answers: Sequence[InferResult]) -> list[Classification]:
-        return [classifications(answer)[0] for answer in answers]
+        return [found for answer in answers for found in classifications(answer)]
 
     def check_tensor(self, tensor: Tensor, caps: Caps) -> Tensor:
         elements = list(tensor.array.reshape(-1))

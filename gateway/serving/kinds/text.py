@@ -69,7 +69,7 @@ class TextKind(Kind):
                 "this model classifies against its own labels: it takes no candidate_labels"
             )
 
-    def calls(self, payload: ClassifyInput, top_k: int) -> list[list[Tensor]]:
+    def calls(self, payload: ClassifyInput, top_k: int, caps: Caps) -> list[list[Tensor]]:
         # One call for all the texts: the tokenizer pads to the longest of them, and they
         # were validated here, so there is no bad input to isolate.
         count = len(payload.texts)
