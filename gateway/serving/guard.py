@@ -101,9 +101,10 @@ class GuardedBackend:
         request_id: str,
         outputs: Sequence[str] = (),
         invalid: InvalidInputError | None = None,
+        priority: int = 0,
     ) -> InferResult:
         try:
-            return await self.transport.infer(model, version, inputs, request_id, outputs, invalid)
+            return await self.transport.infer(model, version, inputs, request_id, outputs, invalid, priority)
         except Exception:
             self._signatures.pop((model, version), None)  # the model may have changed
             raise

@@ -51,6 +51,12 @@ def most_actionable(failures: Sequence[tuple[int, GatewayError]]) -> GatewayErro
     return error.at(index)
 
 
+def triton_priority(tenant: Tenant) -> int:
+    """Triton's priority for a tenant's calls: 1 (the highest of the models' two levels)
+    for a tier above the standard one, else 0 (the default level)."""
+    return 1 if tenant.priority > 0 else 0
+
+
 def rows(inputs: Sequence[Tensor]) -> int:
     """The inputs one call carries (its tensors' first dimension)."""
     return int(inputs[0].array.shape[0]) if inputs else 0
@@ -114,14 +120,17 @@ class InferencePlane:
             metrics.child(metrics.inputs, model).observe(count)
             calls = kind.calls(payload, top_k, entry.caps)
             invalid = kind.invalid()
+            priority = triton_priority(tenant)
             with self.backend.circuit(model):
                 if len(calls) == 1 and not (kind.isolates_failures and rows(calls[0]) > 1):
                     answers = [
-                        await self.backend.infer(model, version, calls[0], request_id, invalid=invalid)
+                        await self.backend.infer(
+                            model, version, calls[0], request_id, invalid=invalid, priority=priority
+                        )
                     ]
                 else:
                     answers = await self._fan_out(
-                        model, version, calls, request_id, invalid, kind.isolates_failures
+                        model, version, calls, request_id, invalid, kind.isolates_failures, priority
                     )
         return kind.results(answers)
 
@@ -133,12 +142,13 @@ class InferencePlane:
         request_id: str,
         invalid: InvalidInputError,
         isolate: bool,
+        priority: int = 0,
     ) -> list[InferResult]:
         """Every call at once; with ``isolate``, a call of several inputs refused as invalid
         is retried an input at a time (only then: a good batch costs one call)."""
 
         def infer(inputs: Sequence[Tensor]) -> Awaitable[InferResult]:
-            return self.backend.infer(model, version, inputs, request_id, invalid=invalid)
+            return self.backend.infer(model, version, inputs, request_id, invalid=invalid, priority=priority)
 
         outcomes = await asyncio.gather(*(infer(inputs) for inputs in calls), return_exceptions=True)
         answers: list[InferResult] = []
@@ -190,4 +200,5 @@ class InferencePlane:
                     request_id,
                     outputs,
                     invalid=InvalidInputError("the model rejected the input"),
+                    priority=triton_priority(tenant),
                 )

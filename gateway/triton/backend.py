@@ -143,9 +143,12 @@ class InferenceBackend(Protocol):
         request_id: str,
         outputs: Sequence[str] = (),
         invalid: InvalidInputError | None = None,
+        priority: int = 0,
     ) -> InferResult:
         """One inference (all outputs when none are named). Raises GatewayError
-        subclasses; ``invalid`` is what the server's "invalid argument" means here."""
+        subclasses; ``invalid`` is what the server's "invalid argument" means here;
+        ``priority`` is Triton's request priority (0: the models' default level; 1: the
+        highest, for keys of a tier above the standard one)."""
         ...
 
     async def model_signature(self, model: str, version: str) -> ModelSignature:

@@ -236,10 +236,14 @@ class TritonBackend:
         request_id: str,
         outputs: Sequence[str] = (),
         invalid: InvalidInputError | None = None,
+        priority: int = 0,
     ) -> InferResult:
         """One inference call: timed, traced (its ``traceparent`` goes along as gRPC
         metadata, so Triton's spans join the request's trace), under the call deadline."""
         request = service_pb2.ModelInferRequest(model_name=model, model_version=version, id=request_id)
+        if priority:
+            # the ensemble passes it to every step (Triton 2.51: tests/integration/test_triton_priority.py)
+            request.parameters["priority"].uint64_param = priority
         nbytes = 0
         for tensor in inputs:
             entry = request.inputs.add()

@@ -35,6 +35,7 @@ class HeldBackend(FakeBackend):
         request_id: str,
         outputs: Sequence[str] = (),
         invalid: InvalidInputError | None = None,
+        priority: int = 0,
     ) -> InferResult:
         if any(tensor.name == "IMAGE" for tensor in inputs):
             await self.release.wait()

@@ -40,6 +40,7 @@ class SlowBackend(FakeBackend):
         request_id: str,
         outputs: Sequence[str] = (),
         invalid: InvalidInputError | None = None,
+        priority: int = 0,
     ) -> InferResult:
         await asyncio.sleep(self.seconds)
         return await super().infer(model, version, inputs, request_id, outputs, invalid)

@@ -237,6 +237,7 @@ class FakeBackend:
         request_id: str,
         outputs: Sequence[str] = (),
         invalid: InvalidInputError | None = None,
+        priority: int = 0,
     ) -> InferResult:
         given = {tensor.name: tensor for tensor in inputs}
         if model in self.unloaded or model not in self.models:
