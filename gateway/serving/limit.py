@@ -8,7 +8,7 @@ AIMD anchored to a measured latency, in the manner of Envoy's adaptive concurren
   latency's own spread never reads as queueing), is the baseline: what a
   request costs Triton with almost nothing queued. A probe also starts at once when the
   limit has sat at its floor for ``floor_windows`` windows (Triton slowed down: the old
-  baseline makes every latency look congested) and when a window's p90 is under half
+  baseline makes every latency look congested) and when a window's p90 is under three quarters of
   the baseline (Triton got faster). So the anchor follows Triton both ways in about a
   second, without anyone configuring a latency target.
 - **Adjustment.** Each ``window_seconds`` (and at least ``window_samples`` requests), the
@@ -42,8 +42,9 @@ from time import monotonic
 
 # the first baseline is measured this soon after start (a first latency stands in till then)
 FIRST_PROBE_SECONDS = 5.0
-# a window whose p90 is under this share of the baseline: Triton got faster, probe again
-FASTER = 0.5
+# a window whose p90 is under this share of the baseline (measured at the floor, so faster
+# than anything at a higher concurrency should be): Triton got faster, probe again
+FASTER = 0.75
 # the smallest latency a sample may claim (a clock that did not move is not a latency)
 _TINY = 1e-5
 
