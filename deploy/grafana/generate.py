@@ -561,11 +561,106 @@ def model_quality() -> dict[str, Any]:
     )
 
 
+def capacity() -> dict[str, Any]:
+    panels = [
+        panel(
+            "In-flight limit",
+            "The adaptive limit per replica (it follows Triton's speed), the requests holding a slot, "
+            "and the ceiling (max_in_flight).",
+            [
+                ("max by (instance) (gateway_inflight_limit)", "limit {{instance}}"),
+                ("max by (instance) (gateway_inflight_admitted)", "admitted {{instance}}"),
+                ("max(gateway_inflight_ceiling)", "ceiling"),
+            ],
+            "short",
+            (0, 0, 12, 8),
+        ),
+        panel(
+            "Capacity in use",
+            "Each replica's share of its limit in use, averaged over ~10 s (0-1): what the autoscalers "
+            "scale the gateways on (deploy/k8s/components/autoscale-*).",
+            [
+                ("avg(gateway_capacity_in_use)", "average"),
+                ("max(gateway_capacity_in_use)", "busiest replica"),
+            ],
+            "percentunit",
+            (12, 0, 12, 8),
+        ),
+        panel(
+            "Latency over baseline",
+            "The last window's p90 latency of admitted requests over the baseline measured with nothing "
+            "queued (1: no queueing in Triton; the limit falls above 1 + tolerance). Probing: the limit "
+            "is held at its floor to measure the baseline again.",
+            [
+                ("max by (instance) (gateway_inflight_latency_ratio)", "ratio {{instance}}"),
+                ("max(gateway_inflight_probing)", "probing"),
+            ],
+            "short",
+            (0, 8, 12, 8),
+        ),
+        panel(
+            "Waiting and shed",
+            "Requests waiting for a slot now, and those refused 503 overloaded after the queue wait.",
+            [
+                ("sum(gateway_admission_queue)", "waiting"),
+                (f"sum(rate(gateway_admission_shed_total[{RATE}]))", "shed /s"),
+            ],
+            "short",
+            (12, 8, 12, 8),
+        ),
+        panel(
+            "Mean wait for a slot",
+            "Seconds a request spends in the gateway's queue before it is admitted or shed.",
+            [
+                (
+                    f"sum(rate(gateway_admission_wait_seconds_total[{RATE}])) / clamp_min("
+                    f"sum(rate(gateway_admission_admitted_total[{RATE}])) + "
+                    f"sum(rate(gateway_admission_shed_total[{RATE}])), 1e-9)",
+                    "mean wait",
+                )
+            ],
+            "s",
+            (0, 16, 12, 8),
+        ),
+        panel(
+            "Slots by tier",
+            "In-flight slots held by keys of each tier (the tiers' shares and priorities apply while "
+            "keys contend).",
+            [("sum by (tier) (gateway_inflight_by_tier)", "{{tier}}")],
+            "short",
+            (12, 16, 12, 8),
+            stack=True,
+        ),
+        panel(
+            "Triton queue time per request",
+            "Seconds a request waits in Triton's queues, per model execution: what the autoscalers "
+            "scale Triton on (past 20 ms, Triton is the bottleneck).",
+            [
+                (
+                    f"sum(rate(nv_inference_queue_duration_us[{RATE}])) / "
+                    f"clamp_min(sum(rate(nv_inference_request_success[{RATE}])), 0.001) / 1e6",
+                    "queue per request",
+                )
+            ],
+            "s",
+            (0, 24, 24, 8),
+        ),
+    ]
+    return dashboard(
+        "triton-gateway-capacity",
+        "Triton gateway: capacity",
+        "The adaptive in-flight limit, its queue, the tiers' slots and the signals the autoscalers use.",
+        panels,
+        with_model=False,
+    )
+
+
 DASHBOARDS = {
     "gateway-overview.json": gateway_overview,
     "triton-models.json": triton_models,
     "latency-breakdown.json": latency_breakdown,
     "model-quality.json": model_quality,
+    "capacity.json": capacity,
 }
 
 

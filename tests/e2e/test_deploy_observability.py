@@ -96,7 +96,13 @@ def load_dashboards() -> dict[str, dict[str, object]]:
 
 def test_dashboards_match_grafana_schema(tmp_path: Path) -> None:
     dashboards = load_dashboards()
-    assert set(dashboards) == {"gateway-overview", "triton-models", "latency-breakdown", "model-quality"}
+    assert set(dashboards) == {
+        "gateway-overview",
+        "triton-models",
+        "latency-breakdown",
+        "model-quality",
+        "capacity",
+    }
     result = _typecheck(dashboards, tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
 
