@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 import tritonclient.grpc.aio as grpcclient
 from google.protobuf import json_format
-from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
 from gateway.errors import (
@@ -171,6 +171,55 @@ def http_json(message: Any) -> dict[str, Any]:
     return dict(numbers(document))
 
 
+MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+# ModelInferRequest's raw_input_contents: field 7, length-delimited
+_RAW_INPUT_TAG = bytes([(7 << 3) | 2])
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        if not value:
+            out.append(low)
+            return bytes(out)
+        out.append(low | 0x80)
+
+
+def infer_request_bytes(
+    model: str,
+    version: str,
+    inputs: Sequence[Tensor],
+    request_id: str,
+    outputs: Sequence[str] = (),
+    priority: int = 0,
+) -> tuple[bytes, int]:
+    """A serialised ModelInferRequest, and its input bytes. Protobuf builds everything but
+    the raw contents; those are appended on the wire (field 7, one entry per input, in
+    input order: a repeated field may come in any position), so the inputs are copied once
+    (into the joined message) instead of into each element's prefix, the message and its
+    serialisation. Parsed by Triton exactly as the generated message would be
+    (tests/unit/test_triton_wire.py)."""
+    request = service_pb2.ModelInferRequest(model_name=model, model_version=version, id=request_id)
+    if priority:
+        # the ensemble passes it to every step (Triton 2.51: tests/integration/test_triton_priority.py)
+        request.parameters["priority"].uint64_param = priority
+    pieces: list[bytes | memoryview] = []
+    nbytes = 0
+    for tensor in inputs:
+        entry = request.inputs.add()
+        entry.name, entry.datatype = tensor.name, tensor.datatype
+        entry.shape.extend(tensor.shape)
+        parts = tensor.raw_parts()
+        size = sum(len(part) for part in parts)
+        nbytes += size
+        pieces.append(_RAW_INPUT_TAG + _varint(size))
+        pieces.extend(parts)
+    for name in outputs:
+        request.outputs.add().name = name
+    return b"".join([request.SerializeToString(), *pieces]), nbytes
+
+
 class TritonBackend:
     """Implements :class:`gateway.triton.backend.InferenceBackend` over ``tritonclient.grpc.aio``.
 
@@ -187,7 +236,13 @@ class TritonBackend:
         self._client = grpcclient.InferenceServerClient(settings.url, channel_args=options)
         # inference: Triton's generated stub on a channel of its own
         self._channel = grpc.aio.insecure_channel(settings.url, options=options)
-        self._model_infer = service_pb2_grpc.GRPCInferenceServiceStub(self._channel).ModelInfer
+        # the request goes as bytes the gateway serialises itself (infer_request_bytes): the
+        # inputs are copied once, not four times (an 8-image request is 1.8 MB)
+        self._model_infer = self._channel.unary_unary(
+            MODEL_INFER,
+            request_serializer=None,
+            response_deserializer=service_pb2.ModelInferResponse.FromString,
+        )
         # Triton's gRPC front end expects a restricted protocol's header under this prefix.
         key = settings.repository_key.get_secret_value()
         self._repository_headers = {f"triton-grpc-protocol-{REPOSITORY_KEY_HEADER}": key} if key else {}
@@ -240,20 +295,7 @@ class TritonBackend:
     ) -> InferResult:
         """One inference call: timed, traced (its ``traceparent`` goes along as gRPC
         metadata, so Triton's spans join the request's trace), under the call deadline."""
-        request = service_pb2.ModelInferRequest(model_name=model, model_version=version, id=request_id)
-        if priority:
-            # the ensemble passes it to every step (Triton 2.51: tests/integration/test_triton_priority.py)
-            request.parameters["priority"].uint64_param = priority
-        nbytes = 0
-        for tensor in inputs:
-            entry = request.inputs.add()
-            entry.name, entry.datatype = tensor.name, tensor.datatype
-            entry.shape.extend(tensor.shape)
-            raw = tensor.raw()
-            nbytes += len(raw)
-            request.raw_input_contents.append(raw)
-        for name in outputs:
-            request.outputs.add().name = name
+        request, nbytes = infer_request_bytes(model, version, inputs, request_id, outputs, priority)
         with (
             self._tracing.triton_call(model, version, len(inputs), nbytes) as metadata,
             self._metrics.time_triton_call(model, version),

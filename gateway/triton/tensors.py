@@ -63,6 +63,19 @@ class Tensor:
             return sum(len(item) for item in self.array.reshape(-1))
         return int(self.array.nbytes)
 
+    def raw_parts(self) -> list[bytes | memoryview]:
+        """The tensor's contents on the wire, in pieces that join to :meth:`raw` without
+        copying the elements first (a BYTES element is its own bytes object)."""
+        if self.datatype == "BYTES":
+            parts: list[bytes | memoryview] = []
+            for item in self.array.reshape(-1):
+                element = as_bytes(item)
+                parts.append(len(element).to_bytes(4, "little"))
+                parts.append(element)
+            return parts
+        array = np.ascontiguousarray(self.array, dtype=_WIRE[self.datatype]).reshape(-1)
+        return [array.view(np.uint8).data] if array.size else []
+
     def raw(self) -> bytes:
         """The tensor's contents on the wire."""
         if self.datatype == "BYTES":

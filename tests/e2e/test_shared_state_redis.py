@@ -34,16 +34,23 @@ def redis(tmp_path: Path) -> Iterator[RedisServer]:
 
 
 def keys_file(
-    path: Path, rate: float = 5, burst: float = 5, key: str = "client-key", key_id: str = "client"
+    path: Path,
+    rate: float = 5,
+    burst: float = 5,
+    key: str = "client-key",
+    key_id: str = "client",
+    options: str = "",
 ) -> Path:
-    path.write_text(f"{key_id} {hash_key(key)} {rate:g} {burst:g}\n")
+    path.write_text(f"{key_id} {hash_key(key)} {rate:g} {burst:g} {options}\n")
     return path
 
 
 def replicas(
-    tmp_path: Path, count: int = 2, redis: RedisServer | None = None, **overrides: object
+    tmp_path: Path, count: int = 2, redis: RedisServer | None = None, options: str = "", **overrides: object
 ) -> Iterator[list[TestClient]]:
-    keys = keys_file(tmp_path / "keys")
+    keys = keys_file(
+        tmp_path / "keys", rate=1000 if options else 5, burst=1000 if options else 5, options=options
+    )
     admin = tmp_path / "admin-keys"
     admin.write_text(f"ops {hash_key('ops-secret')}\n")
     redis_settings: dict[str, object] = {"url": redis.url, "retry_seconds": 0.5} if redis else {}
@@ -276,3 +283,23 @@ def test_the_shared_state_gauge_is_true_at_rest(tmp_path: Path, redis: RedisServ
         redis.start()  # the same port
         back = _until_gauge(client, "1.0", 3, "the gauge did not see Redis come back")
         print(f"shared-state gauge at rest: down after {down:.2f} s, up again after {back:.2f} s")
+
+
+def test_a_quota_is_counted_across_replicas_and_shown_to_operators(
+    tmp_path: Path, redis: RedisServer
+) -> None:
+    for clients in replicas(tmp_path, redis=redis, options="quota=6/day"):
+        statuses = burst_through(clients, 10)  # alternating between the two replicas
+        assert statuses == [200] * 6 + [429] * 4, statuses
+        refused = clients[0].post("/classify", json=TEXT, headers=KEY)
+        assert refused.json()["type"].endswith(":quota-exceeded")
+        standing = clients[1].get("/admin/keys/client", headers={"X-API-Key": "ops-secret"}).json()
+        assert standing["quotas"][0]["used"] == 6
+        assert standing["quotas"][0]["remaining"] == 0
+
+
+def test_redis_down_counts_a_quota_share_on_each_replica(tmp_path: Path, redis: RedisServer) -> None:
+    for clients in replicas(tmp_path, redis=redis, options="quota=6/day", on_failure="local", replicas=2):
+        redis.kill()
+        statuses = [clients[0].post("/classify", json=TEXT, headers=KEY).status_code for _ in range(5)]
+        assert statuses == [200] * 3 + [429] * 2, statuses  # 6 / 2 replicas, counted here

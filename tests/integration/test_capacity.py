@@ -73,10 +73,10 @@ def test_a_5x_slowdown_is_followed_by_the_limit_and_a_recovery_too(
     before = text_load(static, 100, 4, "static, Triton at speed")
     ahead = text_load(adaptive, 100, 4, "adaptive, Triton at speed")
     with throttled(triton):
-        one = text_load(static, 1, 5, "one client, Triton slowed")
+        one = text_load(static, 1, 4, "one client, Triton slowed")
         slow = text_load(adaptive, 100, 8, "adaptive, Triton slowed")
-        stuck = text_load(static, 100, 6, "static, Triton slowed")
-    recovered = text_load(adaptive, 100, 5, "adaptive, Triton recovered")
+        stuck = text_load(static, 100, 4, "static, Triton slowed")
+    recovered = text_load(adaptive, 100, 4, "adaptive, Triton recovered")
     limit = os.environ.get("CAPACITY_REPORT")
     report = {
         flow.name: {
@@ -93,7 +93,7 @@ def test_a_5x_slowdown_is_followed_by_the_limit_and_a_recovery_too(
     learnt = slow.p(0.99, after=2.0)  # the limit falls within seconds: judged after 2 s
     print(
         f"one client p99 {ms(single)}; adaptive p99 after 2 s {ms(learnt)}; static p99 {ms(stuck.p(0.99))}; "
-        f"goodput recovered {recovered.rate(200, 1.0, 5.0):.0f}/s vs {ahead.rate(200, 0.0, 4.0):.0f}/s before "
+        f"goodput recovered {recovered.rate(200, 1.0, 4.0):.0f}/s vs {ahead.rate(200, 0.0, 4.0):.0f}/s before "
         f"(static: {before.rate(200, 0.0, 4.0):.0f}/s)"
     )
     for flow in (slow, stuck, recovered):
@@ -105,7 +105,7 @@ def test_a_5x_slowdown_is_followed_by_the_limit_and_a_recovery_too(
     assert all(a.retry_after for a in shed)
     assert percentile_of([a.seconds for a in shed], 0.99) < 0.5  # fast 503s
     # back to what it served before the slowdown, within a second of the recovery
-    assert recovered.rate(200, 1.0, 5.0) > 0.8 * ahead.rate(200, 0.0, 4.0)
+    assert recovered.rate(200, 1.0, 4.0) > 0.8 * ahead.rate(200, 0.0, 4.0)
 
 
 def percentile_of(values: list[float], q: float) -> float:
@@ -133,14 +133,14 @@ def test_a_flooding_key_leaves_another_its_latency(
     load(6, (warm, gateway.url, flood_request, 8, 0.0))
     load(5, (alone, gateway.url, quiet_request, 1, 0.5))
     quiet = Flow("quiet beside the flood")
-    with flooding(gateway.url, "flood-key", connections=150, seconds=10, folder=tmp_path) as flood:
-        load(9, (quiet, gateway.url, quiet_request, 1, 0.5))
+    with flooding(gateway.url, "flood-key", connections=150, seconds=9, folder=tmp_path) as flood:
+        load(8, (quiet, gateway.url, quiet_request, 1, 0.5))
     print(
         f"quiet alone: median {ms(alone.p(0.5))}, p99 {ms(alone.p(0.99))}; beside 150 flood connections: "
         f"{quiet.statuses()}, median {ms(quiet.p(0.5))}, p99 {ms(quiet.p(0.99))}; flood: {flood}"
     )
     assert quiet.statuses() == {200: len(quiet.answers)}
-    assert len(quiet.answers) >= 15
+    assert len(quiet.answers) >= 12
     assert flood["refused"] > flood["requests"] / 2  # the flood was far over capacity
     assert quiet.p(0.5) < 4 * alone.p(0.5)  # before: 10x (41 -> 401 ms), and 503s
 

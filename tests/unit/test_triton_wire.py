@@ -1,0 +1,59 @@
+"""The inference request the gateway serialises itself parses, field for field, as the
+message protobuf would have built (what Triton reads)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2
+
+from gateway.triton.client import infer_request_bytes
+from gateway.triton.tensors import Tensor
+
+
+def reference(inputs: list[Tensor], outputs: list[str], priority: int) -> service_pb2.ModelInferRequest:
+    request = service_pb2.ModelInferRequest(model_name="m", model_version="2", id="r-1")
+    if priority:
+        request.parameters["priority"].uint64_param = priority
+    for tensor in inputs:
+        entry = request.inputs.add()
+        entry.name, entry.datatype = tensor.name, tensor.datatype
+        entry.shape.extend(tensor.shape)
+        request.raw_input_contents.append(tensor.raw())
+    for name in outputs:
+        request.outputs.add().name = name
+    return request
+
+
+@pytest.mark.parametrize("priority", [0, 1])
+@pytest.mark.parametrize("image_bytes", [0, 5, 127, 128, 300, 70_000, 3 * 1024 * 1024])
+def test_the_wire_request_parses_as_protobufs_own(priority: int, image_bytes: int) -> None:
+    rng = np.random.default_rng(image_bytes)
+    images = [rng.bytes(image_bytes + i) for i in range(3)]
+    inputs = [
+        Tensor("IMAGE", "BYTES", np.array([[image] for image in images], dtype=np.object_)),
+        Tensor("TOP_K", "INT32", np.full((3, 1), 5, dtype=np.int32)),
+        Tensor("SCALE", "FP32", np.arange(6, dtype=np.float32).reshape(3, 2)),
+    ]
+    wire, nbytes = infer_request_bytes("m", "2", inputs, "r-1", ["LABELS", "SCORES"], priority)
+    parsed = service_pb2.ModelInferRequest.FromString(wire)
+    expected = reference(inputs, ["LABELS", "SCORES"], priority)
+    assert parsed == expected
+    assert nbytes == sum(len(t.raw()) for t in inputs)
+
+
+@pytest.mark.parametrize(
+    ("datatype", "array"),
+    [
+        ("FP32", np.float32(3.0)),
+        ("INT64", np.zeros((0, 3), np.int64)),
+        ("BOOL", np.array([[True, False]])),
+        ("FP16", np.ones((2, 2), np.float16)),
+        ("INT32", np.arange(6, dtype=">i4").reshape(2, 3)),  # big-endian in, little-endian out
+        ("FP32", np.ones((4, 4), np.float32)[:, ::2]),  # not contiguous
+        ("BYTES", np.array([[b""], [b"x"]], dtype=np.object_)),
+    ],
+)
+def test_raw_parts_join_to_the_raw_contents(datatype: str, array: np.ndarray) -> None:
+    tensor = Tensor("X", datatype, np.asarray(array))
+    assert b"".join(tensor.raw_parts()) == tensor.raw()
