@@ -67,7 +67,7 @@ class ConcurrencyLimit(Protocol):
     @property
     def sample_ratio(self) -> float: ...
 
-    def observe(self, cost: Hashable, seconds: float, admitted_at: float) -> None: ...
+    def observe(self, cost: Hashable, seconds: float, admitted_at: float, in_flight: int = 0) -> None: ...
 
 
 @dataclass
@@ -82,7 +82,7 @@ class StaticLimit:
     def ceiling(self) -> int:
         return self.limit
 
-    def observe(self, cost: Hashable, seconds: float, admitted_at: float) -> None:
+    def observe(self, cost: Hashable, seconds: float, admitted_at: float, in_flight: int = 0) -> None:
         return None
 
 
@@ -92,6 +92,7 @@ class Ticket:
 
     tenant: Tenant
     admitted_at: float
+    in_flight: int = 0  # the others in flight when it was admitted
 
 
 @dataclass
@@ -176,7 +177,7 @@ class Admission:
         self.held_by_tier[tenant.tier] = self.held_by_tier.get(tenant.tier, 0) + 1
         self._idle.clear()
         self.utilization.set(min(1.0, self.in_flight / max(1, self.limit)), now)
-        return Ticket(tenant, now)
+        return Ticket(tenant, now, self.in_flight - 1)
 
     async def acquire(self, tenant: Tenant = ANONYMOUS) -> Ticket:
         """Take one in-flight slot for a request, or raise a 503 error (then do not release)."""
@@ -269,7 +270,7 @@ class Admission:
         latency (admission to now) feeds the adaptive limit under that cost class."""
         now = self._clock()
         if cost is not None:
-            self.limiter.observe(cost, now - ticket.admitted_at, ticket.admitted_at)
+            self.limiter.observe(cost, now - ticket.admitted_at, ticket.admitted_at, ticket.in_flight)
         self.in_flight -= 1
         held = self.held[ticket.tenant.id] - 1
         if held:

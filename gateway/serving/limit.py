@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
+from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from time import monotonic
@@ -90,12 +91,13 @@ class AdaptiveLimit:
     rng: random.Random = field(default_factory=random.Random)
     _limit: float = field(init=False)
     _baseline: dict[Hashable, float] = field(init=False, default_factory=dict)
+    _quiet: dict[Hashable, deque[float]] = field(init=False, default_factory=dict)
     _window: list[float] = field(init=False, default_factory=list)
     _window_started: float = field(init=False)
-    _probe: dict[Hashable, list[float]] | None = field(init=False, default=None)
+    _probing: bool = field(init=False, default=False)
     _probe_count: int = field(init=False, default=0)
     _probe_started: float = field(init=False, default=0.0)
-    _next_probe: float = field(init=False, default=0.0)
+    _fresh_until: float = field(init=False, default=0.0)
     _at_floor: int = field(init=False, default=0)
     sample_ratio: float = field(init=False, default=0.0)
 
@@ -107,21 +109,22 @@ class AdaptiveLimit:
         now = self.clock()
         self._window_started = now
         # Serving starts at the ceiling, as a static cap would (a cold replica behind a
-        # load balancer must not shed a burst while it learns); the first probe is soon.
-        self._next_probe = now + min(s.probe_interval_seconds, FIRST_PROBE_SECONDS) * self.rng.uniform(
+        # load balancer must not shed a burst while it learns); a baseline comes from
+        # the first quiet requests, or from a probe if none comes within a few seconds.
+        self._fresh_until = now + min(s.probe_interval_seconds, FIRST_PROBE_SECONDS) * self.rng.uniform(
             0.85, 1.15
         )
 
     @property
     def limit(self) -> int:
         """Requests that may be in flight now (the floor while probing)."""
-        if self._probe is not None:
+        if self._probing:
             return self.settings.floor
         return max(self.settings.floor, min(self.settings.ceiling, int(self._limit)))
 
     @property
     def probing(self) -> bool:
-        return self._probe is not None
+        return self._probing
 
     @property
     def ceiling(self) -> int:
@@ -130,33 +133,41 @@ class AdaptiveLimit:
     def state(self) -> LimitState:
         return LimitState(self.limit, self.probing, self.sample_ratio, dict(self._baseline))
 
-    def observe(self, cost: Hashable, seconds: float, admitted_at: float) -> None:
+    def observe(self, cost: Hashable, seconds: float, admitted_at: float, in_flight: int = 0) -> None:
         """One completed request of cost class ``cost`` took ``seconds`` in flight, from
-        ``admitted_at`` (this clock). A probe counts only requests it admitted: those
-        admitted before it began may have queued in Triton behind a full limit."""
+        ``admitted_at`` (this clock), admitted with ``in_flight`` others in flight. One
+        admitted with at most the floor in flight is a quiet sample: the baseline is the p90
+        of each class's last ``probe_samples`` quiet samples, so a gateway that is not
+        saturated keeps its baseline fresh without ever probing."""
         now = self.clock()
         seconds = max(seconds, _TINY)
-        if self._probe is not None:
-            if admitted_at < self._probe_started:
-                return
-            self._probe.setdefault(cost, []).append(seconds)
-            self._probe_count += 1
-            overdue = now - self._probe_started > self.settings.probe_timeout_seconds
-            if self._probe_count >= self.settings.probe_samples or overdue:
+        s = self.settings
+        if in_flight < s.floor and (not self._probing or admitted_at >= self._probe_started):
+            self._quiet_sample(cost, seconds, now)
+        if self._probing:
+            if now - self._probe_started > s.probe_timeout_seconds or self._probe_count >= s.probe_samples:
                 self._end_probe(now)
             return
         baseline = self._baseline.get(cost)
         if baseline is None:
-            # a class never seen in a probe: its first latency stands in until one runs
-            self._baseline[cost] = seconds
-            return
+            return  # no quiet sample of this class yet: it says nothing about queueing
         self._window.append(seconds / baseline)
-        if len(self._window) >= self.settings.window_samples and now - self._window_started >= (
-            self.settings.window_seconds
-        ):
+        if len(self._window) >= s.window_samples and now - self._window_started >= s.window_seconds:
             self._update(now)
-        elif now >= self._next_probe:
+        elif now >= self._fresh_until:
             self._start_probe(now)
+
+    def _quiet_sample(self, cost: Hashable, seconds: float, now: float) -> None:
+        samples = self._quiet.get(cost)
+        if samples is None:
+            samples = self._quiet[cost] = deque(maxlen=self.settings.probe_samples)
+        samples.append(seconds)
+        # the statistic the windows use (p90), so latency's own spread is not queueing
+        ordered = list(samples)
+        self._baseline[cost] = percentile(ordered, 0.9) if len(ordered) >= 5 else statistics.median(ordered)
+        self._probe_count += 1
+        if len(ordered) >= 5:
+            self._fresh_until = now + self.settings.probe_interval_seconds * self.rng.uniform(0.85, 1.15)
 
     def _update(self, now: float) -> None:
         s = self.settings
@@ -171,26 +182,22 @@ class AdaptiveLimit:
             moved = self._limit * max(0.5, target / ratio)
         self._limit = max(float(s.floor), min(float(s.ceiling), moved))
         self._at_floor = self._at_floor + 1 if self._limit < s.floor + 1 else 0
-        # a limit stuck at the floor (Triton slowed down) or requests far faster than the
-        # baseline (it recovered): the baseline is stale, measure it now
-        if self._at_floor >= s.floor_windows or ratio < FASTER or now >= self._next_probe:
+        # a limit stuck at the floor (Triton slowed down), requests far faster than the
+        # baseline (it recovered) or no quiet sample for a while (saturated): measure now
+        if self._at_floor >= s.floor_windows or ratio < FASTER or now >= self._fresh_until:
             self._start_probe(now)
 
     def _start_probe(self, now: float) -> None:
-        self._probe = {}
+        self._probing = True
         self._probe_count = 0
         self._probe_started = now
         self._at_floor = 0
+        # a fresh baseline: the probe's samples replace the old ones
+        for samples in self._quiet.values():
+            samples.clear()
 
     def _end_probe(self, now: float) -> None:
-        assert self._probe is not None
-        for cost, samples in self._probe.items():
-            # the statistic the windows use (p90), so latency's own spread is not queueing
-            self._baseline[cost] = (
-                percentile(samples, 0.9) if len(samples) >= 5 else statistics.median(samples)
-            )
-        self._probe = None
+        self._probing = False
         self._window = []
         self._window_started = now
-        interval = self.settings.probe_interval_seconds
-        self._next_probe = now + interval * self.rng.uniform(0.85, 1.15)
+        self._fresh_until = now + self.settings.probe_interval_seconds * self.rng.uniform(0.85, 1.15)

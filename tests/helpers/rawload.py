@@ -7,6 +7,7 @@ millisecond a request, and the test machine has two cores)."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -23,6 +24,7 @@ class Sent:
     seconds: float
     status: int
     retry_after: str | None
+    problem: str = ""  # the problem type's slug of a 4xx/5xx
 
 
 @dataclass
@@ -31,6 +33,13 @@ class Flow:
 
     name: str
     answers: list[Sent] = field(default_factory=list)
+
+    def problems(self) -> dict[str, int]:
+        found: dict[str, int] = {}
+        for answer in self.answers:
+            if answer.problem:
+                found[answer.problem] = found.get(answer.problem, 0) + 1
+        return found
 
     def statuses(self) -> dict[int, int]:
         found: dict[int, int] = {}
@@ -78,9 +87,13 @@ async def _connection(
                     retry_after = value.strip()
                 elif name == "connection" and value.strip().lower() == "close":
                     close = True
-            await reader.readexactly(length)
+            body = await reader.readexactly(length)
             done = time.monotonic()
-            flow.answers.append(Sent(sent - started, done - sent, status, retry_after))
+            problem = ""
+            if status >= 400:
+                found = re.search(rb'"type":\s*"[^"]*?([a-z-]+)"', body)
+                problem = found.group(1).decode() if found else ""
+            flow.answers.append(Sent(sent - started, done - sent, status, retry_after, problem))
             if close:
                 writer.close()
                 reader, writer = await asyncio.open_connection(parts.hostname, parts.port)

@@ -28,7 +28,7 @@ def simulate(
 ) -> list[tuple[float, float]]:
     """(completion time, latency) of every request; the clients always have one waiting."""
     servers = [clock.now] * parallel
-    in_flight: list[tuple[float, float]] = []
+    in_flight: list[tuple[float, float, int]] = []
     done: list[tuple[float, float]] = []
     while clock.now < until:
         ceiling = limit if isinstance(limit, int) else limit.limit
@@ -36,11 +36,11 @@ def simulate(
             index = min(range(parallel), key=servers.__getitem__)
             start = max(clock.now, servers[index])
             servers[index] = start + cost(start)
-            heapq.heappush(in_flight, (servers[index], clock.now))
-        finish, admitted = heapq.heappop(in_flight)
+            heapq.heappush(in_flight, (servers[index], clock.now, len(in_flight)))
+        finish, admitted, others = heapq.heappop(in_flight)
         clock.now = finish
         if not isinstance(limit, int):
-            limit.observe("text", finish - admitted, admitted)
+            limit.observe("text", finish - admitted, admitted, others)
         done.append((finish, finish - admitted))
     return done
 
@@ -96,7 +96,9 @@ def test_a_faster_class_does_not_read_as_congestion() -> None:
     for _ in range(20_000):
         clock.now += 0.001
         slow = rng.random() < 0.3
-        limit.observe("image" if slow else "text", 0.100 if slow else 0.010, clock.now - 0.01)
+        limit.observe(
+            "image" if slow else "text", 0.100 if slow else 0.010, clock.now - 0.01, rng.randrange(3)
+        )
     assert limit.limit == 64  # uncongested: the ceiling, not the floor
 
 
@@ -107,5 +109,6 @@ def test_the_limit_starts_at_the_ceiling_and_probes_soon() -> None:
     assert not limit.probing
     for _ in range(200):
         clock.now += 0.05
-        limit.observe("text", 0.01, clock.now - 0.01)
+        limit.observe("text", 0.01, clock.now - 0.01, 0)
     assert limit.state().baseline_seconds["text"] == 0.01
+    assert not limit.probing  # quiet samples kept the baseline fresh: no probe needed

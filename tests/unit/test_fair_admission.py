@@ -116,7 +116,7 @@ class Shrunk:
     probing: bool = False
     sample_ratio: float = 0.0
 
-    def observe(self, cost: object, seconds: float, admitted_at: float) -> None:
+    def observe(self, cost: object, seconds: float, admitted_at: float, in_flight: int = 0) -> None:
         return None
 
 
