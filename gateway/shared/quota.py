@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from gateway.errors import QuotaExceededError, SharedStateUnavailableError
 from gateway.settings import RedisSettings
+from gateway.shared.fallback import SharedWithFallback
 
 if TYPE_CHECKING:
     from gateway.observe.metrics import GatewayMetrics
@@ -59,20 +60,15 @@ class Usage:
         return f"{name};q={self.quota.limit};w={window}", f"{name};r={self.remaining};t={self.reset_seconds}"
 
 
-class QuotaKeeper:
+class QuotaKeeper(SharedWithFallback):
     """Counts keys' use against their quotas; built by the app factory, attached to the
     shared store in the lifespan."""
 
     def __init__(
         self, store: SharedState | None, settings: RedisSettings, metrics: GatewayMetrics | None = None
     ) -> None:
-        self._store = store
-        self._settings = settings
-        self._metrics = metrics
+        super().__init__(store, settings, metrics)
         self._local: dict[str, int] = {}
-
-    def attach(self, store: SharedState | None) -> None:
-        self._store = store
 
     @staticmethod
     def _counter(key: ApiKey, quota: Quota, period: str) -> str:
@@ -97,14 +93,7 @@ class QuotaKeeper:
         try:
             return await self._store.add_usage(counter, amount, ttl), 1.0
         except SharedStateDownError:
-            if self._metrics is not None:
-                self._metrics.shared_state_fallbacks.labels(policy=self._settings.on_failure).inc()
-            policy = self._settings.on_failure
-            if policy == "refuse":
-                raise SharedStateUnavailableError(
-                    "quotas cannot be checked now", retry_after=self._settings.retry_seconds
-                ) from None
-            if policy == "allow":
+            if self._fallback("quotas") == "allow":
                 return 0, 1.0
             return self._add_local(counter, amount, period), 1.0 / self._settings.replicas
 

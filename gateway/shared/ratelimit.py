@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from gateway.errors import SharedStateUnavailableError
 from gateway.settings import RedisSettings
+from gateway.shared.fallback import SharedWithFallback
 
 if TYPE_CHECKING:
     from gateway.observe.metrics import GatewayMetrics
@@ -57,18 +57,12 @@ class Verdict:
     burst: float
 
 
-class RateLimiter:
+class RateLimiter(SharedWithFallback):
     def __init__(
         self, store: SharedState | None, settings: RedisSettings, metrics: GatewayMetrics | None = None
     ) -> None:
-        self._store = store
-        self._settings = settings
-        self._metrics = metrics
+        super().__init__(store, settings, metrics)
         self._local: dict[tuple[str, float, float], TokenBucket] = {}
-
-    def attach(self, store: SharedState | None) -> None:
-        """Share the limits through ``store`` (the lifespan builds it, on the server's loop)."""
-        self._store = store
 
     def _bucket(self, key_id: str, rate: float, burst: float) -> TokenBucket:
         # Keyed by the limit too: a rotated keys file that changes a key's rate starts afresh.
@@ -94,22 +88,9 @@ class RateLimiter:
         try:
             taken = await self._store.take_token(key.id, key.rate, key.burst)
         except SharedStateDownError:
-            self._report(up=False)
-            policy = self._settings.on_failure
-            if policy == "refuse":
-                raise SharedStateUnavailableError(
-                    "rate limits cannot be checked now",
-                    retry_after=self._settings.retry_seconds,
-                ) from None
-            if policy == "allow":
+            if self._fallback("rate limits") == "allow":
                 return Verdict(0.0, key.burst, key.rate, key.burst)
             share = self._settings.replicas
             return self._local_verdict(key.id, key.rate / share, max(1.0, key.burst / share))
-        self._report(up=True)
         wait = 0.0 if taken.taken else max(taken.wait, 1e-6)
         return Verdict(wait, taken.tokens, key.rate, key.burst)
-
-    def _report(self, up: bool) -> None:
-        # the up gauge is the store's (fed by every command): here, only the fallbacks
-        if self._metrics is not None and not up:
-            self._metrics.shared_state_fallbacks.labels(policy=self._settings.on_failure).inc()
