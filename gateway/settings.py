@@ -145,7 +145,10 @@ class AdaptiveSettings(BaseModel):
     ``floor`` and ``server.max_in_flight``, moved so admitted requests stop queueing in Triton."""
 
     enabled: bool = Field(
-        True, description="Adapt the in-flight limit to measured latency; false: max_in_flight, always."
+        False,
+        description="Adapt the in-flight limit to measured latency (max_in_flight its ceiling); false: "
+        "max_in_flight, always. Off by default: latency first costs batching throughput, and on a "
+        "shared 2-core CPU machine it shed bursts a static cap serves (docs/explanation/reliability.md).",
     )
     floor: int = Field(
         1,

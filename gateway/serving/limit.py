@@ -99,6 +99,7 @@ class AdaptiveLimit:
     _probe_started: float = field(init=False, default=0.0)
     _fresh_until: float = field(init=False, default=0.0)
     _at_floor: int = field(init=False, default=0)
+    _saturated: bool = field(init=False, default=False)  # the window reached the limit
     sample_ratio: float = field(init=False, default=0.0)
 
     def __post_init__(self) -> None:
@@ -151,6 +152,7 @@ class AdaptiveLimit:
         baseline = self._baseline.get(cost)
         if baseline is None:
             return  # no quiet sample of this class yet: it says nothing about queueing
+        self._saturated = self._saturated or in_flight + 1 >= self.limit
         self._window.append(seconds / baseline)
         if len(self._window) >= s.window_samples and now - self._window_started >= s.window_seconds:
             self._update(now)
@@ -175,11 +177,14 @@ class AdaptiveLimit:
         self.sample_ratio = ratio
         self._window = []
         self._window_started = now
+        saturated, self._saturated = self._saturated, False
         target = 1 + s.tolerance
         if ratio <= target:  # no queueing to speak of: probe upwards
             moved = self._limit + math.sqrt(self._limit)
-        else:  # queueing in Triton: back off in proportion, at most by half
+        elif saturated:  # queueing in Triton while the limit binds: back off, at most by half
             moved = self._limit * max(0.5, target / ratio)
+        else:  # slow, but the limit was not reached: admitting fewer would not help
+            moved = self._limit
         self._limit = max(float(s.floor), min(float(s.ceiling), moved))
         self._at_floor = self._at_floor + 1 if self._limit < s.floor + 1 else 0
         # a limit stuck at the floor (Triton slowed down), requests far faster than the

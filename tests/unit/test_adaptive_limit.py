@@ -112,3 +112,23 @@ def test_the_limit_starts_at_the_ceiling_and_probes_soon() -> None:
         limit.observe("text", 0.01, clock.now - 0.01, 0)
     assert limit.state().baseline_seconds["text"] == 0.01
     assert not limit.probing  # quiet samples kept the baseline fresh: no probe needed
+
+
+def test_slow_answers_below_the_limit_do_not_lower_it() -> None:
+    """Latency that rises while the limit is not reached (a noisy machine, a slow model
+    at light load) is not the gateway's to fix: admitting fewer would not help."""
+    clock = Clock()
+    limit = adaptive(clock, ceiling=32)
+    for _ in range(20):  # a baseline from quiet requests
+        clock.now += 0.05
+        limit.observe("text", 0.01, clock.now - 0.01, 0)
+    for _ in range(500):  # 5x slower, 3 in flight of 32
+        clock.now += 0.02
+        limit.observe("text", 0.05, clock.now - 0.05, 2)
+    assert limit.limit == 32
+    lowest = 32
+    for _ in range(100):  # the same at the limit: it falls
+        clock.now += 0.02
+        limit.observe("text", 0.05, clock.now - 0.05, max(1, limit.limit - 1))
+        lowest = min(lowest, limit.limit)
+    assert lowest < 32
