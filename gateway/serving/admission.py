@@ -38,6 +38,10 @@ if TYPE_CHECKING:
     from gateway.shared.keyfiles import ApiKey
 
 
+# a key over its share may not take the last ceiling // RESERVE_FRACTION slots
+RESERVE_FRACTION = 16
+
+
 @dataclass(frozen=True)
 class Tenant:
     """Who a request is admitted for: the API key's id ("" without keys) and its tier."""
@@ -67,7 +71,14 @@ class ConcurrencyLimit(Protocol):
     @property
     def sample_ratio(self) -> float: ...
 
-    def observe(self, cost: Hashable, seconds: float, admitted_at: float, in_flight: int = 0) -> None: ...
+    def observe(
+        self,
+        cost: Hashable,
+        seconds: float,
+        admitted_at: float,
+        in_flight: int = 0,
+        saturated: bool | None = None,
+    ) -> None: ...
 
 
 @dataclass
@@ -82,7 +93,14 @@ class StaticLimit:
     def ceiling(self) -> int:
         return self.limit
 
-    def observe(self, cost: Hashable, seconds: float, admitted_at: float, in_flight: int = 0) -> None:
+    def observe(
+        self,
+        cost: Hashable,
+        seconds: float,
+        admitted_at: float,
+        in_flight: int = 0,
+        saturated: bool | None = None,
+    ) -> None:
         return None
 
 
@@ -93,6 +111,11 @@ class Ticket:
     tenant: Tenant
     admitted_at: float
     in_flight: int = 0  # the others in flight when it was admitted
+    # admitted while it held less than its guaranteed share and other keys contended:
+    # its Triton calls go at the high priority, ahead of a flood's queued requests
+    favoured: bool = False
+    # the room was full when it was admitted (or others waited): the limit bound
+    saturated: bool = False
 
 
 @dataclass
@@ -141,10 +164,17 @@ class Admission:
         self._queue_seconds = queue_seconds
         self._retry_after = retry_after
         self._clock = clock
+        # the slots under the ceiling a key over its share may not take (1 in 16: none
+        # under 16), so a key arriving beside one that holds the ceiling is admitted at
+        # once instead of waiting for a completion that may be 100s of ms away
+        self.reserve = self.limiter.ceiling // RESERVE_FRACTION
         self.in_flight = 0
         self.held: dict[str, int] = {}
         self.held_by_tier: dict[str, int] = {}
-        self._share_of: dict[str, float] = {}  # the share of each key holding slots
+        # the keys holding or waiting for slots (their requests), their shares and the sum
+        self._present: dict[str, int] = {}
+        self._share_of: dict[str, float] = {}
+        self._shares = 0.0
         self._waiting: dict[str, deque[_Waiter]] = {}
         self.waiting = 0
         self.utilization = Utilization()
@@ -169,26 +199,74 @@ class Admission:
                 headers={"Connection": "close"},
             )
 
+    def _enter(self, tenant: Tenant) -> None:
+        count = self._present.get(tenant.id, 0)
+        if not count:
+            self._share_of[tenant.id] = tenant.share
+            self._shares += tenant.share
+        self._present[tenant.id] = count + 1
+
+    def _exit(self, tenant_id: str) -> None:
+        count = self._present[tenant_id] - 1
+        if count:
+            self._present[tenant_id] = count
+            return
+        del self._present[tenant_id]
+        self._shares -= self._share_of.pop(tenant_id)
+        if not self._present:
+            self._shares = 0.0  # no drift from the float sums
+
+    def _guaranteed(self, tenant: Tenant) -> int | None:
+        """``tenant``'s guaranteed share of the limit while other keys hold or wait for
+        slots (the limit split between them by share; at least one), else None."""
+        present = tenant.id in self._present
+        if tenant.id == "" or len(self._present) < (2 if present else 1):
+            return None
+        shares = self._shares if present else self._shares + tenant.share
+        return max(1, int(self.limit * tenant.share / shares))
+
+    def _below_share(self, tenant: Tenant) -> bool:
+        """Whether ``tenant`` holds less than its guaranteed share while other keys contend:
+        such a request is admitted at once, past the limit and into the reserve if need
+        be (never past the ceiling), so a key that floods cannot make another wait while
+        the limit falls. Only requests of keys over their share wait, and are shed."""
+        if self.in_flight >= self.limiter.ceiling:
+            return False
+        guaranteed = self._guaranteed(tenant)
+        return guaranteed is not None and self.held.get(tenant.id, 0) < guaranteed
+
+    def _room(self, tenant: Tenant) -> int:
+        """What may be in flight when ``tenant`` is admitted by the plain rule: the limit,
+        less the reserve for a key (requests without keys have no one to share with)."""
+        limit = self.limit
+        return limit if tenant.id == "" else min(limit, self.limiter.ceiling - self.reserve)
+
     def _take(self, tenant: Tenant, now: float) -> Ticket:
+        """One slot for ``tenant`` (already counted present)."""
+        guaranteed = self._guaranteed(tenant)
+        held = self.held.get(tenant.id, 0)
+        saturated = self.in_flight + 1 >= self._room(tenant) or bool(self._waiting)
         self.in_flight += 1
         self.admitted += 1
-        self.held[tenant.id] = self.held.get(tenant.id, 0) + 1
-        self._share_of[tenant.id] = tenant.share
+        self.held[tenant.id] = held + 1
         self.held_by_tier[tenant.tier] = self.held_by_tier.get(tenant.tier, 0) + 1
         self._idle.clear()
         self.utilization.set(min(1.0, self.in_flight / max(1, self.limit)), now)
-        return Ticket(tenant, now, self.in_flight - 1)
+        favoured = guaranteed is not None and held < guaranteed
+        return Ticket(tenant, now, self.in_flight - 1, favoured, saturated)
 
     async def acquire(self, tenant: Tenant = ANONYMOUS) -> Ticket:
         """Take one in-flight slot for a request, or raise a 503 error (then do not release)."""
         self._check_open()
         now = self._clock()
-        if (self.in_flight < self.limit and not self._waiting) or self._below_share(tenant):
+        if (self.in_flight < self._room(tenant) and not self._waiting) or self._below_share(tenant):
+            self._enter(tenant)
             return self._take(tenant, now)
         future: asyncio.Future[Ticket] = asyncio.get_running_loop().create_future()
         waiter = _Waiter(tenant, future, now)
         self._waiting.setdefault(tenant.id, deque()).append(waiter)
         self.waiting += 1
+        self._enter(tenant)
         try:
             await asyncio.wait({future}, timeout=self._queue_seconds)
         except asyncio.CancelledError:  # the client went away while it waited
@@ -220,68 +298,72 @@ class Admission:
             self.waiting -= 1
             if not queue:
                 del self._waiting[waiter.tenant.id]
+        self._exit(waiter.tenant.id)
 
-    def _below_share(self, tenant: Tenant) -> bool:
-        """Whether ``tenant`` holds less than its guaranteed share of the limit (the limit
-        split between the keys holding or waiting for slots, by share; at least one):
-        such a request is admitted at once, past the limit if need be (never past the
-        ceiling), so a key that floods cannot make another wait while the limit falls.
-        Only requests of keys over their share wait, and are shed."""
-        if tenant.id == "" or self.in_flight >= self.limiter.ceiling:
-            return False
-        held = self.held.get(tenant.id, 0)
-        active = {**{t: self._share_of.get(t, 1.0) for t in self.held}, tenant.id: tenant.share}
-        for tenant_id, queue in self._waiting.items():
-            active[tenant_id] = queue[0].tenant.share
-        if len(active) < 2:
-            return False  # one key alone: the limit is its share
-        guaranteed = max(1, int(self.limit * tenant.share / sum(active.values())))
-        return held < guaranteed
-
-    def _next_waiter(self) -> _Waiter | None:
-        """The waiter a free slot goes to: highest priority, then fewest slots held for
-        its share, then the longest waiting."""
+    def _best_queue(self) -> str | None:
+        """The key whose waiter a free slot goes to: highest priority, then fewest slots
+        held for its share, then the longest waiting."""
         best: tuple[int, float, float] | None = None
-        chosen = ""
+        chosen: str | None = None
         for tenant_id, queue in self._waiting.items():
             head = queue[0]
             rank = (-head.tenant.priority, self.held.get(tenant_id, 0) / head.tenant.share, head.enqueued)
             if best is None or rank < best:
                 best, chosen = rank, tenant_id
-        if best is None:
-            return None
-        queue = self._waiting[chosen]
+        return chosen
+
+    def _grant_to(self, tenant_id: str, now: float) -> None:
+        queue = self._waiting[tenant_id]
         waiter = queue.popleft()
         self.waiting -= 1
         if not queue:
-            del self._waiting[chosen]
-        return waiter
+            del self._waiting[tenant_id]
+        waiter.future.set_result(self._take(waiter.tenant, now))
 
-    def _grant(self) -> None:
-        now = self._clock()
-        while self.in_flight < self.limit:
-            waiter = self._next_waiter()
-            if waiter is None:
-                return
-            waiter.future.set_result(self._take(waiter.tenant, now))
+    def _grant(self, now: float) -> bool:
+        """Free slots to the waiters, best first, while the best may have one; whether
+        any was granted."""
+        granted = False
+        while (chosen := self._best_queue()) is not None:
+            tenant = self._waiting[chosen][0].tenant
+            if self.in_flight >= self._room(tenant) and not self._below_share(tenant):
+                break
+            self._grant_to(chosen, now)
+            granted = True
+        return granted
+
+    def _hand_over(self, releaser: Tenant, now: float) -> None:
+        """No slot is free (the limit has fallen below what is in flight); the slot a key
+        just gave back still goes to a waiting key that holds fewer for its share (what
+        is in flight does not grow), so a flood's slots pass to the others one
+        completion each instead of all waiting for the limit to be reached."""
+        chosen = self._best_queue()
+        if chosen is None or chosen == releaser.id or self.in_flight >= self.limiter.ceiling:
+            return
+        share = self._waiting[chosen][0].tenant.share
+        if self.held.get(chosen, 0) / share < (self.held.get(releaser.id, 0) + 1) / releaser.share:
+            self._grant_to(chosen, now)
 
     def release(self, ticket: Ticket, cost: Hashable | None = None) -> None:
         """Give back the slot taken by :meth:`acquire`; with ``cost``, the request's
         latency (admission to now) feeds the adaptive limit under that cost class."""
         now = self._clock()
         if cost is not None:
-            self.limiter.observe(cost, now - ticket.admitted_at, ticket.admitted_at, ticket.in_flight)
+            self.limiter.observe(
+                cost, now - ticket.admitted_at, ticket.admitted_at, ticket.in_flight, ticket.saturated
+            )
         self.in_flight -= 1
-        held = self.held[ticket.tenant.id] - 1
+        tenant = ticket.tenant
+        held = self.held[tenant.id] - 1
         if held:
-            self.held[ticket.tenant.id] = held
+            self.held[tenant.id] = held
         else:
-            del self.held[ticket.tenant.id]
-            self._share_of.pop(ticket.tenant.id, None)
-        self.held_by_tier[ticket.tenant.tier] -= 1
+            del self.held[tenant.id]
+        self._exit(tenant.id)
+        self.held_by_tier[tenant.tier] -= 1
         self.utilization.set(min(1.0, self.in_flight / max(1, self.limit)), now)
-        if self._waiting:
-            self._grant()
+        if self._waiting and not self._grant(now):
+            self._hand_over(tenant, now)
         if self.in_flight == 0:
             self._idle.set()
 

@@ -134,9 +134,18 @@ class AdaptiveLimit:
     def state(self) -> LimitState:
         return LimitState(self.limit, self.probing, self.sample_ratio, dict(self._baseline))
 
-    def observe(self, cost: Hashable, seconds: float, admitted_at: float, in_flight: int = 0) -> None:
+    def observe(
+        self,
+        cost: Hashable,
+        seconds: float,
+        admitted_at: float,
+        in_flight: int = 0,
+        saturated: bool | None = None,
+    ) -> None:
         """One completed request of cost class ``cost`` took ``seconds`` in flight, from
-        ``admitted_at`` (this clock), admitted with ``in_flight`` others in flight. One
+        ``admitted_at`` (this clock), admitted with ``in_flight`` others in flight;
+        ``saturated``: whether the limit bound when it was admitted (None: whether it
+        took the last slot; the admission knows better: its reserve, its queue). One
         admitted with at most the floor in flight is a quiet sample: the baseline is the p90
         of each class's last ``probe_samples`` quiet samples, so a gateway that is not
         saturated keeps its baseline fresh without ever probing."""
@@ -152,7 +161,8 @@ class AdaptiveLimit:
         baseline = self._baseline.get(cost)
         if baseline is None:
             return  # no quiet sample of this class yet: it says nothing about queueing
-        self._saturated = self._saturated or in_flight + 1 >= self.limit
+        bound = in_flight + 1 >= self.limit if saturated is None else saturated
+        self._saturated = self._saturated or bound
         self._window.append(seconds / baseline)
         if len(self._window) >= s.window_samples and now - self._window_started >= s.window_seconds:
             self._update(now)

@@ -24,7 +24,7 @@ from gateway.errors import (
 )
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.tracing import Tracing
-from gateway.serving.admission import ANONYMOUS, Admission, Tenant
+from gateway.serving.admission import ANONYMOUS, Admission, Tenant, Ticket
 from gateway.serving.catalog import CatalogEntry
 from gateway.serving.guard import GuardedBackend
 from gateway.serving.payload import ClassifyInput
@@ -51,10 +51,12 @@ def most_actionable(failures: Sequence[tuple[int, GatewayError]]) -> GatewayErro
     return error.at(index)
 
 
-def triton_priority(tenant: Tenant) -> int:
-    """Triton's priority for a tenant's calls: 1 (the highest of the models' two levels)
-    for a tier above the standard one, else 0 (the default level)."""
-    return 1 if tenant.priority > 0 else 0
+def triton_priority(tenant: Tenant, ticket: Ticket | None = None) -> int:
+    """Triton's priority for a request's calls: 1 (the highest of the models' two levels)
+    for a tier above the standard one, or for a request admitted while its key held less
+    than its share and other keys contended (so it does not queue inside Triton behind a
+    flood the gateway admitted earlier); else 0 (the default level)."""
+    return 1 if tenant.priority > 0 or (ticket is not None and ticket.favoured) else 0
 
 
 def rows(inputs: Sequence[Tensor]) -> int:
@@ -69,8 +71,8 @@ def cost_bucket(inputs: int) -> int:
 
 
 @contextlib.asynccontextmanager
-async def _no_slot() -> AsyncIterator[None]:
-    yield
+async def _no_slot() -> AsyncIterator[Ticket | None]:
+    yield None
 
 
 class InferencePlane:
@@ -112,7 +114,7 @@ class InferencePlane:
             if admitted
             else _no_slot()
         )
-        async with slot:
+        async with slot as ticket:
             with tracing.span(f"validate {kind.noun}s", {"gateway.inputs": count}):
                 await self.workers.run(kind.payload_bytes(payload), kind.check, payload, entry.caps)
             metrics = self.metrics
@@ -120,7 +122,7 @@ class InferencePlane:
             metrics.child(metrics.inputs, model).observe(count)
             calls = kind.calls(payload, top_k, entry.caps)
             invalid = kind.invalid()
-            priority = triton_priority(tenant)
+            priority = triton_priority(tenant, ticket)
             with self.backend.circuit(model):
                 if len(calls) == 1 and not (kind.isolates_failures and rows(calls[0]) > 1):
                     answers = [
@@ -191,7 +193,7 @@ class InferencePlane:
             if admitted
             else _no_slot()
         )
-        async with slot:
+        async with slot as ticket:
             with self.backend.circuit(model):
                 return await self.backend.infer(
                     model,
@@ -200,5 +202,5 @@ class InferencePlane:
                     request_id,
                     outputs,
                     invalid=InvalidInputError("the model rejected the input"),
-                    priority=triton_priority(tenant),
+                    priority=triton_priority(tenant, ticket),
                 )

@@ -145,16 +145,15 @@ def test_a_flooding_key_leaves_another_its_latency(
         f"quiet alone: median {ms(alone.p(0.5))}, p99 {ms(alone.p(0.99))}; beside 150 flood connections: "
         f"{quiet.statuses()} {quiet.problems()}, median {ms(quiet.p(0.5))}, p99 {ms(quiet.p(0.99))}; flood: {flood}"
     )
-    # 503s for the quiet key: 0, 0, 0, 1, 3, 2, 2 over 7 runs (before: 2-8 in ~55). Not yet
-    # bounded here: at the flood's start the limit sits at its ceiling (it grew while the
-    # load was light) and the ceiling bounds the quiet key's overdraft too. Reported only.
-    assert set(quiet.statuses()) <= {200, 503}
-    assert quiet.statuses().get(200, 0) >= 10
+    # 503s for the quiet key: none over 5 runs since a key over its share leaves the last
+    # 1/16 of the ceiling to the others and hands a slot back to them when the limit has
+    # fallen (0-3 per run before that; 2-8 in ~55 on the code the issue was filed on)
+    assert quiet.statuses() == {200: len(quiet.answers)}, quiet.problems()
     assert len(quiet.answers) >= 12
     assert flood["refused"] > flood["requests"] / 2  # the flood was far over capacity
-    # before: 10x (41 -> 401 ms); here 3.1-8.1x over 7 runs (the flood's refusals share the
-    # two cores with Triton): bounded at the before
-    assert quiet.p(0.5) < 10 * alone.p(0.5)
+    # before: 10x (41 -> 401 ms); here 2.5-4x over 5 runs (its requests go first inside
+    # Triton too; the flood's 1,300 refusals a second share the two cores with Triton)
+    assert quiet.p(0.5) < 8 * alone.p(0.5)
 
 
 FLOOD_SCRIPT = """

@@ -116,7 +116,14 @@ class Shrunk:
     probing: bool = False
     sample_ratio: float = 0.0
 
-    def observe(self, cost: object, seconds: float, admitted_at: float, in_flight: int = 0) -> None:
+    def observe(
+        self,
+        cost: object,
+        seconds: float,
+        admitted_at: float,
+        in_flight: int = 0,
+        saturated: bool | None = None,
+    ) -> None:
         return None
 
 
@@ -138,6 +145,46 @@ async def test_a_key_below_its_share_is_admitted_at_once_while_the_limit_falls()
         admission.release(ticket)
     flooding.cancel()
     await asyncio.gather(flooding, return_exceptions=True)
+
+
+@run
+async def test_at_the_ceiling_a_slot_the_flood_gives_back_goes_to_the_other_key() -> None:
+    limiter = Shrunk(limit=4, ceiling=4)
+    admission = Admission(limiter, queue_seconds=5, retry_after=1)
+    held = [await admission.acquire(FLOOD) for _ in range(4)]  # the flood holds the ceiling
+    limiter.limit = 1  # then Triton slows down: 4 in flight, 1 allowed
+    flooding = asyncio.create_task(admission.acquire(FLOOD))
+    quiet = asyncio.create_task(admission.acquire(QUIET))
+    await asyncio.sleep(0)
+    assert not quiet.done()  # no slot under the ceiling
+    admission.release(held.pop())  # still 3 in flight over a limit of 1: handed over
+    assert (await asyncio.wait_for(quiet, 1)).tenant == QUIET
+    assert admission.held == {"flood": 3, "quiet": 1}
+    admission.release(held.pop())  # only the flood waits: its own slot is not handed back
+    await asyncio.sleep(0)
+    assert not flooding.done()
+    assert admission.in_flight == 3
+    flooding.cancel()
+    await asyncio.gather(flooding, return_exceptions=True)
+
+
+@run
+async def test_a_key_over_its_share_leaves_the_reserve_for_the_others() -> None:
+    admission = Admission(64, queue_seconds=0.01, retry_after=1)
+    assert admission.reserve == 4
+    held = [await admission.acquire(FLOOD) for _ in range(60)]
+    with pytest.raises(OverloadedError):  # the last 4 of the ceiling are not the flood's
+        await admission.acquire(FLOOD)
+    quiet = await asyncio.wait_for(admission.acquire(QUIET), 1)  # at once, from the reserve
+    assert quiet.favoured  # ahead of the flood in Triton
+    assert not held[-1].favoured
+    assert admission.in_flight == 61
+    for ticket in [*held, quiet]:
+        admission.release(ticket)
+    anonymous = [await admission.acquire() for _ in range(64)]  # without keys: no reserve
+    assert admission.in_flight == 64
+    for ticket in anonymous:
+        admission.release(ticket)
 
 
 @run
