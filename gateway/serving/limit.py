@@ -2,11 +2,13 @@
 
 AIMD anchored to a measured latency, in the manner of Envoy's adaptive concurrency filter:
 
-- **Baseline.** Every ``probe_interval_seconds`` (jittered; the first within 5 s of start),
-  the limit is held at its floor until ``probe_samples`` requests admitted during the
-  probe have completed; their p90 latency, per cost class (the windows' statistic, so
-  latency's own spread never reads as queueing), is the baseline: what a
-  request costs Triton with almost nothing queued. A probe also starts at once when the
+- **Baseline.** A request admitted with nothing else in flight is a quiet sample; the p90
+  of each cost class's last ``probe_samples`` quiet samples (the windows' statistic, so
+  latency's own spread never reads as queueing) is the baseline: what a request costs
+  Triton with almost nothing queued. When the limit binds and no quiet sample has come
+  for ``probe_interval_seconds`` (jittered; within 5 s of start for the first), the limit
+  is held at its floor until ``probe_samples`` requests admitted during the probe have
+  completed. A gateway below its limit never probes. A probe also starts at once when the
   limit has sat at its floor for ``floor_windows`` windows (Triton slowed down: the old
   baseline makes every latency look congested) and when a window's p90 is under three quarters of
   the baseline (Triton got faster). So the anchor follows Triton both ways in about a
@@ -158,15 +160,19 @@ class AdaptiveLimit:
             if now - self._probe_started > s.probe_timeout_seconds or self._probe_count >= s.probe_samples:
                 self._end_probe(now)
             return
+        bound = in_flight + 1 >= self.limit if saturated is None else saturated
         baseline = self._baseline.get(cost)
         if baseline is None:
-            return  # no quiet sample of this class yet: it says nothing about queueing
-        bound = in_flight + 1 >= self.limit if saturated is None else saturated
+            # no quiet sample of this class yet: it says nothing about queueing; if the
+            # limit binds, it is time to measure one
+            if bound and now >= self._fresh_until:
+                self._start_probe(now)
+            return
         self._saturated = self._saturated or bound
         self._window.append(seconds / baseline)
         if len(self._window) >= s.window_samples and now - self._window_started >= s.window_seconds:
             self._update(now)
-        elif now >= self._fresh_until:
+        elif now >= self._fresh_until and self._saturated:
             self._start_probe(now)
 
     def _quiet_sample(self, cost: Hashable, seconds: float, now: float) -> None:
@@ -197,9 +203,11 @@ class AdaptiveLimit:
             moved = self._limit
         self._limit = max(float(s.floor), min(float(s.ceiling), moved))
         self._at_floor = self._at_floor + 1 if self._limit < s.floor + 1 else 0
-        # a limit stuck at the floor (Triton slowed down), requests far faster than the
-        # baseline (it recovered) or no quiet sample for a while (saturated): measure now
-        if self._at_floor >= s.floor_windows or ratio < FASTER or now >= self._fresh_until:
+        # while the limit binds, a limit stuck at the floor (Triton slowed down), requests
+        # far faster than the baseline (it recovered) or no quiet sample for a while:
+        # measure now (a gateway below its limit never probes: a probe would shed a burst
+        # the limit has room for, and the baseline matters only once the limit binds)
+        if saturated and (self._at_floor >= s.floor_windows or ratio < FASTER or now >= self._fresh_until):
             self._start_probe(now)
 
     def _start_probe(self, now: float) -> None:

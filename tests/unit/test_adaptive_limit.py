@@ -132,3 +132,19 @@ def test_slow_answers_below_the_limit_do_not_lower_it() -> None:
         limit.observe("text", 0.05, clock.now - 0.05, max(1, limit.limit - 1))
         lowest = min(lowest, limit.limit)
     assert lowest < 32
+
+
+def test_a_gateway_below_its_limit_never_probes() -> None:
+    """8 requests always in flight under a ceiling of 64 (never a quiet sample), 5x faster
+    than the first (cold) request: holding the limit at the floor to measure a baseline
+    would shed a burst there is room for."""
+    clock = Clock()
+    limit = adaptive(clock)
+    limit.observe("text", 0.1, clock.now, 0)  # one quiet sample (a cold first one), then never again
+    lowest = limit.limit
+    for _ in range(12_000):  # two minutes
+        clock.now += 0.01
+        limit.observe("text", 0.02, clock.now - 0.02, 7)
+        lowest = min(lowest, limit.limit)
+        assert not limit.probing
+    assert lowest == 64
