@@ -14,9 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
-from starlette.datastructures import UploadFile
-from starlette.exceptions import HTTPException
-from starlette.formparsers import MultiPartException
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import Message, Receive
 
@@ -29,6 +26,7 @@ from gateway.errors import (
     summarise_validation_errors,
 )
 from gateway.http.budget import reservation_of
+from gateway.http.multipart import FileParts, boundary_of
 from gateway.http.schemas import ClassifyJSONRequest, classify_json_model
 from gateway.serving.jsonguard import WHOLE_BYTES, JsonBounds, JsonScan, parse_scanned
 from gateway.serving.payload import RAW_IMAGE_TYPES, ClassifyInput
@@ -285,25 +283,19 @@ async def read_json(
 
 
 async def _read_multipart(request: Request, settings: Settings) -> ClassifyInput:
+    parts = FileParts(
+        boundary_of(request.headers.get("content-type", "")),
+        max_parts=_MAX_PARTS,
+        max_files=settings.image.max_images,
+        max_file_bytes=settings.image.max_bytes,
+    )
     capped = Request(
         request.scope, _capped(request, settings.max_body_bytes, settings.server.body_timeout_seconds)
     )
-    try:
-        async with capped.form(max_files=_MAX_PARTS, max_fields=_MAX_PARTS) as form:
-            parts = form.getlist("file")
-            check_count(len(parts), settings.image.max_images, "images ('file' parts)")
-            images: list[bytes] = []
-            for index, part in enumerate(parts):
-                if not isinstance(part, UploadFile):
-                    raise InvalidInputError("a 'file' part must be a file upload").at(index)
-                if part.size is not None and part.size > settings.image.max_bytes:
-                    raise PayloadTooLargeError(
-                        f"the image is {part.size} bytes; the limit is {settings.image.max_bytes}"
-                    ).at(index)
-                images.append(await part.read())
-    except (MultiPartException, HTTPException) as exc:
-        raise MalformedRequestError("the multipart body is malformed") from exc
-    return ClassifyInput(images=images)
+    async for piece in capped.stream():
+        if piece:
+            parts.feed(piece)
+    return ClassifyInput(images=parts.finish())
 
 
 async def _read_raw(request: Request, settings: Settings) -> ClassifyInput:
