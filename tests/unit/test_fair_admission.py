@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gateway.errors import OverloadedError
-from gateway.serving.admission import Admission, Tenant, Ticket
+from gateway.serving.admission import Admission, StaticLimit, Tenant, Ticket
 
 FLOOD = Tenant("flood")
 QUIET = Tenant("quiet")
@@ -108,23 +108,14 @@ async def test_a_cancelled_waiter_returns_a_slot_granted_to_it() -> None:
 
 
 @dataclass
-class Shrunk:
+class Shrunk(StaticLimit):
     """A limit that has just fallen below what is in flight (ceiling above it)."""
 
-    limit: int = 2
-    ceiling: int = 10
-    probing: bool = False
-    sample_ratio: float = 0.0
+    top: int = 10
 
-    def observe(
-        self,
-        cost: object,
-        seconds: float,
-        admitted_at: float,
-        in_flight: int = 0,
-        saturated: bool | None = None,
-    ) -> None:
-        return None
+    @property
+    def ceiling(self) -> int:
+        return self.top
 
 
 @run
@@ -149,7 +140,7 @@ async def test_a_key_below_its_share_is_admitted_at_once_while_the_limit_falls()
 
 @run
 async def test_at_the_ceiling_a_slot_the_flood_gives_back_goes_to_the_other_key() -> None:
-    limiter = Shrunk(limit=4, ceiling=4)
+    limiter = Shrunk(limit=4, top=4)
     admission = Admission(limiter, queue_seconds=5, retry_after=1)
     held = [await admission.acquire(FLOOD) for _ in range(4)]  # the flood holds the ceiling
     limiter.limit = 1  # then Triton slows down: 4 in flight, 1 allowed
@@ -185,6 +176,35 @@ async def test_a_key_over_its_share_leaves_the_reserve_for_the_others() -> None:
     assert admission.in_flight == 64
     for ticket in anonymous:
         admission.release(ticket)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@run
+async def test_a_standing_queue_shortens_the_wait() -> None:
+    """A queue that has not been empty for queue_seconds is overload, not a burst: from
+    then on a newcomer waits a twentieth of it, so the admitted stop paying the whole wait."""
+    clock = Clock()
+    admission = Admission(1, queue_seconds=2.0, retry_after=1, clock=clock)
+    ticket = await admission.acquire(FLOOD)
+    assert admission.queue_wait(clock.now) == 2.0  # an empty queue: a burst may wait it all
+    first = asyncio.create_task(admission.acquire(FLOOD))
+    await asyncio.sleep(0)
+    clock.now = 1.0
+    assert admission.queue_wait(clock.now) == 2.0  # queued for 1 s of 2: still a burst
+    clock.now = 2.5
+    assert admission.queue_wait(clock.now) == pytest.approx(0.1)
+    with pytest.raises(OverloadedError):  # shed after 0.1 s, long before the 2 s
+        await asyncio.wait_for(admission.acquire(FLOOD), 1.0)
+    admission.release(ticket)  # the first waiter gets the slot: the queue is empty again
+    admission.release(await first)
+    assert admission.queue_wait(clock.now) == 2.0
 
 
 @run
