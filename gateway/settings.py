@@ -211,11 +211,7 @@ class ServerSettings(BaseModel):
     )
     adaptive: AdaptiveSettings = Field(default_factory=AdaptiveSettings)
     queue_seconds: float = Field(
-        0.1,
-        ge=0,
-        le=30,
-        description="How long a request may wait for an in-flight slot before 503 (a twentieth of it "
-        "once the queue has not been empty for this long: a standing queue is overload, not a burst).",
+        0.1, ge=0, le=30, description="How long a request may wait for an in-flight slot before 503."
     )
     retry_after_seconds: int = Field(
         1, ge=1, le=3600, description="Retry-After sent with 503 overloaded and shutting-down."

@@ -3,9 +3,8 @@ and the drain at shutdown.
 
 The limit is adaptive (:mod:`gateway.serving.limit`: it follows what Triton can do now,
 ``max_in_flight`` its ceiling) or static. Past it a request waits a short time
-(``queue_seconds``; a twentieth of it once the queue has stood non-empty that long), then
-gets 503 ``overloaded`` with Retry-After: under overload clients hear "no" in
-milliseconds instead of queueing into the Triton deadline.
+(``queue_seconds``), then gets 503 ``overloaded`` with Retry-After: under overload clients
+hear "no" in milliseconds instead of queueing into the Triton deadline.
 
 Waiting requests are not served in arrival order. When a slot frees, it goes to the
 waiting key of the highest tier priority and, among those, to the one holding the fewest
@@ -41,10 +40,6 @@ if TYPE_CHECKING:
 
 # a key over its share may not take the last ceiling // RESERVE_FRACTION slots
 RESERVE_FRACTION = 16
-# A standing queue (one never empty for queue_seconds) is overload, not a burst: from
-# then on a request waits at most this share of queue_seconds (controlled delay, as
-# Facebook's servers do it), so admitted requests stop paying the whole queue wait.
-STANDING_QUEUE_SHARE = 0.05
 
 
 @dataclass(frozen=True)
@@ -182,7 +177,6 @@ class Admission:
         self._shares = 0.0
         self._waiting: dict[str, deque[_Waiter]] = {}
         self.waiting = 0
-        self._queued_since: float | None = None  # when the queue was last empty
         self.utilization = Utilization()
         self.leaving = False  # /readyz says 503; requests are still admitted
         self.draining = False
@@ -271,10 +265,10 @@ class Admission:
         future: asyncio.Future[Ticket] = asyncio.get_running_loop().create_future()
         waiter = _Waiter(tenant, future, now)
         self._waiting.setdefault(tenant.id, deque()).append(waiter)
-        self._queued(+1, now)
+        self.waiting += 1
         self._enter(tenant)
         try:
-            await asyncio.wait({future}, timeout=self.queue_wait(now))
+            await asyncio.wait({future}, timeout=self._queue_seconds)
         except asyncio.CancelledError:  # the client went away while it waited
             self._leave(waiter)
             raise
@@ -291,21 +285,6 @@ class Admission:
             self._check_open()
         return ticket
 
-    def _queued(self, change: int, now: float) -> None:
-        self.waiting += change
-        if not self.waiting:
-            self._queued_since = None
-        elif self._queued_since is None:
-            self._queued_since = now
-
-    def queue_wait(self, now: float) -> float:
-        """How long a request arriving now may wait for a slot: ``queue_seconds``, or a
-        twentieth of it once the queue has not been empty for ``queue_seconds``."""
-        since = self._queued_since
-        if since is not None and now - since >= self._queue_seconds:
-            return self._queue_seconds * STANDING_QUEUE_SHARE
-        return self._queue_seconds
-
     def _leave(self, waiter: _Waiter) -> None:
         """A waiter gives up: out of its queue; a slot granted to it meanwhile goes back."""
         if waiter.future.done():
@@ -316,7 +295,7 @@ class Admission:
         queue = self._waiting.get(waiter.tenant.id)
         if queue is not None:
             queue.remove(waiter)
-            self._queued(-1, self._clock())
+            self.waiting -= 1
             if not queue:
                 del self._waiting[waiter.tenant.id]
         self._exit(waiter.tenant.id)
@@ -336,7 +315,7 @@ class Admission:
     def _grant_to(self, tenant_id: str, now: float) -> None:
         queue = self._waiting[tenant_id]
         waiter = queue.popleft()
-        self._queued(-1, now)
+        self.waiting -= 1
         if not queue:
             del self._waiting[tenant_id]
         waiter.future.set_result(self._take(waiter.tenant, now))

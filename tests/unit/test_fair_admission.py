@@ -178,35 +178,6 @@ async def test_a_key_over_its_share_leaves_the_reserve_for_the_others() -> None:
         admission.release(ticket)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@run
-async def test_a_standing_queue_shortens_the_wait() -> None:
-    """A queue that has not been empty for queue_seconds is overload, not a burst: from
-    then on a newcomer waits a twentieth of it, so the admitted stop paying the whole wait."""
-    clock = Clock()
-    admission = Admission(1, queue_seconds=2.0, retry_after=1, clock=clock)
-    ticket = await admission.acquire(FLOOD)
-    assert admission.queue_wait(clock.now) == 2.0  # an empty queue: a burst may wait it all
-    first = asyncio.create_task(admission.acquire(FLOOD))
-    await asyncio.sleep(0)
-    clock.now = 1.0
-    assert admission.queue_wait(clock.now) == 2.0  # queued for 1 s of 2: still a burst
-    clock.now = 2.5
-    assert admission.queue_wait(clock.now) == pytest.approx(0.1)
-    with pytest.raises(OverloadedError):  # shed after 0.1 s, long before the 2 s
-        await asyncio.wait_for(admission.acquire(FLOOD), 1.0)
-    admission.release(ticket)  # the first waiter gets the slot: the queue is empty again
-    admission.release(await first)
-    assert admission.queue_wait(clock.now) == 2.0
-
-
 @run
 async def test_without_keys_the_limit_is_the_only_rule() -> None:
     limiter = Shrunk(limit=1)
