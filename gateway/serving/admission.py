@@ -4,7 +4,8 @@ and the drain at shutdown.
 The limit is adaptive (:mod:`gateway.serving.limit`: it follows what Triton can do now,
 ``max_in_flight`` its ceiling) or static. Past it a request waits a short time
 (``queue_seconds``), then gets 503 ``overloaded`` with Retry-After: under overload clients
-hear "no" in milliseconds instead of queueing into the Triton deadline.
+hear "no" in milliseconds instead of queueing into the Triton deadline. Once the queue
+has stood non-empty that long, the newest waiter is served first (adaptive LIFO).
 
 Waiting requests are not served in arrival order. When a slot frees, it goes to the
 waiting key of the highest tier priority and, among those, to the one holding the fewest
@@ -177,6 +178,7 @@ class Admission:
         self._shares = 0.0
         self._waiting: dict[str, deque[_Waiter]] = {}
         self.waiting = 0
+        self._queued_since: float | None = None  # when the queue last stopped being empty
         self.utilization = Utilization()
         self.leaving = False  # /readyz says 503; requests are still admitted
         self.draining = False
@@ -265,7 +267,7 @@ class Admission:
         future: asyncio.Future[Ticket] = asyncio.get_running_loop().create_future()
         waiter = _Waiter(tenant, future, now)
         self._waiting.setdefault(tenant.id, deque()).append(waiter)
-        self.waiting += 1
+        self._queued(+1, now)
         self._enter(tenant)
         try:
             await asyncio.wait({future}, timeout=self._queue_seconds)
@@ -295,37 +297,55 @@ class Admission:
         queue = self._waiting.get(waiter.tenant.id)
         if queue is not None:
             queue.remove(waiter)
-            self.waiting -= 1
+            self._queued(-1, self._clock())
             if not queue:
                 del self._waiting[waiter.tenant.id]
         self._exit(waiter.tenant.id)
 
-    def _best_queue(self) -> str | None:
+    def _queued(self, change: int, now: float) -> None:
+        self.waiting += change
+        if not self.waiting:
+            self._queued_since = None
+        elif self._queued_since is None:
+            self._queued_since = now
+
+    def standing(self, now: float) -> bool:
+        """Whether the queue has not been empty for ``queue_seconds``: overload, not a
+        burst. Then the newest waiter is served first (adaptive LIFO, as Facebook's
+        servers do it): each waiter still waits its whole ``queue_seconds`` before a 503,
+        so as many are refused, no sooner (a faster 503 only brings the next request
+        sooner), but the requests admitted have waited milliseconds, not the whole queue."""
+        since = self._queued_since
+        return since is not None and now - since >= self._queue_seconds
+
+    def _best_queue(self, now: float) -> str | None:
         """The key whose waiter a free slot goes to: highest priority, then fewest slots
-        held for its share, then the longest waiting."""
+        held for its share, then the longest waiting (the newest, under a standing queue)."""
+        newest = self.standing(now)
         best: tuple[int, float, float] | None = None
         chosen: str | None = None
         for tenant_id, queue in self._waiting.items():
             head = queue[0]
-            rank = (-head.tenant.priority, self.held.get(tenant_id, 0) / head.tenant.share, head.enqueued)
+            waited = -queue[-1].enqueued if newest else head.enqueued
+            rank = (-head.tenant.priority, self.held.get(tenant_id, 0) / head.tenant.share, waited)
             if best is None or rank < best:
                 best, chosen = rank, tenant_id
         return chosen
 
     def _grant_to(self, tenant_id: str, now: float) -> None:
         queue = self._waiting[tenant_id]
-        waiter = queue.popleft()
-        self.waiting -= 1
+        waiter = queue.pop() if self.standing(now) else queue.popleft()
         if not queue:
             del self._waiting[tenant_id]
+        self._queued(-1, now)
         waiter.future.set_result(self._take(waiter.tenant, now))
 
     def _grant(self, now: float) -> bool:
         """Free slots to the waiters, best first, while the best may have one; whether
         any was granted."""
         granted = False
-        while (chosen := self._best_queue()) is not None:
-            tenant = self._waiting[chosen][0].tenant
+        while (chosen := self._best_queue(now)) is not None:
+            tenant = self._waiting[chosen][0].tenant  # a key's waiters share its tenant
             if self.in_flight >= self._room(tenant) and not self._below_share(tenant):
                 break
             self._grant_to(chosen, now)
@@ -337,7 +357,7 @@ class Admission:
         just gave back still goes to a waiting key that holds fewer for its share (what
         is in flight does not grow), so a flood's slots pass to the others one
         completion each instead of all waiting for the limit to be reached."""
-        chosen = self._best_queue()
+        chosen = self._best_queue(now)
         if chosen is None or chosen == releaser.id or self.in_flight >= self.limiter.ceiling:
             return
         share = self._waiting[chosen][0].tenant.share

@@ -178,6 +178,43 @@ async def test_a_key_over_its_share_leaves_the_reserve_for_the_others() -> None:
         admission.release(ticket)
 
 
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@run
+async def test_a_standing_queue_serves_the_newest_first() -> None:
+    """A queue not empty for queue_seconds is overload, not a burst: a freed slot goes to
+    the newest waiter, so the admitted do not pay the whole wait (the oldest still get
+    their whole queue_seconds before a 503, no sooner)."""
+    clock = Clock()
+    admission = Admission(1, queue_seconds=2.0, retry_after=1, clock=clock)
+    ticket = await admission.acquire(FLOOD)
+    oldest = asyncio.create_task(admission.acquire(FLOOD))
+    await asyncio.sleep(0)
+    clock.now = 1.0
+    middle = asyncio.create_task(admission.acquire(FLOOD))
+    await asyncio.sleep(0)
+    assert not admission.standing(clock.now)  # queued for 1 s of 2: a burst, first come first served
+    admission.release(ticket)
+    ticket = await oldest
+    clock.now = 2.5
+    newest = asyncio.create_task(admission.acquire(FLOOD))
+    await asyncio.sleep(0)
+    assert admission.standing(clock.now)  # the queue has not been empty since 1.0
+    admission.release(ticket)
+    ticket = await asyncio.wait_for(newest, 1)
+    assert not middle.done()  # it keeps waiting its own queue_seconds
+    admission.release(ticket)
+    admission.release(await middle)
+    assert not admission.standing(clock.now)  # empty again
+    assert admission.waiting == 0
+
+
 @run
 async def test_without_keys_the_limit_is_the_only_rule() -> None:
     limiter = Shrunk(limit=1)
