@@ -34,6 +34,7 @@ from gateway.serving.catalog import Catalog
 from gateway.serving.control import ModelControl, RoutingControl
 from gateway.serving.dispatch import Dispatcher
 from gateway.serving.guard import GuardedBackend
+from gateway.serving.heap import keep_heap
 from gateway.serving.plane import InferencePlane
 from gateway.serving.rollout import RolloutRunner
 from gateway.serving.workers import CheckWorkers
@@ -143,6 +144,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[GatewayState]:
         # Network clients belong to the server's event loop: built here, not at import.
+        keep_heap(settings.server.heap_keep_bytes)
         tracing.start()
         # the transport, behind the serving side's breaker, probe and signature cache
         backend = GuardedBackend(make_backend(settings, metrics, tracing), settings.triton, metrics)

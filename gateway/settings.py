@@ -234,6 +234,15 @@ class ServerSettings(BaseModel):
     keep_alive_seconds: float = Field(
         5.0, gt=0, le=300, description="Idle keep-alive connections are closed after this."
     )
+    heap_keep_bytes: int = Field(
+        128 * MiB,
+        ge=0,
+        le=64 * 1024 * MiB,
+        description="Freed C heap the process keeps for the next requests instead of giving it back "
+        "(glibc; blocks under 4 MiB come from the heap): an image buffer reuses pages already mapped "
+        "instead of faulting them in again (about 0.9 ms of an 8-image request's CPU). RSS stays up to "
+        "this much above what is in use after a peak; 0: glibc's defaults.",
+    )
     max_body_bytes_in_flight: int = Field(
         256 * MiB,
         ge=1 * MiB,

@@ -41,7 +41,8 @@ class FileParts:
         self._max_file_bytes = max_file_bytes
         self.files: list[bytes] = []
         self._parts = 0
-        self._current: list[bytes] | None = None  # the file part being read (None: skipped)
+        # the file part being read, as views of the pieces (None: skipped)
+        self._current: list[memoryview] | None = None
         self._size = 0
         self._header_bytes = 0
         self._header_name = bytearray()
@@ -133,11 +134,10 @@ class FileParts:
             raise PayloadTooLargeError(
                 f"the image is over {self._max_file_bytes} bytes; the limit is {self._max_file_bytes}"
             ).at(len(self.files))
-        current.append(data[start:end])
+        current.append(memoryview(data)[start:end])  # copied once, when the part ends
 
     def _part_end(self) -> None:
         if self._current is not None:
-            # one piece (the usual case: the part arrived in one read) is not copied again
             self.files.append(b"".join(self._current))
             self._current = None
 
