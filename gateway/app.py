@@ -199,7 +199,12 @@ def create_app(
             door = InferenceDoor(settings, dispatcher, backend, metrics, tracing, api_keys, limiter)
             # the largest OIP request the gateway takes, and its answer
             grpc_door = await serve_grpc(
-                door, settings.grpc_host, settings.grpc.port, settings.max_json_body_bytes + 1024 * 1024
+                door,
+                settings.grpc_host,
+                settings.grpc.port,
+                settings.max_json_body_bytes + 1024 * 1024,
+                settings.grpc.max_concurrent_calls,
+                settings.grpc.max_streams_per_connection,
             )
         try:
             yield GatewayState(

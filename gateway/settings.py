@@ -559,6 +559,21 @@ class GrpcSettings(BaseModel):
     grace_seconds: float = Field(
         5.0, ge=0, le=300, description="At shutdown, how long calls in flight may finish."
     )
+    max_concurrent_calls: int = Field(
+        64,
+        ge=1,
+        le=100_000,
+        description="Calls the gRPC door runs at once; more are refused at once with RESOURCE_EXHAUSTED "
+        "before their message is handled. gRPC reads a whole message before the call starts, so the "
+        "door holds at most this many messages (each up to the largest OIP request) at a time.",
+    )
+    max_streams_per_connection: int = Field(
+        32,
+        ge=1,
+        le=10_000,
+        description="HTTP/2 streams one client connection may have open at once (gRPC's "
+        "max_concurrent_streams): one connection cannot take every call slot by itself.",
+    )
 
 
 class OpenAISettings(BaseModel):

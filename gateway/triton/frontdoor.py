@@ -292,17 +292,26 @@ class FrontDoor:
 
 
 async def serve(
-    door: Door, host: str, port: int, max_message_bytes: int, health_seconds: float = 2.0
+    door: Door,
+    host: str,
+    port: int,
+    max_message_bytes: int,
+    max_calls: int,
+    max_streams: int,
+    health_seconds: float = 2.0,
 ) -> FrontDoor:
     """Start the gRPC door on ``host:port`` (an aio server, on the running loop), with the
-    health service."""
+    health service; at most ``max_calls`` calls at once (more: RESOURCE_EXHAUSTED at once)
+    and ``max_streams`` per connection."""
     from grpc_health.v1 import health, health_pb2_grpc
 
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
-        ]
+            ("grpc.max_concurrent_streams", max_streams),
+        ],
+        maximum_concurrent_rpcs=max_calls,
     )
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(door), server)
     servicer = health.aio.HealthServicer()

@@ -6,6 +6,7 @@ perf_analyzer -i grpc on both shipped models."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -198,3 +199,44 @@ def test_the_grpc_health_service_answers_without_a_key(door: tuple[str, httpx.Cl
         with pytest.raises(grpc.RpcError) as unknown:
             stub.Check(health_pb2.HealthCheckRequest(service="nope"), timeout=10)
         assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_calls_past_the_doors_cap_are_refused_at_once(
+    triton: TritonServer, serve_gateway: Callable[[Settings], httpx.Client]
+) -> None:
+    """gRPC reads a whole message before a call starts: the door runs at most
+    max_concurrent_calls at once (memory: that many messages), the rest hear
+    RESOURCE_EXHAUSTED at once. Triton is stopped so the first calls stay in flight."""
+    port = free_port()
+    serve_gateway(
+        gateway_settings(triton, grpc={"port": port, "host": "127.0.0.1", "max_concurrent_calls": 2})
+    )
+
+    async def calls() -> list[str]:
+        client = tritongrpc_aio.InferenceServerClient(f"127.0.0.1:{port}")
+        await client.is_server_live()  # the channel is up before the burst
+
+        async def one() -> str:
+            try:
+                await client.infer("text_classifier", _text_inputs(tritongrpc_aio), client_timeout=20)
+                return "OK"
+            except InferenceServerException as exc:
+                return str(exc.status())
+
+        burst = [asyncio.create_task(one()) for _ in range(5)]
+        await asyncio.sleep(1.5)
+        refused = [task.result() for task in burst if task.done()]
+        triton.send_signal(signal.SIGCONT)
+        answers = await asyncio.gather(*burst)
+        await client.close()
+        return [*refused, "|", *answers]
+
+    triton.send_signal(signal.SIGSTOP)
+    try:
+        codes = asyncio.run(calls())
+    finally:
+        triton.send_signal(signal.SIGCONT)
+    early, answers = codes[: codes.index("|")], codes[codes.index("|") + 1 :]
+    # the three past the cap were refused while Triton was stopped, not after it resumed
+    assert early == ["StatusCode.RESOURCE_EXHAUSTED"] * 3, codes
+    assert sorted(answers) == ["OK", "OK", *["StatusCode.RESOURCE_EXHAUSTED"] * 3], codes

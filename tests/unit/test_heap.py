@@ -28,9 +28,14 @@ print(json.dumps({"took": took, "faults": faults() - before}))
 
 def faults(keep_bytes: int) -> dict[str, int]:
     out = subprocess.run(
-        [sys.executable, "-c", PROGRAM, str(keep_bytes)], capture_output=True, text=True, check=True, timeout=60
+        [sys.executable, "-c", PROGRAM, str(keep_bytes)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
     )
-    return json.loads(out.stdout)
+    found: dict[str, int] = json.loads(out.stdout)
+    return found
 
 
 def test_kept_heap_serves_the_next_images_without_faulting_their_pages_in() -> None:
