@@ -224,7 +224,7 @@ def test_calls_past_the_doors_cap_are_refused_at_once(
                 return str(exc.status())
 
         burst = [asyncio.create_task(one()) for _ in range(5)]
-        await asyncio.sleep(1.5)
+        await asyncio.sleep(0.5)
         refused = [task.result() for task in burst if task.done()]
         triton.send_signal(signal.SIGCONT)
         answers = await asyncio.gather(*burst)
@@ -237,6 +237,7 @@ def test_calls_past_the_doors_cap_are_refused_at_once(
     finally:
         triton.send_signal(signal.SIGCONT)
     early, answers = codes[: codes.index("|")], codes[codes.index("|") + 1 :]
-    # the three past the cap were refused while Triton was stopped, not after it resumed
+    # the three past the cap were refused at once, while the two admitted waited on Triton
+    # (they end as Triton's answer or the gateway's Triton timeout, never as a refusal)
     assert early == ["StatusCode.RESOURCE_EXHAUSTED"] * 3, codes
-    assert sorted(answers) == ["OK", "OK", *["StatusCode.RESOURCE_EXHAUSTED"] * 3], codes
+    assert answers.count("StatusCode.RESOURCE_EXHAUSTED") == 3, codes
