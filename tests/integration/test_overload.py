@@ -23,8 +23,14 @@ def send_photo(client: httpx.AsyncClient) -> object:
 def test_three_times_capacity_is_shed_with_fast_503s(
     triton: TritonServer, spawn_gateway: Callable[..., GatewayProcess]
 ) -> None:
+    # the static cap's overload (the adaptive limit's is test_capacity.py): with the limit
+    # adapting, 4 clients of a CPU-bound image model at once already read as congestion
+    # (52 of 388 shed in one run), which is what it is for, but not what this measures
     gateway = spawn_gateway(
-        triton, GATEWAY_SERVER__MAX_IN_FLIGHT=str(CAP), GATEWAY_SERVER__QUEUE_SECONDS="0.02"
+        triton,
+        GATEWAY_SERVER__MAX_IN_FLIGHT=str(CAP),
+        GATEWAY_SERVER__QUEUE_SECONDS="0.02",
+        GATEWAY_SERVER__ADAPTIVE__ENABLED="false",
     )
     capacity = run_load(gateway.url, send_photo, clients=CAP, seconds=4)
     assert capacity.statuses() == {200: capacity.count(200)}, capacity.statuses()
