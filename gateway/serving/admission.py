@@ -117,6 +117,7 @@ class Ticket:
     favoured: bool = False
     # the room was full when it was admitted (or others waited): the limit bound
     saturated: bool = False
+    seq: int = 0  # the admissions counter after its own: those after it overlapped it
 
 
 @dataclass
@@ -255,7 +256,7 @@ class Admission:
         self._idle.clear()
         self.utilization.set(min(1.0, self.in_flight / max(1, self.limit)), now)
         favoured = guaranteed is not None and held < guaranteed
-        return Ticket(tenant, now, self.in_flight - 1, favoured, saturated)
+        return Ticket(tenant, now, self.in_flight - 1, favoured, saturated, self.admitted)
 
     async def acquire(self, tenant: Tenant = ANONYMOUS) -> Ticket:
         """Take one in-flight slot for a request, or raise a 503 error (then do not release)."""
@@ -369,9 +370,10 @@ class Admission:
         latency (admission to now) feeds the adaptive limit under that cost class."""
         now = self._clock()
         if cost is not None:
-            self.limiter.observe(
-                cost, now - ticket.admitted_at, ticket.admitted_at, ticket.in_flight, ticket.saturated
-            )
+            # the others it shared Triton with: in flight when it came, and admitted since
+            # (a request admitted alone, joined at once by a burst, did not run alone)
+            others = ticket.in_flight + self.admitted - ticket.seq
+            self.limiter.observe(cost, now - ticket.admitted_at, ticket.admitted_at, others, ticket.saturated)
         self.in_flight -= 1
         tenant = ticket.tenant
         held = self.held[tenant.id] - 1

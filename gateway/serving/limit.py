@@ -102,6 +102,7 @@ class AdaptiveLimit:
     _fresh_until: float = field(init=False, default=0.0)
     _at_floor: int = field(init=False, default=0)
     _saturated: bool = field(init=False, default=False)  # the window reached the limit
+    _measured: bool = field(init=False, default=False)  # a window has moved the limit
     sample_ratio: float = field(init=False, default=0.0)
 
     def __post_init__(self) -> None:
@@ -194,6 +195,7 @@ class AdaptiveLimit:
         self._window = []
         self._window_started = now
         saturated, self._saturated = self._saturated, False
+        self._measured = True
         target = 1 + s.tolerance
         if ratio <= target:  # no queueing to speak of: probe upwards
             moved = self._limit + math.sqrt(self._limit)
@@ -220,6 +222,12 @@ class AdaptiveLimit:
             samples.clear()
 
     def _end_probe(self, now: float) -> None:
+        # Back from the floor: to half the limit it left (a measured one), or, when no
+        # window has measured any yet (the starting ceiling, never tested), from the
+        # floor up, growing by its square root a window (1 to 10 in 0.5 s): returning
+        # to an untested ceiling would queue it all in Triton before the first window.
+        s = self.settings
+        self._limit = max(float(s.floor), self._limit / 2 if self._measured else float(s.floor))
         self._probing = False
         self._window = []
         self._window_started = now

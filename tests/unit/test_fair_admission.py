@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from collections.abc import Callable, Coroutine, Hashable
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -223,3 +223,36 @@ async def test_without_keys_the_limit_is_the_only_rule() -> None:
     with pytest.raises(OverloadedError):
         await admission.acquire()
     admission.release(ticket)
+
+
+@dataclass
+class Recording(StaticLimit):
+    """A static limit that records the concurrency each completed request reports."""
+
+    seen: list[int] = field(default_factory=list)
+
+    def observe(
+        self,
+        cost: Hashable,
+        seconds: float,
+        admitted_at: float,
+        in_flight: int = 0,
+        saturated: bool | None = None,
+    ) -> None:
+        self.seen.append(in_flight)
+
+
+@run
+async def test_a_request_joined_by_others_is_not_reported_as_alone() -> None:
+    """The baseline is measured on requests that ran alone: one admitted with nothing in
+    flight but joined at once by a burst shared Triton with it."""
+    limiter = Recording(8)
+    admission = Admission(limiter, queue_seconds=1, retry_after=1)
+    first = await admission.acquire()
+    burst = [await admission.acquire() for _ in range(3)]
+    admission.release(first, cost="text")
+    for ticket in burst:
+        admission.release(ticket, cost="text")
+    alone = await admission.acquire()
+    admission.release(alone, cost="text")
+    assert limiter.seen == [3, 3, 3, 3, 0]  # before: [0, 1, 2, 3, 0]
