@@ -99,9 +99,10 @@ def test_a_5x_slowdown_is_followed_by_the_limit_and_a_recovery_too(
     for flow in (slow, stuck, recovered):
         assert set(flow.statuses()) <= {200, 503}, (flow.name, flow.statuses())  # no 504 storm
     assert stuck.p(0.99) > 3 * single  # the scenario reproduces the problem
-    # The issue asks for 3x one client's p99; one client's p99 on a throttled Triton moved
-    # from 82 to 233 ms between runs of this machine (adaptive 1.4-7x of it, static 8.7-29x),
-    # so the bound is taken against the static cap in the same run: 2.6-6.1x lower over 7 runs.
+    # The issue asks for 3x one client's p99: 2.0, 3.4 and 2.4x over the last 3 runs (the
+    # static cap 13-30x), 1.4-7x before quiet samples had to run alone. One client's p99
+    # on a throttled Triton moves from 80 to 230 ms between runs of this machine, so the
+    # bound is taken against the static cap in the same run.
     assert learnt < stuck.p(0.99) / 2
     shed = [a for a in slow.answers if a.status == 503]
     assert shed, "nothing was shed at 100 clients on a slowed Triton"
@@ -145,13 +146,13 @@ def test_a_flooding_key_leaves_another_its_latency(
         f"quiet alone: median {ms(alone.p(0.5))}, p99 {ms(alone.p(0.99))}; beside 150 flood connections: "
         f"{quiet.statuses()} {quiet.problems()}, median {ms(quiet.p(0.5))}, p99 {ms(quiet.p(0.99))}; flood: {flood}"
     )
-    # 503s for the quiet key: none over 5 runs since a key over its share leaves the last
+    # 503s for the quiet key: none over 11 runs since a key over its share leaves the last
     # 1/16 of the ceiling to the others and hands a slot back to them when the limit has
     # fallen (0-3 per run before that; 2-8 in ~55 on the code the issue was filed on)
     assert quiet.statuses() == {200: len(quiet.answers)}, quiet.problems()
     assert len(quiet.answers) >= 12
     assert flood["refused"] > flood["requests"] / 2  # the flood was far over capacity
-    # before: 10x (41 -> 401 ms); here 2.5-4x over 5 runs (its requests go first inside
+    # before: 10x (41 -> 401 ms); here 2-7x over 11 runs (its requests go first inside
     # Triton too; the flood's 1,300 refusals a second share the two cores with Triton)
     assert quiet.p(0.5) < 8 * alone.p(0.5)
 
