@@ -358,8 +358,8 @@ class Admission:
         just gave back still goes to a waiting key that holds fewer for its share (what
         is in flight does not grow), so a flood's slots pass to the others one
         completion each instead of all waiting for the limit to be reached."""
-        chosen = self._best_queue(now)
-        if chosen is None or chosen == releaser.id or self.in_flight >= self.limiter.ceiling:
+        chosen = self._best_queue(now)  # (in flight is under the ceiling: one was just released)
+        if chosen is None or chosen == releaser.id:
             return
         share = self._waiting[chosen][0].tenant.share
         if self.held.get(chosen, 0) / share < (self.held.get(releaser.id, 0) + 1) / releaser.share:
