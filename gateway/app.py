@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from gateway import __version__
 from gateway.http.auth import AdminGate, AuthMiddleware
-from gateway.http.budget import BodyBudget, BodyBudgetMiddleware
+from gateway.http.budget import BodyBudgetMiddleware
 from gateway.http.compression import OipCompression
 from gateway.http.dependencies import GatewayState
 from gateway.http.docs import install_docs
@@ -30,6 +30,7 @@ from gateway.observe.metrics import CapacityCollector, GatewayMetrics, TritonMet
 from gateway.observe.predictionlog import PredictionLog, Sink, make_sink
 from gateway.observe.tracing import Tracing
 from gateway.serving.admission import build_admission
+from gateway.serving.budget import BodyBudget
 from gateway.serving.catalog import Catalog
 from gateway.serving.control import ModelControl, RoutingControl
 from gateway.serving.dispatch import Dispatcher
@@ -116,6 +117,8 @@ def create_app(
     )
     tracing = Tracing(settings.tracing)
     admission = build_admission(settings.server)
+    # one budget of body bytes for every door
+    budget = BodyBudget(settings.server.max_body_bytes_in_flight, settings.server.retry_after_seconds)
     metrics.registry.register(CapacityCollector(admission.reading, sorted(settings.tiers)))
     metrics.build.info(
         {
@@ -193,16 +196,23 @@ def create_app(
         )
         grpc_door = None
         if settings.grpc.port:
-            from gateway.rpc.door import InferenceDoor
+            from gateway.rpc.door import MESSAGE_COPIES, InferenceDoor
             from gateway.triton.frontdoor import serve as serve_grpc
 
-            door = InferenceDoor(settings, dispatcher, backend, metrics, tracing, api_keys, limiter)
-            # the largest OIP request the gateway takes, and its answer
+            # the largest OIP request the gateway takes, and its answer; no larger than one
+            # call reading and checking it can hold within the body budget
+            max_message = min(
+                settings.max_json_body_bytes + 1024 * 1024,
+                settings.server.max_body_bytes_in_flight // MESSAGE_COPIES,
+            )
+            door = InferenceDoor(
+                settings, dispatcher, backend, metrics, tracing, api_keys, limiter, budget, max_message
+            )
             grpc_door = await serve_grpc(
                 door,
                 settings.grpc_host,
                 settings.grpc.port,
-                settings.max_json_body_bytes + 1024 * 1024,
+                max_message,
                 settings.grpc.max_concurrent_calls,
                 settings.grpc.max_streams_per_connection,
             )
@@ -281,7 +291,7 @@ def create_app(
     # Inside telemetry (its refusals are counted and logged), outside everything that reads a body.
     app.add_middleware(
         BodyBudgetMiddleware,
-        budget=BodyBudget(settings.server.max_body_bytes_in_flight, settings.server.retry_after_seconds),
+        budget=budget,
     )
     app.add_middleware(TelemetryMiddleware, metrics=metrics, tracing=tracing, admission=admission)
     if settings.auth.cors_origins:

@@ -23,6 +23,7 @@ Every error a client can see is a :class:`GatewayError`; each class has a stable
     │       └── WrongInputKindError    422 wrong-input-kind    texts sent to an image model, or the reverse
     ├── ServiceUnavailableError (503: the gateway sheds load; + Retry-After)
     │   ├── OverloadedError            503 overloaded          too many requests in flight
+    │   │   └── BodyBudgetError        503 overloaded          the body bytes in flight are spent
     │   ├── ShuttingDownError          503 shutting-down       draining before exit
     │   ├── NotReadyError              503 not-ready           /readyz: Triton or a default model is not ready
     │   └── SharedStateUnavailableError 503 shared-state-unavailable  Redis down and its policy refuses
@@ -269,6 +270,11 @@ class OverloadedError(ServiceUnavailableError):
     slug = "overloaded"
     advice = "Retry after `Retry-After` seconds with backoff; add replicas if it is regular."
     title = "Overloaded"
+
+
+class BodyBudgetError(OverloadedError):
+    """The body bytes the gateway may hold at once are spent (``server.max_body_bytes_in_flight``):
+    the same problem as any overload on HTTP; RESOURCE_EXHAUSTED on the gRPC door."""
 
 
 class ShuttingDownError(ServiceUnavailableError):

@@ -165,7 +165,9 @@ def _from_json(spec_name: str, datatype: str, elements: list[Any]) -> np.ndarray
     return np.array(elements, dtype=dtype)
 
 
-def _from_binary(spec_name: str, datatype: str, raw: bytes, shape: list[int]) -> np.ndarray[Any, Any]:
+def _from_binary(
+    spec_name: str, datatype: str, raw: bytes | memoryview, shape: list[int]
+) -> np.ndarray[Any, Any]:
     where = f"input {spec_name!r}"
     try:
         array = from_raw(spec_name, datatype, raw, shape).array
@@ -237,7 +239,8 @@ def parse_infer_request(
                 raise PayloadTooLargeError(
                     f"input {name!r} is {size} bytes; the limit is {caps.max_tensor_bytes}"
                 )
-            array = _from_binary(name, spec.datatype, binary[offset : offset + size], shape)
+            # a view: slicing the bytes would copy the tensor once more
+            array = _from_binary(name, spec.datatype, memoryview(binary)[offset : offset + size], shape)
             offset += size
         else:
             if "data" not in item:

@@ -46,6 +46,7 @@ from gateway.triton.backend import (
     TensorSpec,
 )
 from gateway.triton.tensors import Tensor, TensorDataError, from_raw
+from gateway.triton.wire import RAW_INPUT_TAG, varint
 
 logger = logging.getLogger("gateway.triton")
 
@@ -172,18 +173,6 @@ def http_json(message: Any) -> dict[str, Any]:
 
 
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
-# ModelInferRequest's raw_input_contents: field 7, length-delimited
-_RAW_INPUT_TAG = bytes([(7 << 3) | 2])
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        low, value = value & 0x7F, value >> 7
-        if not value:
-            out.append(low)
-            return bytes(out)
-        out.append(low | 0x80)
 
 
 def infer_request_bytes(
@@ -213,7 +202,7 @@ def infer_request_bytes(
         parts = tensor.raw_parts()
         size = sum(len(part) for part in parts)
         nbytes += size
-        pieces.append(_RAW_INPUT_TAG + _varint(size))
+        pieces.append(RAW_INPUT_TAG + varint(size))
         pieces.extend(parts)
     for name in outputs:
         request.outputs.add().name = name

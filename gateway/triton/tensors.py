@@ -98,9 +98,10 @@ def encode_bytes(elements: Sequence[bytes]) -> bytes:
     return b"".join(len(element).to_bytes(4, "little") + element for element in elements)
 
 
-def decode_bytes(raw: bytes, count: int | None = None) -> list[bytes]:
+def decode_bytes(raw: bytes | memoryview, count: int | None = None) -> list[bytes]:
     """The elements of a BYTES tensor's raw contents; with ``count``, exactly that many and
-    nothing left over (TensorDataError otherwise)."""
+    nothing left over (TensorDataError otherwise). Each element is copied once, out of
+    ``raw`` (a view into a larger message reads no more than its own bytes)."""
     elements: list[bytes] = []
     at, end = 0, len(raw)
     while at < end and (count is None or len(elements) < count):
@@ -110,15 +111,16 @@ def decode_bytes(raw: bytes, count: int | None = None) -> list[bytes]:
         at += 4
         if at + size > end:
             raise TensorDataError("a binary BYTES element runs past its data")
-        elements.append(raw[at : at + size])
+        elements.append(bytes(raw[at : at + size]))
         at += size
     if count is not None and (len(elements) != count or at != end):
         raise TensorDataError("the binary data does not hold exactly the elements its shape says")
     return elements
 
 
-def from_raw(name: str, datatype: str, raw: bytes, shape: Sequence[int]) -> Tensor:
-    """A tensor from its raw contents and shape (TensorDataError when they disagree)."""
+def from_raw(name: str, datatype: str, raw: bytes | memoryview, shape: Sequence[int]) -> Tensor:
+    """A tensor from its raw contents and shape (TensorDataError when they disagree); a
+    numeric one is a view of ``raw``, not a copy."""
     dims = tuple(int(d) for d in shape)
     count = math.prod(dims)
     if datatype == "BYTES":

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2
 
 from gateway.triton.client import infer_request_bytes
 from gateway.triton.tensors import Tensor
+from gateway.triton.wire import WireError, split_raw_inputs
 
 
 def reference(inputs: list[Tensor], outputs: list[str], priority: int) -> service_pb2.ModelInferRequest:
@@ -57,3 +60,34 @@ def test_the_wire_request_parses_as_protobufs_own(priority: int, image_bytes: in
 def test_raw_parts_join_to_the_raw_contents(datatype: str, array: np.ndarray) -> None:
     tensor = Tensor("X", datatype, np.asarray(array))
     assert b"".join(tensor.raw_parts()) == tensor.raw()
+
+
+@pytest.mark.parametrize("image_bytes", [0, 5, 127, 128, 300, 70_000])
+def test_a_received_request_splits_into_protobufs_message_and_its_raw_contents(image_bytes: int) -> None:
+    """The gRPC door reads raw contents as views: the rest parses as the message without
+    them, and the views are the contents, in order, wherever field 7 stood."""
+    rng = np.random.default_rng(image_bytes)
+    inputs = [
+        Tensor("IMAGE", "BYTES", np.array([[rng.bytes(image_bytes)]], dtype=np.object_)),
+        Tensor("TOP_K", "INT32", np.full((1, 1), 5, dtype=np.int32)),
+    ]
+    expected = reference(inputs, ["LABELS"], priority=3)
+    for wire in (
+        expected.SerializeToString(),
+        infer_request_bytes("m", "2", inputs, "r-1", ["LABELS"], 3)[0],
+    ):
+        rest, raw = split_raw_inputs(wire)
+        parsed = service_pb2.ModelInferRequest.FromString(rest)
+        assert [bytes(view) for view in raw] == [t.raw() for t in inputs]
+        parsed.raw_input_contents.extend(bytes(view) for view in raw)
+        assert parsed == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=64))
+def test_any_bytes_split_or_are_refused_as_malformed(data: bytes) -> None:
+    try:
+        rest, raw = split_raw_inputs(data)
+    except WireError:
+        return
+    assert len(rest) + sum(len(view) for view in raw) <= len(data)

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from gateway.errors import InvalidInputError
+from gateway.errors import InvalidInputError, PayloadTooLargeError
 from gateway.names import TEXT_TASK
 from gateway.serving.kinds.base import Caps, CapsReader, Kind, classifications, top_k_tensor
 from gateway.serving.payload import ClassifyInput
@@ -95,6 +95,9 @@ class TextKind(Kind):
         if tensor.name == "TEXT":
             elements = list(tensor.array.reshape(-1))
             check_count(len(elements), caps.max_inputs, "texts")
+            for element in elements:  # before decoding: UTF-8 takes at most 4 bytes a character
+                if isinstance(element, bytes) and len(element) > 4 * limits.max_chars:
+                    raise PayloadTooLargeError(f"a text has over {limits.max_chars} characters")
             texts = [normalize_text(_text(e, "a text"), limits.max_chars, "a text") for e in elements]
             return Tensor(
                 tensor.name,

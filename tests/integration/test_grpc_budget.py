@@ -1,0 +1,145 @@
+"""The gRPC door draws on the body budget HTTP uses, and knows its caller before it reads
+a message: a crowd of large ModelInfer calls cannot take the gateway's memory past the
+budget, and an anonymous one costs nothing but its refusal. Measured on a gateway process
+of its own (its RSS sampled every few milliseconds), in front of the real Triton."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import grpc
+import numpy as np
+import psutil
+import pytest
+from tritonclient.grpc import service_pb2
+
+from gateway.dev.gatewayprocess import GatewayProcess
+from gateway.dev.tritonserver import TritonServer, free_port
+from gateway.shared.keyfiles import hash_key
+from gateway.triton.tensors import encode_bytes
+
+MiB = 1024 * 1024
+BUDGET = 256 * MiB
+KEY = (("authorization", "Bearer client-secret"),)
+INFER = "/inference.GRPCInferenceService/ModelInfer"
+
+
+def _message(size: int) -> bytes:
+    """A serialized ModelInferRequest carrying one text of ``size`` bytes (raw contents)."""
+    request = service_pb2.ModelInferRequest(model_name="text_classifier")
+    text = request.inputs.add(name="TEXT", datatype="BYTES", shape=[1, 1])
+    del text
+    top_k = request.inputs.add(name="TOP_K", datatype="INT32", shape=[1, 1])
+    del top_k
+    request.raw_input_contents.append(encode_bytes([b"a" * size]))
+    request.raw_input_contents.append(np.array([[3]], dtype="<i4").tobytes())
+    return bytes(request.SerializeToString())
+
+
+class Peak:
+    """The highest RSS of ``pid`` seen while sampling."""
+
+    def __init__(self, pid: int) -> None:
+        self.process = psutil.Process(pid)
+        self.baseline = self.process.memory_info().rss
+        self.highest = self.baseline
+        self._stop = threading.Event()
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.highest = max(self.highest, self.process.memory_info().rss)
+            time.sleep(0.002)
+
+    @contextmanager
+    def watching(self) -> Iterator[Peak]:
+        thread = threading.Thread(target=self._sample, daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            time.sleep(0.5)  # what was still being read
+            self._stop.set()
+            thread.join()
+
+    @property
+    def rise(self) -> int:
+        return self.highest - self.baseline
+
+
+def _flood(
+    address: str, message: bytes, calls: int, channels: int, metadata: tuple[tuple[str, str], ...]
+) -> list[str]:
+    """``calls`` concurrent ModelInfer calls of ``message`` over ``channels`` connections:
+    the status code each ended with."""
+    options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+    pipes = [grpc.insecure_channel(address, options=options) for _ in range(channels)]
+    try:
+        for pipe in pipes:
+            grpc.channel_ready_future(pipe).result(timeout=10)
+        stubs = [pipe.unary_unary(INFER) for pipe in pipes]  # bytes in, bytes out
+
+        def one(index: int) -> str:
+            try:
+                stubs[index % channels](message, metadata=metadata, timeout=60)
+                return "OK"
+            except grpc.RpcError as error:
+                return str(error.code())
+
+        with ThreadPoolExecutor(calls) as pool:
+            return list(pool.map(one, range(calls)))
+    finally:
+        for pipe in pipes:
+            pipe.close()
+
+
+@pytest.fixture
+def door(
+    triton: TritonServer, spawn_gateway: Callable[..., GatewayProcess], tmp_path: Path
+) -> tuple[str, GatewayProcess]:
+    keys = tmp_path / "keys"
+    keys.write_text(f"app {hash_key('client-secret')}\n")
+    port = free_port()
+    gateway = spawn_gateway(
+        triton,
+        GATEWAY_AUTH__KEYS_FILE=str(keys),
+        GATEWAY_GRPC__PORT=str(port),
+        GATEWAY_GRPC__HOST="127.0.0.1",
+        GATEWAY_SERVER__MAX_BODY_BYTES_IN_FLIGHT=str(BUDGET),
+    )
+    return f"127.0.0.1:{port}", gateway
+
+
+def test_64_calls_of_40_mib_raise_the_rss_by_no_more_than_the_budget(
+    door: tuple[str, GatewayProcess],
+) -> None:
+    """64 keyed calls at once, each 40 MiB (under the door's message cap and its call
+    cap), on four connections: before the fix the gateway's RSS rose by 5.9 GiB."""
+    address, gateway = door
+    message = _message(40 * MiB)
+    peak = Peak(gateway.process.pid)
+    with peak.watching():
+        codes = _flood(address, message, calls=64, channels=4, metadata=KEY)
+    # each call is refused: the budget spent (RESOURCE_EXHAUSTED, before its message is
+    # read) or, once read, the text too long (INVALID_ARGUMENT); never a reset or a 5xx
+    assert set(codes) <= {"StatusCode.RESOURCE_EXHAUSTED", "StatusCode.INVALID_ARGUMENT"}, codes
+    assert "StatusCode.RESOURCE_EXHAUSTED" in codes, codes
+    assert "StatusCode.INVALID_ARGUMENT" in codes, codes  # some were read: the budget is not zero
+    assert peak.rise <= BUDGET, f"RSS rose {peak.rise / MiB:.0f} MiB; codes {codes}"
+    assert gateway.process.poll() is None
+
+
+def test_an_anonymous_call_is_refused_before_its_message_is_read(door: tuple[str, GatewayProcess]) -> None:
+    address, gateway = door
+    message = _message(40 * MiB)
+    peak = Peak(gateway.process.pid)
+    with peak.watching():
+        codes = _flood(address, message, calls=32, channels=2, metadata=())
+    assert codes == ["StatusCode.UNAUTHENTICATED"] * 32
+    # 32 x 40 MiB sent, none read: what gRPC buffers before the refusal (its flow-control
+    # window) is all they cost
+    assert peak.rise < 64 * MiB, f"RSS rose {peak.rise / MiB:.0f} MiB"
