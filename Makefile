@@ -9,16 +9,26 @@ BUILD_ENV := .venv-build
 SCHEMA_CHECK := deploy/grafana/schema-check
 PORT ?= 8080
 PIP := --disable-pip-version-check --quiet
-# NVIDIA's wheel bundling a CPU-capable tritonserver 2.51 with the Python backend.
-PYTRITON := nvidia-pytriton==0.7.0
+# Every environment installs from its lock (hashes, every package pinned: nothing resolves
+# at install time); `make lock` writes them.
+LOCKED := $(PIP) --require-hashes --no-deps
+# PyTorch's CPU wheels (torch 2.13.0+cpu, the model build only): PyPI's torch is a CUDA
+# build of several GB. Our machines also carry the wheel in pip's find-links.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+# ... the same file PyTorch's index serves (its hash is in the lock); `make lock` reads it
+# there when it is present, as our machines reach no other index than PyPI.
+LOCAL_TORCH := /opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl
+UV_VERSION := 0.13.8
+LOCK_TOOL := .venv-lock
 APT_TEST_PACKAGES := chromium prometheus docker-compose wrk haproxy redis-server
 
-.PHONY: keys help run test lint typecheck models install system-deps test-system-deps clean bench bench-ledger bench-shared-state soak gpu-smoke docs docs-serve
+.PHONY: lock models-examples keys help run test lint typecheck models install system-deps test-system-deps clean bench bench-ledger bench-shared-state soak gpu-smoke docs docs-serve
 
 help:
 	@echo "make run    install, build the models, start Triton (CPU) and the gateway on :$(PORT)"
 	@echo "make test   install (apt packages included), build the models, lint and run the whole suite"
-	@echo "make models export the ONNX models into model_repository/ (skips what is up to date)"
+	@echo "make models export the ONNX models make run serves into model_repository/ (skips what is up to date)"
+	@echo "make lock   re-resolve every environment's lock file (uv), hashes included"
 	@echo "make lint   ruff + mypy"
 	@echo "make bench  the gateway beside Triton direct, a reference gateway and KServe: table, JSON, plot in .reports/"
 	@echo "make bench-ledger  what each stage of the hot path costs (py-spy under load)"
@@ -46,25 +56,50 @@ test-system-deps: system-deps
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-# The gateway and the test suite.
-$(VENV)/.installed: pyproject.toml | system-deps
+# The gateway: what serving needs, from its lock.
+$(VENV)/.installed: deploy/gateway/requirements.txt pyproject.toml | system-deps
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install $(PIP) -e '.[dev]'
+	$(VENV)/bin/pip install $(LOCKED) -r deploy/gateway/requirements.txt
+	$(VENV)/bin/pip install $(PIP) --no-deps --no-build-isolation -e .
+	touch $@
+
+# The dev and test tools beside it (lint, types, the suite's clients), from their lock.
+$(VENV)/.dev-installed: $(VENV)/.installed deploy/gateway/requirements-dev.txt
+	$(VENV)/bin/pip install $(LOCKED) -r deploy/gateway/requirements-dev.txt
 	touch $@
 
 # Triton's own environment: the Python backend stub runs its python3 (numpy<2!).
-$(TRITON_ENV)/.installed: deploy/triton/requirements.txt | system-deps
+$(TRITON_ENV)/.installed: deploy/triton/requirements.txt deploy/triton/pytriton.txt | system-deps
 	$(PYTHON) -m venv $(TRITON_ENV)
-	$(TRITON_ENV)/bin/pip install $(PIP) -r deploy/triton/requirements.txt
-	$(TRITON_ENV)/bin/pip install $(PIP) --no-deps $(PYTRITON)
+	$(TRITON_ENV)/bin/pip install $(LOCKED) -r deploy/triton/requirements.txt
+	$(TRITON_ENV)/bin/pip install $(LOCKED) -r deploy/triton/pytriton.txt
 	touch $@
 
-# Export-time only (torch); never needed to serve.
-$(BUILD_ENV)/.installed: deploy/model-build/requirements.txt deploy/model-build/requirements-nodeps.txt | system-deps
+# Export-time only (torch, CPU build); never needed to serve.
+$(BUILD_ENV)/.installed: deploy/model-build/requirements.txt deploy/model-build/requirements-nodeps.txt deploy/model-build/torch.txt | system-deps
 	$(PYTHON) -m venv $(BUILD_ENV)
-	$(BUILD_ENV)/bin/pip install $(PIP) -r deploy/model-build/requirements.txt
-	$(BUILD_ENV)/bin/pip install $(PIP) --no-deps -r deploy/model-build/requirements-nodeps.txt
+	$(BUILD_ENV)/bin/pip install $(LOCKED) --retries 1 --extra-index-url $(TORCH_INDEX) -r deploy/model-build/torch.txt
+	$(BUILD_ENV)/bin/pip install $(LOCKED) -r deploy/model-build/requirements.txt
+	$(BUILD_ENV)/bin/pip install $(LOCKED) -r deploy/model-build/requirements-nodeps.txt
 	touch $@
+
+# The locks, re-resolved with uv (seconds, where pip's resolver walked back through every
+# tritonclient release for minutes): universal (every platform's wheels hashed) except the
+# model build, which is Linux x86_64 with torch's CPU build. Prove an update with `make test`.
+LOCK := $(LOCK_TOOL)/bin/uv pip compile --quiet --generate-hashes --python-version 3.11
+lock: | system-deps
+	test -x $(LOCK_TOOL)/bin/uv || { $(PYTHON) -m venv $(LOCK_TOOL) && $(LOCK_TOOL)/bin/pip install $(PIP) uv==$(UV_VERSION); }
+	$(LOCK) --universal pyproject.toml deploy/gateway/build-system.in -o deploy/gateway/requirements.txt
+	$(LOCK) --universal pyproject.toml deploy/gateway/build-system.in --extra dev \
+	  -c deploy/gateway/requirements.txt -o deploy/gateway/requirements-dev.txt
+	$(LOCK) --universal deploy/triton/requirements.in -o deploy/triton/requirements.txt
+	$(LOCK) --universal --no-deps deploy/triton/pytriton.in -o deploy/triton/pytriton.txt
+	$(LOCK) --python-platform x86_64-manylinux_2_28 --index-strategy unsafe-best-match \
+	  $(if $(wildcard $(LOCAL_TORCH)),--find-links $(dir $(LOCAL_TORCH)),--extra-index-url $(TORCH_INDEX)) \
+	  deploy/model-build/requirements.in -o deploy/model-build/requirements.txt
+	$(LOCK) --universal --no-deps deploy/model-build/requirements-nodeps.in -o deploy/model-build/requirements-nodeps.txt
+	{ echo "# torch alone, from deploy/model-build/requirements.txt: installed first, from TORCH_INDEX"; \
+	  awk '/^torch==/{p=1; print; next} p && /^[^ ]/{p=0} p' deploy/model-build/requirements.txt; } > deploy/model-build/torch.txt
 
 install: $(VENV)/.installed $(TRITON_ENV)/.installed
 
@@ -73,34 +108,39 @@ $(SCHEMA_CHECK)/node_modules/.installed: $(SCHEMA_CHECK)/package-lock.json
 	npm ci --prefix $(SCHEMA_CHECK) --no-audit --no-fund --loglevel=error
 	touch $@
 
+# What `make run` serves (model_repository/); the tutorials' example networks are
+# `make models-examples` (the suite builds them).
 models: $(BUILD_ENV)/.installed
+	$(BUILD_ENV)/bin/python deploy/model-build/build.py --repository model_repository
+
+models-examples: models
 	$(BUILD_ENV)/bin/python deploy/model-build/build.py --repository model_repository --examples build/examples
 
 run: install models
 	$(VENV)/bin/triton-gateway local --port $(PORT) --triton-env $(TRITON_ENV)
 
-lint: $(VENV)/.installed
+lint: $(VENV)/.dev-installed
 	$(VENV)/bin/ruff check gateway tests deploy model_repository
 	$(VENV)/bin/ruff format --check gateway tests deploy model_repository
 	$(VENV)/bin/mypy
 
-test: test-system-deps install models lint $(SCHEMA_CHECK)/node_modules/.installed
+test: test-system-deps install $(VENV)/.dev-installed models-examples lint $(SCHEMA_CHECK)/node_modules/.installed
 	TRITON_GATEWAY_TRITON_ENV=$(TRITON_ENV) $(VENV)/bin/pytest
 
 clean:
-	rm -rf $(VENV) $(TRITON_ENV) $(BUILD_ENV) .triton $(SCHEMA_CHECK)/node_modules
+	rm -rf $(VENV) $(TRITON_ENV) $(BUILD_ENV) $(LOCK_TOOL) .triton $(SCHEMA_CHECK)/node_modules
 	find model_repository -name '*.onnx' -o -name '*.onnx.stamp' | xargs -r rm -f
 
 # The gateway side by side with Triton direct (trivial and real models; own Triton and
 # gateway; wrk as the HTTP load generator): table, .reports/bench.json and .reports/bench.png.
 # BENCH_OPTIONS=--perf-analyzer adds NVIDIA's perf_analyzer, Triton's HTTP against /v2.
 BENCH_OPTIONS ?=
-bench: test-system-deps install models
+bench: test-system-deps install $(VENV)/.dev-installed models
 	$(VENV)/bin/triton-gateway bench --out .reports/bench $(BENCH_OPTIONS)
 
 # The hot path's cost ledger: each stage's share of the gateway's CPU (py-spy under wrk load,
 # trivial model, c=8): .reports/ledger.json.
-bench-ledger: test-system-deps install models
+bench-ledger: test-system-deps install $(VENV)/.dev-installed models
 	$(VENV)/bin/python -m gateway.bench.ledger --out .reports/ledger.json
 
 # API keys for the compose stack and Kubernetes, in one step: deploy/secrets/api-keys (the
@@ -118,23 +158,23 @@ keys: $(VENV)/.installed
 	@chmod 644 deploy/secrets/api-keys  # hashes only; read by the gateway's user in its container
 
 # The documentation site (mkdocs.yml, docs/): built offline into site/, or served.
-docs: $(VENV)/.installed
+docs: $(VENV)/.dev-installed
 	$(VENV)/bin/python docs/generate.py
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
-docs-serve: $(VENV)/.installed
+docs-serve: $(VENV)/.dev-installed
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 # The cost of shared rate limits: the same gateway with its buckets in a real redis-server.
-bench-shared-state: test-system-deps install models
+bench-shared-state: test-system-deps install $(VENV)/.dev-installed models
 	$(VENV)/bin/triton-gateway bench --shared-state --repositories trivial --out .reports/bench-shared-state
 
 # 5 minutes of mixed traffic at 80 % of capacity against its own Triton and gateway:
 # RSS drift, descriptors, metric series, errors (exit 1 on a problem).
-soak: install models
+soak: install $(VENV)/.dev-installed models
 	mkdir -p .reports
 	$(VENV)/bin/python tests/helpers/soak.py --seconds 300 --json .reports/soak.json
 
 # On a GPU host: bring up the compose GPU stack and check it in one go (one-screen report).
-gpu-smoke: $(VENV)/.installed
+gpu-smoke: $(VENV)/.dev-installed
 	$(VENV)/bin/python deploy/gpu-smoke/smoke.py --compose gpu --perf --url http://localhost:$(PORT)
