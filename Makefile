@@ -21,14 +21,19 @@ LOCAL_TORCH := /opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.wh
 UV_VERSION := 0.13.8
 LOCK_TOOL := .venv-lock
 APT_TEST_PACKAGES := chromium prometheus docker-compose wrk haproxy redis-server
+# The container tests' (make test-containers): podman builds and runs the images, with
+# runc and netavark (../shared/PLATFORM.md, Containers; netavark runs iptables); debootstrap
+# makes their base.
+APT_CONTAINER_PACKAGES := podman runc netavark aardvark-dns iptables debootstrap docker-compose
 
-.PHONY: lock models-examples keys help run test lint typecheck models install system-deps test-system-deps clean bench bench-ledger bench-shared-state soak gpu-smoke docs docs-serve
+.PHONY: test-containers lock models-examples keys help run test lint typecheck models install system-deps test-system-deps clean bench bench-ledger bench-shared-state soak gpu-smoke docs docs-serve
 
 help:
 	@echo "make run    install, build the models, start Triton (CPU) and the gateway on :$(PORT)"
 	@echo "make test   install (apt packages included), build the models, lint and run the whole suite"
 	@echo "make models export the ONNX models make run serves into model_repository/ (skips what is up to date)"
 	@echo "make lock   re-resolve every environment's lock file (uv), hashes included"
+	@echo "make test-containers  build the images in deploy/ with podman and run them as compose and k8s do"
 	@echo "make lint   ruff + mypy"
 	@echo "make bench  the gateway beside Triton direct, a reference gateway and KServe: table, JSON, plot in .reports/"
 	@echo "make bench-ledger  what each stage of the hot path costs (py-spy under load)"
@@ -109,14 +114,26 @@ $(SCHEMA_CHECK)/node_modules/.installed: $(SCHEMA_CHECK)/package-lock.json
 	touch $@
 
 # What `make run` serves (model_repository/); the tutorials' example networks are
-# `make models-examples` (the suite builds them).
-models: $(BUILD_ENV)/.installed
+# `make models-examples` (the suite builds them). build.py skips what is up to date; the
+# marker skips even the build environment while none of its inputs changed.
+MODEL_INPUTS := $(wildcard deploy/model-build/*.py deploy/model-build/*.txt deploy/model-build/data/*) \
+  model_repository/text_postprocess/labels.txt model_repository/image_postprocess/labels.txt
+MODELS_BUILT := model_repository/.built
+$(MODELS_BUILT): $(MODEL_INPUTS)
+	$(MAKE) --no-print-directory $(BUILD_ENV)/.installed
 	$(BUILD_ENV)/bin/python deploy/model-build/build.py --repository model_repository
+	touch $@
 
-models-examples: models
+models: $(MODELS_BUILT)
+
+models-examples: models $(BUILD_ENV)/.installed
 	$(BUILD_ENV)/bin/python deploy/model-build/build.py --repository model_repository --examples build/examples
 
+# torch's build environment (1.1 GB) only exports the models: `make run` removes it once
+# they are built (KEEP_BUILD_ENV=1 keeps it; the next export makes it again).
+KEEP_BUILD_ENV ?=
 run: install models
+	$(if $(KEEP_BUILD_ENV),,rm -rf $(BUILD_ENV))
 	$(VENV)/bin/triton-gateway local --port $(PORT) --triton-env $(TRITON_ENV)
 
 lint: $(VENV)/.dev-installed
@@ -125,11 +142,22 @@ lint: $(VENV)/.dev-installed
 	$(VENV)/bin/mypy
 
 test: test-system-deps install $(VENV)/.dev-installed models-examples lint $(SCHEMA_CHECK)/node_modules/.installed
-	TRITON_GATEWAY_TRITON_ENV=$(TRITON_ENV) $(VENV)/bin/pytest
+	TRITON_GATEWAY_TRITON_ENV=$(TRITON_ENV) $(VENV)/bin/pytest -m "not containers"
+
+# The images in deploy/ built with podman from the locks, and run as compose and Kubernetes
+# run them (tests/containers; CI runs it after the suite). Leaves images, never containers.
+test-containers: install $(VENV)/.dev-installed models
+	@missing=""; for p in $(APT_CONTAINER_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing$$missing (apt)"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+	$(VENV)/bin/pytest -m containers tests/containers
 
 clean:
 	rm -rf $(VENV) $(TRITON_ENV) $(BUILD_ENV) $(LOCK_TOOL) .triton $(SCHEMA_CHECK)/node_modules
 	find model_repository -name '*.onnx' -o -name '*.onnx.stamp' | xargs -r rm -f
+	rm -f $(MODELS_BUILT)
 
 # The gateway side by side with Triton direct (trivial and real models; own Triton and
 # gateway; wrk as the HTTP load generator): table, .reports/bench.json and .reports/bench.png.

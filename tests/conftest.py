@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 pytest_plugins = ["helpers.triton_fixtures"]
 
 
-TIERS = ("unit", "api", "integration", "e2e")
+TIERS = ("unit", "api", "integration", "e2e", "containers")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
