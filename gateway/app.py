@@ -196,23 +196,15 @@ def create_app(
         )
         grpc_door = None
         if settings.grpc.port:
-            from gateway.rpc.door import MESSAGE_COPIES, InferenceDoor
+            from gateway.rpc.door import InferenceDoor
             from gateway.triton.frontdoor import serve as serve_grpc
 
-            # the largest OIP request the gateway takes, and its answer; no larger than one
-            # call reading and checking it can hold within the body budget
-            max_message = min(
-                settings.max_json_body_bytes + 1024 * 1024,
-                settings.server.max_body_bytes_in_flight // MESSAGE_COPIES,
-            )
-            door = InferenceDoor(
-                settings, dispatcher, backend, metrics, tracing, api_keys, limiter, budget, max_message
-            )
+            door = InferenceDoor(settings, dispatcher, backend, metrics, tracing, api_keys, limiter, budget)
             grpc_door = await serve_grpc(
                 door,
                 settings.grpc_host,
                 settings.grpc.port,
-                max_message,
+                door.max_message_bytes,
                 settings.grpc.max_concurrent_calls,
                 settings.grpc.max_streams_per_connection,
             )

@@ -80,7 +80,6 @@ class InferenceDoor:
         keys: KeyRing | None,
         limiter: RateLimiter,
         budget: BodyBudget,
-        max_message_bytes: int,
     ) -> None:
         self.settings = settings
         self.dispatcher = dispatcher
@@ -90,7 +89,12 @@ class InferenceDoor:
         self.keys = keys
         self.limiter = limiter
         self.budget = budget
-        self.max_message_bytes = max_message_bytes
+        # the largest OIP request the gateway takes (and its answer), no larger than one
+        # call reading and checking it can hold within the body budget
+        self.max_message_bytes = min(
+            settings.max_json_body_bytes + 1024 * 1024,
+            settings.server.max_body_bytes_in_flight // MESSAGE_COPIES,
+        )
 
     async def _authorize(self, headers: list[tuple[bytes, bytes]]) -> ApiKey | None:
         """The key (None: keys are off), or the refusal."""

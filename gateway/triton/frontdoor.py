@@ -154,13 +154,9 @@ def _contents(tensor: Any) -> bytes:
     return np.asarray(values, dtype=np.dtype(DTYPES[tensor.datatype]).newbyteorder("<")).tobytes()
 
 
-def request_header(
-    request: Any, raw: Sequence[bytes | memoryview] | None = None
-) -> tuple[dict[str, Any], bytes]:
+def request_header(request: Any, raw: Sequence[bytes | memoryview]) -> tuple[dict[str, Any], bytes]:
     """A ModelInferRequest as ``/v2``'s binary form: the JSON-shaped header and the tensors
-    (``raw``: its raw input contents, when they were taken out of the message on the wire)."""
-    if raw is None:
-        raw = list(request.raw_input_contents)
+    (``raw``: its raw input contents, taken out of the message on the wire)."""
     if raw and len(raw) != len(request.inputs):
         raise InvalidInputError("raw_input_contents must hold one entry per input")
     inputs: list[dict[str, Any]] = []
