@@ -303,9 +303,10 @@ class Stack:
     variant: GatewayProcess | None = None  # the same gateway with other settings (--variant)
     kserve: GatewayProcess | None = None  # gateway/bench/kserve_transformer.py
     door: str = ""  # the gateway's gRPC door (host:port), with --grpc
+    variant_door: str = ""  # the variant's, with --grpc and a variant
 
     def process(self, target: str) -> GatewayProcess:
-        if target == "variant":
+        if target in ("variant", "variant-door"):
             assert self.variant is not None
             return self.variant
         if target == "kserve":
@@ -421,9 +422,11 @@ def measure(
     gateway_before = _cpu_seconds(gateway.process.pid, with_children=False)
     triton_before = _cpu_seconds(stack.triton.pid, with_children=True)
     started = time.perf_counter()
-    if target in ("direct", "door"):
-        # the same gRPC client and calls: Triton's endpoint, or the gateway's door in front of it
-        address = stack.triton.grpc_url if target == "direct" else stack.door
+    if target in ("direct", "door", "variant-door"):
+        # the same gRPC client and calls: Triton's endpoint, or a gateway's door in front of it
+        address = {"direct": stack.triton.grpc_url, "door": stack.door, "variant-door": stack.variant_door}[
+            target
+        ]
         result.requests, result.errors, latencies = asyncio.run(
             _direct(address, scenario, concurrency, seconds)
         )
@@ -542,8 +545,9 @@ def door_table(measures: list[Measure]) -> str:
         "The gRPC door (the same tritonclient.grpc.aio client as Triton direct):",
         "",
         "| models | scenario | c | req/s (Triton direct / door / HTTP /v2) | door p50/p99 ms | gateway CPU "
-        "ms/req (door / HTTP /v2 / HTTP /classify) | Triton CPU ms/req (direct / via door) |",
-        "|---|---|---|---|---|---|---|",
+        "ms/req (door / HTTP /v2 / HTTP /classify) | Triton CPU ms/req (direct / via door) "
+        "| variant's door req/s, CPU ms/req |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     keys = sorted({(m.repository, m.scenario, m.concurrency) for m in measures if m.target == "door"})
     for repository, scenario, concurrency in keys:
@@ -562,7 +566,8 @@ def door_table(measures: list[Measure]) -> str:
             f"/ {med('v2', 'rps'):.0f} | {med('door', 'p50_ms'):.1f} / {med('door', 'p99_ms'):.1f} "
             f"| {med('door', 'gateway_cpu_ms'):.2f} / {med('v2', 'gateway_cpu_ms'):.2f} "
             f"/ {med('gateway', 'gateway_cpu_ms'):.2f} "
-            f"| {med('direct', 'triton_cpu_ms'):.2f} / {med('door', 'triton_cpu_ms'):.2f} |"
+            f"| {med('direct', 'triton_cpu_ms'):.2f} / {med('door', 'triton_cpu_ms'):.2f} "
+            f"| {med('variant-door', 'rps'):.0f}, {med('variant-door', 'gateway_cpu_ms'):.2f} |"
         )
     return "\n".join(lines)
 
@@ -799,8 +804,11 @@ def main(argv: list[str] | None = None) -> int:
             variant_env["GATEWAY_REDIS__URL"] = redis.url
         if options.grpc:
             base_env["GATEWAY_GRPC__PORT"] = str(free_port())
+            if variant_env:  # a door of its own (gRPC would share one port between both)
+                variant_env["GATEWAY_GRPC__PORT"] = str(free_port())
         gateways = ["gateway", "variant"] if variant_env else ["gateway"]
-        doors = ["door"] if options.grpc else []  # and "v2" where the scenario has a /v2 form
+        # and "v2" where the scenario has a /v2 form
+        doors = (["door", "variant-door"] if variant_env else ["door"]) if options.grpc else []
         for name in options.repositories:
             workdir = Path(folder) / name
             workdir.mkdir()
@@ -816,6 +824,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             if options.grpc:
                 stack.door = f"127.0.0.1:{base_env['GATEWAY_GRPC__PORT']}"
+                if variant_env:
+                    stack.variant_door = f"127.0.0.1:{variant_env['GATEWAY_GRPC__PORT']}"
             try:
                 if options.pin:
                     stack.pin()
