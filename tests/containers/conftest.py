@@ -6,7 +6,7 @@ builds one of the same contents). Their sizes and build times go to
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -26,9 +26,16 @@ def report() -> Iterator[dict[str, dict[str, float]]]:
 
 
 def _built(
-    report: dict[str, dict[str, float]], name: str, tag: str, dockerfile: str, context: str, **kw: object
+    report: dict[str, dict[str, float]],
+    name: str,
+    dockerfile: str,
+    context: str,
+    args: dict[str, str],
+    volumes: Sequence[str] = (),
 ) -> str:
-    seconds = build(tag, dockerfile, context, **kw)  # type: ignore[arg-type]
+    """``dockerfile`` built as ``<PREFIX>-<name>:local``, its size and build time reported."""
+    tag = f"{PREFIX}-{name}:local"
+    seconds = build(tag, dockerfile, context, args, volumes)
     report[name] = {"seconds": round(seconds, 1), "mib": round(image_size(tag) / 2**20, 1)}
     print(f"{name}: {report[name]['mib']} MiB, built in {seconds:.0f} s")
     return tag
@@ -46,37 +53,18 @@ def base() -> str:
 
 @pytest.fixture(scope="session")
 def gateway_image(base: str, report: dict[str, dict[str, float]]) -> str:
-    return _built(
-        report,
-        "gateway",
-        f"{PREFIX}-gateway:local",
-        "deploy/gateway/Dockerfile",
-        ".",
-        args={"BASE_IMAGE": base},
-    )
+    return _built(report, "gateway", "deploy/gateway/Dockerfile", ".", {"BASE_IMAGE": base})
 
 
 @pytest.fixture(scope="session")
 def triton_cpu_image(base: str, report: dict[str, dict[str, float]]) -> str:
-    return _built(
-        report,
-        "triton-cpu",
-        f"{PREFIX}-triton-cpu:local",
-        "deploy/triton/Dockerfile.cpu",
-        "deploy/triton",
-        args={"BASE_IMAGE": base},
-    )
+    return _built(report, "triton-cpu", "deploy/triton/Dockerfile.cpu", "deploy/triton", {"BASE_IMAGE": base})
 
 
 @pytest.fixture(scope="session")
 def triton_image(triton_cpu_image: str, report: dict[str, dict[str, float]]) -> str:
     return _built(
-        report,
-        "triton",
-        f"{PREFIX}-triton:local",
-        "deploy/triton/Dockerfile",
-        "deploy/triton",
-        args={"TRITON_IMAGE": triton_cpu_image},
+        report, "triton", "deploy/triton/Dockerfile", "deploy/triton", {"TRITON_IMAGE": triton_cpu_image}
     )
 
 
@@ -87,15 +75,7 @@ def model_build_image(triton_cpu_image: str, report: dict[str, dict[str, float]]
     if LOCAL_WHEELS.is_dir():  # PyTorch's index is out of reach here; its wheel is on disk
         args["PIP_FIND_LINKS"] = str(LOCAL_WHEELS)
         volumes.append(f"{LOCAL_WHEELS}:{LOCAL_WHEELS}:ro")
-    return _built(
-        report,
-        "model-build",
-        f"{PREFIX}-model-build:local",
-        "deploy/model-build/Dockerfile",
-        ".",
-        args=args,
-        volumes=volumes,
-    )
+    return _built(report, "model-build", "deploy/model-build/Dockerfile", ".", args, volumes)
 
 
 @pytest.fixture
