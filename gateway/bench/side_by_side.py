@@ -58,7 +58,7 @@ from PIL import Image
 from gateway.dev.gatewayprocess import GatewayProcess
 from gateway.dev.otlpsink import OtlpReceiver
 from gateway.dev.redisserver import RedisServer
-from gateway.dev.tritonserver import TritonServer, free_port
+from gateway.dev.tritonserver import TritonServer, free_port, free_ports
 from gateway.observe.tracing import triton_trace_args
 from gateway.settings import TracingSettings
 from gateway.shared.keyfiles import hash_key
@@ -803,9 +803,10 @@ def main(argv: list[str] | None = None) -> int:
             redis = RedisServer(Path(folder) / "redis").start()
             variant_env["GATEWAY_REDIS__URL"] = redis.url
         if options.grpc:
-            base_env["GATEWAY_GRPC__PORT"] = str(free_port())
+            door, variant_door = free_ports(2)
+            base_env["GATEWAY_GRPC__PORT"] = str(door)
             if variant_env:  # a door of its own (gRPC would share one port between both)
-                variant_env["GATEWAY_GRPC__PORT"] = str(free_port())
+                variant_env["GATEWAY_GRPC__PORT"] = str(variant_door)
         gateways = ["gateway", "variant"] if variant_env else ["gateway"]
         # and "v2" where the scenario has a /v2 form
         doors = (["door", "variant-door"] if variant_env else ["door"]) if options.grpc else []

@@ -40,10 +40,21 @@ print(json.dumps({
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
+    return free_ports(1, host)[0]
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct free ports: each socket stays bound until all are chosen (ports
+    taken one after another can come back twice: Triton once got the same port for HTTP
+    and metrics and refused to start)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind((host, 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def _die_with_parent() -> list[str]:
@@ -136,13 +147,14 @@ class TritonServer:
         cls, python_env: Path, model_repository: Path, workdir: Path, **options: Any
     ) -> TritonServer:
         """A server for this repository on three free local ports."""
+        grpc, http, metrics = free_ports(3)
         return cls(
             python_env=python_env,
             model_repository=model_repository,
             workdir=workdir,
-            grpc_port=free_port(),
-            http_port=free_port(),
-            metrics_port=free_port(),
+            grpc_port=grpc,
+            http_port=http,
+            metrics_port=metrics,
             **options,
         )
 
