@@ -228,8 +228,9 @@ def main(argv: list[str] | None = None) -> int:
 
     configure_logging(settings.log_level, settings.log_format)
     host = (args.host or settings.host) if args.command == "serve" else args.host
-    if args.command == "serve" and host != settings.host:
-        settings = settings.model_copy(update={"host": host})  # the gRPC door listens there too
+    if host != settings.host:
+        # the gRPC door listens there too (serve's --host, or local's loopback address)
+        settings = settings.model_copy(update={"host": host})
     problem = settings.exposure_problem(host)
     if problem is None and settings.grpc.port:
         problem = settings.exposure_problem(settings.grpc_host)

@@ -7,6 +7,9 @@ Every error a client can see is a :class:`GatewayError`; each class has a stable
     ├── ClientError (4xx: the request is at fault; logged as a warning)
     │   ├── MalformedRequestError      400 malformed-request   bad JSON, multipart or base64
     │   ├── NotFoundError              404 not-found           no such route
+    │   │   ├── UnknownModelError      404 not-found           no such model or version (Triton's text)
+    │   │   └── BadVersionError        404 not-found           a version that is not a number
+    │   ├── NotServedError             400 not-served          shared memory, streams: not served
     │   ├── MethodNotAllowedError      405 method-not-allowed
     │   ├── UnauthorizedError          401 unauthorized        no or unknown API key (+ WWW-Authenticate)
     │   ├── RequestTimeoutError        408 request-timeout     the body did not arrive in time
@@ -34,14 +37,16 @@ Every error a client can see is a :class:`GatewayError`; each class has a stable
     └── ConfigurationError             the gateway cannot start as configured (never an HTTP answer)
 
 Rendering (problem+json responses, handlers, OpenAPI declarations) is the HTTP side's:
-:mod:`gateway.http.problems`. Bodies never echo the client's input, Triton's messages or a stack trace; the one
-exception is ModelLoadError, answered on the admin surface only, which quotes Triton's
+:mod:`gateway.http.problems`. Bodies never echo the client's input, Triton's messages or a stack trace (a model name
+or version in Triton's own texts, which its clients read, only when it is made of a model
+name's characters: :func:`quoted`); the one exception is ModelLoadError, answered on the admin surface only, which quotes Triton's
 reason to the operator who asked for the load.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Collection
 from typing import Any
 
@@ -59,6 +64,9 @@ class GatewayError(Exception):
     # What a client (or operator) should do about it: the problem types reference
     # (docs/reference/errors.md) is generated from these.
     advice: str = "Retry later; operators: the gateway's log has the error with the request id."
+    # The gRPC door's code for it, by name, where the HTTP status's closest code is not
+    # Triton's (None: gateway.rpc.service derives it from the status).
+    rpc_code: str | None = None
 
     def __init__(
         self,
@@ -132,6 +140,48 @@ class NotFoundError(ClientError):
     slug = "not-found"
     advice = "Check the path; for `/models/{model}/...`, list the catalog with `GET /models`."
     title = "Not found"
+
+
+# A name the gateway may quote back (Triton's own messages quote it, and its clients
+# read them): a model name's characters only; anything else is left out of the text.
+_QUOTABLE = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
+
+
+def quoted(name: str) -> str:
+    return f"'{name}'" if _QUOTABLE.fullmatch(name) else "(a name the gateway does not repeat)"
+
+
+class UnknownModelError(NotFoundError):
+    """No such model, or no such version of it, among those the gateway exposes; the text
+    is Triton's (``Request for unknown model: 'x' is not found``), which its clients read."""
+
+    def __init__(self, name: str, version: str = "") -> None:
+        named = f" version {version}" if version and version.isdigit() and len(version) < 20 else ""
+        super().__init__(f"Request for unknown model: {quoted(name)}{named} is not found")
+
+
+class BadVersionError(NotFoundError):
+    """A model version that is not a number: 404 on HTTP (no such route, as Triton
+    answers), INVALID_ARGUMENT on gRPC with Triton's text."""
+
+    rpc_code = "INVALID_ARGUMENT"
+
+    def __init__(self, version: str) -> None:
+        super().__init__(
+            f"failed to get model version from specified version string {quoted(version)}, "
+            "version should be an integral value > 0"
+        )
+
+
+class NotServedError(ClientError):
+    """A part of Triton's protocol the gateway does not serve (shared memory, streams,
+    trace and log settings): UNIMPLEMENTED on gRPC."""
+
+    status = 400
+    slug = "not-served"
+    rpc_code = "UNIMPLEMENTED"
+    advice = "Send the tensors in the request, one ModelInfer call each (the detail says what is not served)."
+    title = "Not served"
 
 
 class MethodNotAllowedError(ClientError):
@@ -275,6 +325,8 @@ class OverloadedError(ServiceUnavailableError):
 class BodyBudgetError(OverloadedError):
     """The body bytes the gateway may hold at once are spent (``server.max_body_bytes_in_flight``):
     the same problem as any overload on HTTP; RESOURCE_EXHAUSTED on the gRPC door."""
+
+    rpc_code = "RESOURCE_EXHAUSTED"
 
 
 class ShuttingDownError(ServiceUnavailableError):

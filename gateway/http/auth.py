@@ -18,30 +18,21 @@ opens it, and an admin body has its own small cap and deadline.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from starlette.datastructures import MutableHeaders
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.errors import (
-    GatewayError,
-    RateLimitedError,
-    UnauthorizedError,
-)
+from gateway.errors import GatewayError
 from gateway.http.bodies import limited_body
 from gateway.http.problems import log_problem, problem_response
 from gateway.observe.metrics import GatewayMetrics
-from gateway.serving.admission import tenant_of
+from gateway.serving.caller import Caller, CallerGate, missing_key_error
 from gateway.shared.keyfiles import ApiKey, find_key
-from gateway.shared.quota import QuotaKeeper, quota_headers
 
 if TYPE_CHECKING:
-    from gateway.settings import TierSettings
     from gateway.shared.keyfiles import KeyRing
-    from gateway.shared.ratelimit import RateLimiter
 
 ALWAYS_OPEN = frozenset({"/livez", "/readyz", "/v2/health/live", "/v2/health/ready"})
 DOCS_PREFIXES = ("/docs", "/redoc", "/openapi.json")
@@ -52,13 +43,6 @@ def identify(keys: list[ApiKey], scope: Scope) -> ApiKey | None:
     """The key a request presents (``Authorization: Bearer`` or ``X-API-Key``), if it is
     one of ``keys`` (gateway.shared.keyfiles.find_key: the gRPC door's rule too)."""
     return find_key(keys, scope.get("headers", []))
-
-
-def missing_key_error() -> UnauthorizedError:
-    return UnauthorizedError(
-        "send a valid API key as 'Authorization: Bearer <key>' or 'X-API-Key: <key>'",
-        headers={"WWW-Authenticate": 'Bearer realm="triton-gateway"'},
-    )
 
 
 async def refuse(
@@ -72,26 +56,20 @@ async def refuse(
 
 
 class AuthMiddleware:
-    """Checks keys and rate limits before anything else runs. The keys are the key ring's
-    current ones (a rotated file applies without a restart); the limits are the limiter's
-    (this process's buckets, or the replicas' shared ones)."""
+    """The HTTP door's caller: the one caller pipeline (gateway.serving.caller) on the
+    request's headers, before anything else runs; the answer carries the caller's rate
+    and quota standing."""
 
     def __init__(
         self,
         app: ASGIApp,
-        keys: KeyRing,
-        limiter: RateLimiter,
+        gate: CallerGate,
         metrics: GatewayMetrics,
         protect_metrics: bool,
         protect_docs: bool,
-        tiers: Mapping[str, TierSettings],
-        quotas: QuotaKeeper,
     ) -> None:
         self.app = app
-        self.quotas = quotas
-        self.tiers = tiers
-        self.keys = keys
-        self.limiter = limiter
+        self.gate = gate
         self.metrics = metrics
         self.protect_metrics = protect_metrics
         self.protect_docs = protect_docs
@@ -105,76 +83,28 @@ class AuthMiddleware:
             return self.protect_docs
         return True
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send, error: GatewayError) -> None:
-        await refuse(self.metrics, scope, receive, send, error)
-
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not self._protected(scope["path"]):
             await self.app(scope, receive, send)
             return
-        key = identify(self.keys.keys, scope)
-        if key is None:
-            await self._refuse(scope, receive, send, missing_key_error())
-            return
         state = scope.setdefault("state", {})
-        state["client"] = key.id
-        state["tenant"] = tenant_of(key, self.tiers)
         try:
-            verdict = await self.limiter.check(key)
-        except GatewayError as error:  # the shared store is down and its policy refuses
-            self.metrics.client_requests.labels(client=key.id, outcome="refused").inc()
-            await self._refuse(scope, receive, send, error)
+            caller = await self.gate.admit(state["request_id"], scope.get("headers", []))
+        except GatewayError as error:
+            await refuse(self.metrics, scope, receive, send, error)
             return
-        headers: dict[str, str] = {}
-        if verdict is not None:
-            rate, burst, tokens = verdict.rate, verdict.burst, max(0.0, verdict.tokens)
-            headers = {
-                "RateLimit-Policy": f'"default";q={int(burst)};w={max(1, math.ceil(burst / rate))}',
-                "RateLimit": f'"default";r={int(tokens)};t={math.ceil((burst - tokens) / rate)}',
-            }
-            if verdict.wait:
-                self.metrics.client_requests.labels(client=key.id, outcome="rate_limited").inc()
-                limited = RateLimitedError(
-                    f"the rate for this key is {rate:g} requests a second",
-                    headers=headers,
-                    retry_after=verdict.wait,
-                )
-                await self._refuse(scope, receive, send, limited)
-                return
-        if key.quotas:
-            try:
-                standing = await self.quotas.charge(key, "requests", 1)
-            except GatewayError as error:  # spent (429), or the store is down and refuses
-                outcome = "quota_exceeded" if error.status == 429 else "refused"
-                self.metrics.client_requests.labels(client=key.id, outcome=outcome).inc()
-                error.headers = merge_limits(headers, error.headers)
-                await self._refuse(scope, receive, send, error)
-                return
-            state["quota"] = standing
-        self.metrics.client_requests.labels(client=key.id, outcome="allowed").inc()
-        if not headers and not key.quotas:
+        state["caller"] = caller
+        if not caller.limits and (caller.key is None or not caller.key.quotas):
             await self.app(scope, receive, send)
             return
 
         async def send_with_limits(message: Message) -> None:
             if message["type"] == "http.response.start":
                 # the request quota's standing, and the images' (counted once the body is read)
-                MutableHeaders(scope=message).update(
-                    merge_limits(headers, quota_headers(state.get("quota", [])))
-                )
+                MutableHeaders(scope=message).update(caller.standing())
             await send(message)
 
         await self.app(scope, receive, send_with_limits)
-
-
-def merge_limits(first: dict[str, str], second: dict[str, str]) -> dict[str, str]:
-    """Two sets of RateLimit-Policy / RateLimit headers as one (their items listed)."""
-    merged = dict(first)
-    for name, value in second.items():
-        merged[name] = (
-            f"{merged[name]}, {value}" if name in merged and name.startswith("RateLimit") else value
-        )
-    return merged
 
 
 # An admin body is a small JSON document (a rollout, a pin): this is far above any.
@@ -204,7 +134,8 @@ class AdminGate:
             error.headers = {**error.headers, "Connection": "close"}  # the body stays unread
             await self._refuse(scope, receive, send, error)
             return
-        scope.setdefault("state", {})["client"] = key.id
+        state = scope.setdefault("state", {})
+        state["caller"] = Caller(state.get("request_id", ""), key)
         try:
             body = await limited_body(Request(scope, receive), ADMIN_BODY_BYTES, self.body_seconds)
         except GatewayError as error:

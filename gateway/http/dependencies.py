@@ -15,11 +15,13 @@ from gateway.observe.drift import DriftMonitor
 from gateway.observe.metrics import GatewayMetrics, TritonMetricsScraper
 from gateway.observe.predictionlog import PredictionLog
 from gateway.observe.tracing import Tracing
-from gateway.serving.admission import ANONYMOUS, Admission, Tenant
+from gateway.serving.admission import Admission
+from gateway.serving.caller import Caller
 from gateway.serving.catalog import Catalog
 from gateway.serving.control import ModelControl, RoutingControl
 from gateway.serving.dispatch import Call, Dispatcher
 from gateway.serving.plane import InferencePlane
+from gateway.serving.readiness import Readiness
 from gateway.serving.rollout import RolloutRunner
 from gateway.serving.workers import CheckWorkers
 from gateway.settings import Settings
@@ -48,11 +50,11 @@ class GatewayState(TypedDict):
     drift: DriftMonitor
     key_ring: KeyRing | None  # the API keys (None: keys are off)
     quotas: QuotaKeeper
-    # per request: set by the request-id middleware and the route
+    readiness: Readiness
+    # per request: set by the telemetry and caller middlewares, and the route
     request_id: NotRequired[str]
+    caller: NotRequired[Caller]  # who called (gateway.serving.caller)
     model: NotRequired[str]
-    client: NotRequired[str]  # the API key's id (the auth middleware)
-    tenant: NotRequired[Tenant]  # the key's id and tier, for admission (the auth middleware)
 
 
 def gateway_state(request: Request) -> GatewayState:
@@ -61,12 +63,15 @@ def gateway_state(request: Request) -> GatewayState:
     return cast(GatewayState, request.scope["state"])
 
 
-def new_call(request: Request, state: GatewayState, client: str | None = None) -> Call:
-    """The serving side's view of one request: its id, start, the key's tenant (admission),
-    ``client`` (who a canary assignment sticks to) and the state its model label goes to."""
-    return Call(
-        state["request_id"], perf_counter(), client, tenant=state.get("tenant", ANONYMOUS), labels=state
-    )
+def new_call(request: Request, state: GatewayState) -> Call:
+    """The serving side's view of one request: its caller (gateway.serving.caller: id,
+    key, tenant), its start, who a canary assignment sticks to (the key's id, else the
+    ``X-Rollout-Key`` header) and the state its model label goes to."""
+    caller = state["caller"]
+    client = caller.client
+    if client is None:
+        client = request.headers.get("x-rollout-key")
+    return Call(caller.request_id, perf_counter(), client, caller.tenant, state, caller)
 
 
 def _from_state(name: str) -> Callable[[Request], Awaitable[Any]]:
@@ -97,3 +102,4 @@ RoutingControlDep = Annotated[RoutingControl, Depends(_from_state("routing_contr
 DriftDep = Annotated[DriftMonitor, Depends(_from_state("drift"))]
 KeyRingDep = Annotated["KeyRing | None", Depends(_from_state("key_ring"))]
 QuotasDep = Annotated[QuotaKeeper, Depends(_from_state("quotas"))]
+ReadinessDep = Annotated[Readiness, Depends(_from_state("readiness"))]

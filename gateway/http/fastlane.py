@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from urllib.parse import parse_qsl
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -131,4 +131,6 @@ class FastLane:
         except GatewayError as exc:
             # as the framework's handler would (anything else rises to its 500 handler)
             response = await gateway_error_response(request, exc)
+        except ClientDisconnect:
+            return  # nobody to answer (counted as 499 by gateway.http.telemetry)
         await response(scope, receive, send)

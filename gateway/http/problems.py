@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from gateway.errors import (
     PROBLEM_MEDIA_TYPE,
@@ -37,6 +38,7 @@ from gateway.errors import (
     summarise_validation_errors,
 )
 from gateway.observe.logs import Sampler
+from gateway.observe.outcome import CLIENT_GONE
 from gateway.observe.tracing import current_trace_id, record_problem
 
 if TYPE_CHECKING:
@@ -161,6 +163,12 @@ async def _on_http_exception(request: Request, exc: Exception) -> JSONResponse:
     return problem_response(error, request, headers=dict(exc.headers or {}))
 
 
+async def _on_client_gone(request: Request, exc: Exception) -> Response:
+    """The client went away while its body was read: nobody to answer, nothing to log
+    (the request is counted as 499 by gateway.http.telemetry)."""
+    return Response(status_code=CLIENT_GONE)
+
+
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     logger.error("%s -> 500: unexpected error", _where(request), exc_info=exc)
     response = problem_response(GatewayError("the gateway failed unexpectedly"), request)
@@ -175,6 +183,7 @@ def install_error_handlers(app: FastAPI, metrics: GatewayMetrics) -> None:
     app.add_exception_handler(GatewayError, gateway_error_response)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(StarletteHTTPException, _on_http_exception)
+    app.add_exception_handler(ClientDisconnect, _on_client_gone)
     app.add_exception_handler(Exception, _on_unexpected)
 
 

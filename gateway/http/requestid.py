@@ -1,5 +1,5 @@
-"""X-Request-ID: accepted when well-formed, generated otherwise, echoed on every response
-(by the one request middleware, gateway.http.telemetry).
+"""X-Request-ID (decided by the caller pipeline, gateway.serving.caller), echoed on every
+response by the one request middleware, gateway.http.telemetry.
 
 With it go the headers every answer carries: ``X-Content-Type-Options:
 nosniff`` and, unless the route chose its own caching, ``Cache-Control: no-store``
@@ -8,29 +8,9 @@ gateway drains, ``Connection: close``, so clients reconnect elsewhere."""
 
 from __future__ import annotations
 
-import re
-import uuid
-
-from starlette.types import Message, Scope
+from starlette.types import Message
 
 HEADER = "X-Request-ID"
-# Safe to log and to pass to Triton: no spaces, quotes or control characters.
-_VALID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}")
-
-
-def accept_or_generate(candidate: str | None) -> str:
-    if candidate is not None and _VALID.fullmatch(candidate):
-        return candidate
-    return uuid.uuid4().hex
-
-
-def request_id_of_scope(scope: Scope) -> str:
-    """The caller's X-Request-ID if well-formed, else a new one."""
-    for name, value in scope.get("headers", []):
-        if name == b"x-request-id":
-            return accept_or_generate(value.decode("latin-1"))
-    return accept_or_generate(None)
-
 
 _NOSNIFF = (b"x-content-type-options", b"nosniff")
 _NO_STORE = (b"cache-control", b"no-store")

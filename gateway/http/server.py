@@ -33,6 +33,7 @@ from gateway.errors import NotFoundError
 from gateway.http.auth import ADMIN_PREFIX
 from gateway.http.problems import problem_response
 from gateway.serving.admission import Admission
+from gateway.serving.heap import keep_heap
 from gateway.settings import Settings
 
 logger = logging.getLogger("gateway.server")
@@ -187,7 +188,9 @@ class GatewayServer(uvicorn.Server):
 
 
 def gateway_server(app: FastAPI, settings: Settings, host: str, port: int) -> GatewayServer:
-    """The gateway's server, with its drain as the settings say (serve and local both)."""
+    """The gateway's server, with its drain as the settings say (serve and local both),
+    in a process tuned for it (the heap: gateway.serving.heap)."""
+    keep_heap(settings.server.heap_keep_bytes)
     admission: Admission = app.state.admission
     return GatewayServer(
         server_config(app, settings, host, port),

@@ -12,17 +12,17 @@ route handler put in ``request.state.model``.
 
 from __future__ import annotations
 
-import logging
 from time import perf_counter
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.http.requestid import add_response_headers, request_id_of_scope
+from gateway.http.requestid import add_response_headers
 from gateway.observe.metrics import GatewayMetrics
-from gateway.observe.tracing import Tracing, current_trace, describe_server_span
+from gateway.observe.outcome import CLIENT_GONE, Outcome, record
+from gateway.observe.tracing import Tracing, describe_server_span
 from gateway.serving.admission import Admission
+from gateway.serving.caller import Caller, request_id_of
 
-access_log = logging.getLogger("gateway.access")
 UNMATCHED = "<unmatched>"
 # The method is the client's input: anything else is one label value.
 KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
@@ -42,8 +42,10 @@ def route_template(scope: Scope) -> str:
 
 
 class TelemetryMiddleware:
-    """Gives the request its id, records its metrics, wraps it in its server span, writes
-    the access log line; outermost, so everything inside (auth included) is counted."""
+    """Gives the request its id (and an anonymous caller until the caller pipeline names
+    it), wraps it in its server span and records its outcome (gateway.observe.outcome);
+    outermost, so everything inside (auth included) is counted. A client that went away
+    before its answer began is counted as 499, whatever the app answered into the void."""
 
     def __init__(
         self, app: ASGIApp, metrics: GatewayMetrics, tracing: Tracing, admission: Admission | None = None
@@ -60,21 +62,27 @@ class TelemetryMiddleware:
         started = perf_counter()
         status = 500
         received = 0
-        request_id = request_id_of_scope(scope)
-        scope.setdefault("state", {})["request_id"] = request_id
+        answered = gone = False
+        request_id = request_id_of(scope.get("headers", []))
+        state = scope.setdefault("state", {})
+        state["request_id"] = request_id
+        state["caller"] = Caller(request_id)
         admission = self.admission
 
         async def counting_receive() -> Message:
-            nonlocal received
+            nonlocal received, gone
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
+            elif message["type"] == "http.disconnect" and not answered:
+                gone = True
             return message
 
         async def status_send(message: Message) -> None:
-            nonlocal status
+            nonlocal status, answered
             if message["type"] == "http.response.start":
                 status = int(message["status"])
+                answered = True
                 add_response_headers(message, request_id, admission is not None and admission.draining)
             await send(message)
 
@@ -85,42 +93,20 @@ class TelemetryMiddleware:
                 await self.app(scope, counting_receive, status_send)
             finally:
                 self.metrics.in_flight.dec()
-                elapsed = perf_counter() - started
+                if gone:
+                    status = CLIENT_GONE
                 route = route_template(scope)
                 describe_server_span(span, method, route, status)
-                self._record(scope, method, route, status, elapsed, received)
-
-    def _record(
-        self, scope: Scope, method: str, route: str, status: int, elapsed: float, received: int
-    ) -> None:
-        state = scope.get("state", {})
-        model = str(state.get("model", ""))
-        request_id = state.get("request_id", "")
-        trace_id, sampled = current_trace()
-        metrics = self.metrics
-        metrics.child(metrics.requests, route, method, str(status), model).inc()
-        metrics.child(metrics.request_duration, route, method, model).observe(
-            elapsed, exemplar={"trace_id": trace_id} if sampled and trace_id else None
-        )
-        if method in ("POST", "PUT", "PATCH"):
-            metrics.child(metrics.request_body, route).observe(received)
-        access_log.info(
-            "%s %s %d %.1f ms request_id=%s%s",
-            method,
-            route,
-            status,
-            elapsed * 1000,
-            request_id,
-            f" trace_id={trace_id}" if trace_id else "",
-            extra={
-                "request_id": request_id,
-                "trace_id": trace_id or "",
-                "method": method,
-                "route": route,
-                "path": scope.get("path", "")[:200],
-                "status": status,
-                "model": model,
-                "duration_ms": round(elapsed * 1000, 3),
-                "body_bytes": received,
-            },
-        )
+                record(
+                    self.metrics,
+                    Outcome(
+                        route,
+                        method,
+                        status,
+                        perf_counter() - started,
+                        request_id,
+                        str(state.get("model", "")),
+                        scope.get("path", ""),
+                        received,
+                    ),
+                )

@@ -1,14 +1,18 @@
-"""The gRPC door's work, protocol-neutral (gateway.triton.frontdoor speaks the protocol):
-the same rules as ``/v2``, from the same code.
+"""The gRPC door's work, protocol-neutral (gateway.rpc.service speaks the protocol): the
+same rules as ``/v2``, from the same code.
 
-Every call: the API key from the metadata (``authorization: Bearer ...`` or ``x-api-key``,
-as on HTTP) and its rate limit; a server span continuing the caller's ``traceparent``
-(with ``tracing.trust_inbound``); ``gateway_requests_total`` and the latency histogram with
-``route`` the RPC (``/inference.GRPCInferenceService/ModelInfer``), ``method`` ``GRPC``,
-``status`` the HTTP status of the outcome and ``model`` an exposed name only. ``ModelInfer``
-goes through Dispatcher.infer_request as ``/v2`` does (signature, caps, the kind's checks,
-TOP_K, pins, admission, breaker, the prediction metrics and drift), under the client's
-deadline (``grpc-timeout``) when it is shorter than the gateway's own.
+Every call goes through the one caller pipeline before anything of its request is read
+(gateway.serving.caller: the request id from ``x-request-id``, the API key from
+``authorization: Bearer ...`` or ``x-api-key``, the tenant, rate and request quota), runs
+in a server span continuing the caller's ``traceparent`` (with ``tracing.trust_inbound``),
+and leaves one outcome (gateway.observe.outcome: ``gateway_requests_total``, the latency
+and body histograms and an access-log line, with ``route`` the RPC, ``method`` ``GRPC``,
+``status`` the HTTP status of the outcome, 499 for a client that went away, and ``model``
+an exposed name only). The answer carries the request id (``x-request-id``) and the
+caller's rate and quota standing in its metadata. ``ModelInfer`` goes through
+Dispatcher.infer_request as ``/v2`` does (signature, caps, the kind's checks, TOP_K, image
+quotas, pins, admission, breaker, the prediction metrics, drift and the prediction log),
+under the client's deadline (``grpc-timeout``) when it is shorter than the gateway's own.
 
 A ``ModelInfer`` message is read only once its caller is known and the body budget it
 shares with HTTP (gateway.serving.budget) has room for the largest message the door takes:
@@ -21,31 +25,32 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from time import perf_counter
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from gateway import __version__
 from gateway.errors import (
     GatewayError,
-    RateLimitedError,
+    NotServedError,
     RequestTimeoutError,
     TritonTimeoutError,
-    UnauthorizedError,
+    UnknownModelError,
 )
 from gateway.observe.metrics import GatewayMetrics
+from gateway.observe.outcome import CLIENT_GONE, Outcome, record
+from gateway.observe.predictionlog import PredictionLog
 from gateway.observe.tracing import Tracing, describe_server_span
-from gateway.serving.admission import tenant_of
 from gateway.serving.budget import BodyBudget, Reservation
+from gateway.serving.caller import CallerGate, request_id_of
 from gateway.serving.dispatch import Call, Dispatcher
-from gateway.serving.oip import EXTENSIONS
+from gateway.serving.oip import EXTENSIONS, GATEWAY_NAME, SERVER_NAME
+from gateway.serving.predictions import logged
+from gateway.serving.readiness import Readiness
 from gateway.settings import Settings
-from gateway.shared.keyfiles import ApiKey, KeyRing, find_key
-from gateway.shared.ratelimit import RateLimiter
 from gateway.triton.backend import InferenceBackend
-from gateway.triton.frontdoor import InferMessage, Metadata
 from gateway.triton.tensors import Tensor
 
 logger = logging.getLogger("gateway.grpc")
@@ -56,6 +61,62 @@ SERVICE = "/inference.GRPCInferenceService/"
 # bytes it hands over, the tensors joined out of them (gateway.triton.wire keeps protobuf
 # from copying them once more) and the elements decoded from those.
 MESSAGE_COPIES = 4
+
+Metadata = Sequence[tuple[str, str | bytes]]
+
+
+@dataclass(frozen=True)
+class InferMessage:
+    """A ModelInfer request as read: where it goes, and its tensors in ``/v2``'s binary
+    form (the JSON-shaped header and the tensors' bytes); ``size`` is the message's."""
+
+    name: str
+    version: str
+    request_id: str
+    header: dict[str, Any]
+    binary: bytes
+    size: int
+
+
+@dataclass
+class Rpc:
+    """One RPC as the door sees it: the caller's metadata, and the metadata its answer
+    (or refusal) carries back (the request id, the rate and quota standing)."""
+
+    metadata: Metadata
+    answer: dict[str, str] = field(default_factory=dict)
+
+
+class Door(Protocol):
+    """What the gRPC door does, protocol-neutral. Every call authenticates its metadata and
+    raises GatewayError for what it refuses."""
+
+    async def server_live(self, rpc: Rpc) -> bool: ...
+
+    async def server_ready(self, rpc: Rpc) -> bool: ...
+
+    async def model_ready(self, rpc: Rpc, name: str, version: str) -> bool: ...
+
+    async def server_metadata(self, rpc: Rpc) -> tuple[str, str, list[str]]: ...
+
+    async def model_metadata(self, rpc: Rpc, name: str, version: str) -> dict[str, Any]: ...
+
+    async def model_config(self, rpc: Rpc, name: str, version: str) -> dict[str, Any]: ...
+
+    async def model_statistics(self, rpc: Rpc, name: str, version: str) -> dict[str, Any]: ...
+
+    async def not_served(self, rpc: Rpc, method: str, detail: str) -> None: ...
+
+    async def readiness(self) -> bool:
+        """Ready to serve (no key: what the health service reports)."""
+        ...
+
+    async def infer(
+        self, rpc: Rpc, read: Callable[[], Awaitable[InferMessage]], deadline: float | None
+    ) -> tuple[InferMessage, str, str, list[Tensor]]:
+        """The message (``read`` once the caller is known and room is reserved), the model
+        and version that answered (a rollout's canary may), and the outputs."""
+        ...
 
 
 def _headers(metadata: Metadata) -> list[tuple[bytes, bytes]]:
@@ -68,7 +129,7 @@ def _headers(metadata: Metadata) -> list[tuple[bytes, bytes]]:
 
 
 class InferenceDoor:
-    """Built by the app's lifespan when ``GATEWAY_GRPC__PORT`` is set."""
+    """Built by the runtime when ``GATEWAY_GRPC__PORT`` is set."""
 
     def __init__(
         self,
@@ -77,18 +138,20 @@ class InferenceDoor:
         backend: InferenceBackend,
         metrics: GatewayMetrics,
         tracing: Tracing,
-        keys: KeyRing | None,
-        limiter: RateLimiter,
+        gate: CallerGate,
         budget: BodyBudget,
+        prediction_log: PredictionLog,
+        readiness: Readiness,
     ) -> None:
         self.settings = settings
         self.dispatcher = dispatcher
         self.backend = backend
         self.metrics = metrics
         self.tracing = tracing
-        self.keys = keys
-        self.limiter = limiter
+        self.gate = gate
         self.budget = budget
+        self.prediction_log = prediction_log
+        self._readiness = readiness
         # the largest OIP request the gateway takes (and its answer), no larger than one
         # call reading and checking it can hold within the body budget
         self.max_message_bytes = min(
@@ -96,63 +159,48 @@ class InferenceDoor:
             settings.server.max_body_bytes_in_flight // MESSAGE_COPIES,
         )
 
-    async def _authorize(self, headers: list[tuple[bytes, bytes]]) -> ApiKey | None:
-        """The key (None: keys are off), or the refusal."""
-        if self.keys is None:
-            return None
-        key = find_key(self.keys.keys, headers)
-        if key is None:
-            raise UnauthorizedError("an API key is required: authorization: Bearer <key>, or x-api-key")
-        verdict = await self.limiter.check(key)
-        if verdict is not None and verdict.wait:
-            self.metrics.client_requests.labels(client=key.id, outcome="rate_limited").inc()
-            raise RateLimitedError(
-                f"the rate for this key is {verdict.rate:g} requests a second", retry_after=verdict.wait
-            )
-        quotas = self.dispatcher.quotas
-        if key.quotas and quotas is not None:
-            await quotas.charge(key, "requests", 1)  # 429 quota-exceeded once spent
-        self.metrics.client_requests.labels(client=key.id, outcome="allowed").inc()
-        return key
-
     @asynccontextmanager
-    async def _rpc(self, rpc: str, metadata: Metadata, model: str = "") -> AsyncIterator[Call]:
-        """One RPC: authenticated, traced, counted; its GatewayError propagates (the
-        servicer maps it to a status code)."""
-        route = SERVICE + rpc
-        headers = _headers(metadata)
+    async def _rpc(self, name: str, rpc: Rpc, model: str = "") -> AsyncIterator[Call]:
+        """One RPC: its caller admitted, traced, its outcome recorded; its GatewayError
+        propagates (the servicer maps it to a status code)."""
+        route = SERVICE + name
+        headers = _headers(rpc.metadata)
         started = perf_counter()
         status = 500  # until it ends otherwise: a bug is not a success
-        labels: dict[str, str] = {"model": self._label(model)}
+        labels: dict[str, Any] = {"model": self._label(model)}
+        request_id = request_id_of(headers)
+        rpc.answer["x-request-id"] = request_id
+        call = Call(request_id, started, labels=labels)
         with self.tracing.server_span("GRPC", route, headers) as span:
             try:
-                key = await self._authorize(headers)
-                if key is None:
-                    yield Call(uuid.uuid4().hex, started, labels=labels)
-                else:
-                    tenant = tenant_of(key, self.settings.tiers)
-                    yield Call(uuid.uuid4().hex, started, key.id, tenant=tenant, labels=labels)
+                caller = await self.gate.admit(request_id, headers)
+                rpc.answer.update({k.lower(): v for k, v in caller.limits.items()})
+                call.caller, call.tenant = caller, caller.tenant
+                call.client = caller.client or _value(headers, b"x-rollout-key")
+                yield call
                 status = 200
             except asyncio.CancelledError:
-                status = 499  # the client went away (nginx's code, as on HTTP)
+                status = CLIENT_GONE
                 raise
             except GatewayError as error:
                 status = error.status
                 self.metrics.rejections.labels(reason=error.slug).inc()
                 if status >= 500:
-                    logger.warning("gRPC %s failed: %s (%s)", rpc, error.slug, error.detail)
+                    logger.warning("gRPC %s failed: %s (%s)", name, error.slug, error.detail)
                 raise
             finally:
-                label = labels["model"]
+                if call.caller is not None and call.caller.quota:
+                    rpc.answer.update({k.lower(): v for k, v in call.caller.standing().items()})
                 describe_server_span(span, "GRPC", route, status)
-                self.metrics.child(self.metrics.requests, route, "GRPC", str(status), label).inc()
-                self.metrics.child(self.metrics.request_duration, route, "GRPC", label).observe(
-                    perf_counter() - started
-                )
+                outcome = Outcome(
+                    route, "GRPC", status, perf_counter() - started, request_id,
+                    labels["model"], route, labels.get("body_bytes", 0),
+                )  # fmt: skip
+                record(self.metrics, outcome)
 
     def _label(self, model: str) -> str:
         """A catalogued or allow-listed name only (looked up, not a set built per call)."""
-        known = self.dispatcher.catalog.find(model) is not None or model in self.dispatcher.v2_models
+        known = self.dispatcher.catalog.find(model) is not None or self.dispatcher.non_classifier(model)
         return model if known else ""
 
     async def _bounded(self, work: Awaitable[T], deadline: float | None) -> T:
@@ -166,36 +214,51 @@ class InferenceDoor:
             raise TritonTimeoutError("the call's deadline passed") from None
 
     async def readiness(self) -> bool:
-        return await self.dispatcher.server_ready()
+        return await self._readiness.ready()
 
-    async def server_live(self, metadata: Metadata) -> bool:
-        async with self._rpc("ServerLive", metadata):
-            return await self.dispatcher.server_live()
+    async def server_live(self, rpc: Rpc) -> bool:
+        async with self._rpc("ServerLive", rpc):
+            return await self._readiness.live()
 
-    async def server_ready(self, metadata: Metadata) -> bool:
-        async with self._rpc("ServerReady", metadata):
-            return await self.dispatcher.server_ready()
+    async def server_ready(self, rpc: Rpc) -> bool:
+        async with self._rpc("ServerReady", rpc):
+            return await self._readiness.ready()
 
-    async def model_ready(self, metadata: Metadata, name: str, version: str) -> bool:
-        async with self._rpc("ModelReady", metadata, name):
-            return await self.dispatcher.model_ready(name, version)
+    async def model_ready(self, rpc: Rpc, name: str, version: str) -> bool:
+        """As Triton answers: a model it does not know is not ready (no error)."""
+        async with self._rpc("ModelReady", rpc, name):
+            try:
+                return await self.dispatcher.model_ready(name, version)
+            except UnknownModelError:
+                return False
 
-    async def server_metadata(self, metadata: Metadata) -> tuple[str, str, list[str]]:
-        async with self._rpc("ServerMetadata", metadata):
-            return "triton-gateway", __version__, list(EXTENSIONS)
+    async def server_metadata(self, rpc: Rpc) -> tuple[str, str, list[str]]:
+        async with self._rpc("ServerMetadata", rpc):
+            rpc.answer["server"] = f"{GATEWAY_NAME}/{__version__}"
+            triton = await self.backend.server_status()
+            return SERVER_NAME, triton.version or "", list(EXTENSIONS)
 
-    async def model_metadata(self, metadata: Metadata, name: str, version: str) -> dict[str, Any]:
-        async with self._rpc("ModelMetadata", metadata, name):
+    async def model_metadata(self, rpc: Rpc, name: str, version: str) -> dict[str, Any]:
+        async with self._rpc("ModelMetadata", rpc, name):
             self.dispatcher.oip_target(name, version)  # 404 for a model that is not exposed
             return (await self.backend.model_signature(name, version)).as_json()
 
-    async def model_config(self, metadata: Metadata, name: str, version: str) -> dict[str, Any]:
-        async with self._rpc("ModelConfig", metadata, name):
+    async def model_config(self, rpc: Rpc, name: str, version: str) -> dict[str, Any]:
+        async with self._rpc("ModelConfig", rpc, name):
             return await self.dispatcher.configuration(name, version)
 
-    async def model_statistics(self, metadata: Metadata, name: str, version: str) -> dict[str, Any]:
-        async with self._rpc("ModelStatistics", metadata, name):
+    async def model_statistics(self, rpc: Rpc, name: str, version: str) -> dict[str, Any]:
+        async with self._rpc("ModelStatistics", rpc, name):
             return await self.dispatcher.statistics(name or None, version)
+
+    async def not_served(self, rpc: Rpc, method: str, detail: str) -> None:
+        """A method of Triton's service the gateway does not serve: refused, counted (the
+        repository's as a permission the door does not give: model control is /admin's)."""
+        async with self._rpc(method, rpc):
+            error = NotServedError(detail)
+            if method.startswith("Repository"):
+                error.status, error.rpc_code = 403, "PERMISSION_DENIED"
+            raise error
 
     async def _read(
         self, read: Callable[[], Awaitable[InferMessage]], reservation: Reservation
@@ -211,28 +274,33 @@ class InferenceDoor:
         return message
 
     async def infer(
-        self,
-        metadata: Metadata,
-        read: Callable[[], Awaitable[InferMessage]],
-        deadline: float | None,
+        self, rpc: Rpc, read: Callable[[], Awaitable[InferMessage]], deadline: float | None
     ) -> tuple[InferMessage, str, str, list[Tensor]]:
         """The message, the model and version that answered (a rollout's canary may), and
         the outputs. The caller is known, and refused, before a byte of the message is read."""
         reservation = Reservation(self.budget)
         try:
-            async with self._rpc("ModelInfer", metadata) as call:
+            async with self._rpc("ModelInfer", rpc) as call:
 
                 async def work() -> tuple[InferMessage, str, str, list[Tensor]]:
                     message = await self._read(read, reservation)
+                    call.labels["body_bytes"] = message.size
                     call.model = self._label(message.name) or None
-                    target = self.dispatcher.oip_target(
-                        message.name, message.version
-                    )  # the pin applies to an unversioned call
+                    # the pin applies to an unversioned call
+                    target = self.dispatcher.oip_target(message.name, message.version)
                     _, answer, served = await self.dispatcher.infer_request(
                         target, message.header, message.binary, len(message.binary), call, self.settings
                     )
                     return message, served.name, answer.model_version, list(answer.outputs.values())
 
-                return await self._bounded(work(), deadline)
+                async with logged(self.prediction_log, call, SERVICE + "ModelInfer"):
+                    return await self._bounded(work(), deadline)
         finally:
             reservation.release()
+
+
+def _value(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
+    for key, value in headers:
+        if key == name:
+            return value.decode("latin-1")
+    return None

@@ -17,17 +17,24 @@ on every route.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Awaitable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from time import perf_counter
 from typing import Any
 
-from gateway.errors import GatewayError, NotFoundError, ServiceUnavailableError, WrongInputKindError
+from gateway.errors import (
+    BadVersionError,
+    GatewayError,
+    NotFoundError,
+    ServiceUnavailableError,
+    UnknownModelError,
+    WrongInputKindError,
+)
 from gateway.names import is_version
 from gateway.observe.drift import DriftMonitor
 from gateway.serving.admission import ANONYMOUS, Tenant
+from gateway.serving.caller import Caller, CallerGate
 from gateway.serving.catalog import Catalog, CatalogEntry
 from gateway.serving.kinds import Kind, kind_of
 from gateway.serving.kinds.base import SCORES
@@ -35,13 +42,12 @@ from gateway.serving.kinds.text import CANDIDATE_LABELS
 from gateway.serving.oip import InferRequest, bytes_checks, caps_for, check_top_k, parse_infer_request
 from gateway.serving.payload import ClassifyInput
 from gateway.serving.plane import InferencePlane
+from gateway.serving.predictions import LogEntry
 from gateway.serving.rollout import RolloutRunner
-from gateway.serving.shared_result import SharedResult
 from gateway.serving.validation import resolve_threshold, resolve_top_k
 from gateway.settings import PredictionSettings, Settings
-from gateway.shared.quota import QuotaKeeper
 from gateway.shared.routing import Rollout
-from gateway.triton.backend import Classification, InferResult, ModelSignature, ModelStatus, ServerStatus
+from gateway.triton.backend import Classification, InferResult, ModelSignature
 from gateway.triton.tensors import Tensor
 
 
@@ -55,9 +61,10 @@ class Call:
     request_id: str
     started: float
     client: str | None = None  # who a canary assignment sticks to (key id, X-Rollout-Key)
-    admitted: bool = False  # holds its in-flight slot already (admitted before its body)
     tenant: Tenant = ANONYMOUS  # the API key and its tier: whose share of the limit it takes
     labels: Any = None  # the request's state (GatewayState): only its "model" is written
+    caller: Caller | None = None  # who called (its image quotas are charged here)
+    logged: LogEntry | None = None  # what the prediction log is told (when it is on)
     _model: str | None = field(default=None, init=False, repr=False)
 
     @property
@@ -127,7 +134,7 @@ def public_configuration(document: dict[str, Any]) -> dict[str, Any]:
 
 
 class Dispatcher:
-    """Built once by the app's lifespan; every inference route calls it."""
+    """Built once by the runtime; every door's inference calls it."""
 
     def __init__(
         self,
@@ -135,22 +142,17 @@ class Dispatcher:
         plane: InferencePlane,
         rollouts: RolloutRunner,
         v2_models: Sequence[str],
-        probe_seconds: float = 0.5,
         predictions: PredictionSettings | None = None,
         drift: DriftMonitor | None = None,
-        quotas: QuotaKeeper | None = None,
+        gate: CallerGate | None = None,
     ) -> None:
-        self.quotas = quotas
+        self.gate = gate
         self.predictions = predictions or PredictionSettings()
         self.drift = drift
         self.catalog = catalog
         self.plane = plane
         self.rollouts = rollouts
         self.v2_models = frozenset(v2_models)
-        # unauthenticated probes share Triton's answers for ``probe_seconds``
-        self.readiness: SharedResult[tuple[dict[str, bool], set[str]]] = SharedResult(probe_seconds)
-        self.v2_readiness: SharedResult[list[ModelStatus]] = SharedResult(probe_seconds)
-        self.liveness: SharedResult[ServerStatus] = SharedResult(probe_seconds)
 
     # -- admission before the body ------------------------------------------------------
     @asynccontextmanager
@@ -200,12 +202,14 @@ class Dispatcher:
         (the body may carry them too, never with other values)."""
         # the route called check_model before reading the body: not again here
         kind = kind_of(payload)
+        if call.logged is not None:
+            call.logged.payload = payload
         entry = self.catalog.default(kind) if model is None else self.catalog.get(model)
         if entry.kind is not kind:
             raise WrongInputKindError(
                 f"{entry.name} takes {entry.kind.noun}s ({entry.task}), not {kind.noun}s"
             )
-        await self._charge_images(kind, payload, call)
+        await self._charge_images(kind, kind.count(payload), call)
         cut = resolve_threshold(threshold, payload.threshold)
         rollout = self.catalog.routing.rollout(entry.name)
         if rollout is None or version is not None:  # a version named explicitly is never rerouted
@@ -214,18 +218,14 @@ class Dispatcher:
             k = self._top_k(entry, payload, top_k, cut)
             answers = await self._run(entry, chosen, payload, k, call)
             self._record(entry, answers, cut, payload.candidate_labels is not None)
-            return Answer(entry.name, at_least(answers, cut))
+            return self._answered(call, Answer(entry.name, at_least(answers, cut)))
         return await self._in_rollout(entry, rollout, payload, top_k, cut, call)
 
-    async def _charge_images(self, kind: Kind, payload: ClassifyInput, call: Call) -> None:
-        """Count an image request's images against its key's image quotas (429 when spent);
-        the standing goes to the answer's RateLimit headers with the request quota's."""
-        key = call.tenant.key
-        if self.quotas is None or key is None or kind.noun != "image" or not key.quotas:
-            return
-        standing = await self.quotas.charge(key, "images", kind.count(payload))
-        if standing and call.labels is not None:
-            call.labels.setdefault("quota", []).extend(standing)
+    async def _charge_images(self, kind: Kind, count: int, call: Call) -> None:
+        """Count an image request's images against its key's image quotas (429 when spent),
+        on every door; the standing joins the answer's RateLimit headers."""
+        if self.gate is not None and kind.noun == "image":
+            await self.gate.charge_images(call.caller, count)
 
     @staticmethod
     def _top_k(
@@ -253,7 +253,7 @@ class Dispatcher:
             top_k,
             call.request_id,
             call.started,
-            admitted=admitted and not call.admitted,
+            admitted=admitted,
             tenant=call.tenant,
         )
 
@@ -283,7 +283,16 @@ class Dispatcher:
         self.rollouts.record(entry.name, arm, perf_counter() - began, failed=False)
         self._record(served, answers, threshold, payload.candidate_labels is not None)
         self._shadow(entry, rollout, payload, k, call, answers)  # compared before any threshold
-        return Answer(served.name, at_least(answers, threshold))
+        return self._answered(call, Answer(served.name, at_least(answers, threshold)))
+
+    @staticmethod
+    def _answered(call: Call, answer: Answer) -> Answer:
+        if call.logged is not None:
+            results = answer.classifications
+            call.logged.model = answer.model
+            call.logged.version = results[0].model_version if results else ""
+            call.logged.classifications = results
+        return answer
 
     def _shadow(
         self,
@@ -309,27 +318,18 @@ class Dispatcher:
 
         self.rollouts.shadow(entry.name, len(answers), run, answers, shadow)
 
-    # -- readiness --------------------------------------------------------------------
-    async def served_statuses(self, *, v2_models: bool = False) -> list[ModelStatus]:
-        """The default models (and with ``v2_models`` the allow-listed ones) as Triton sees
-        them now, at the versions requests go to (their pins)."""
-        names = list(self.catalog.defaults().values())
-        if v2_models:
-            names.extend(sorted(self.v2_models))
-        backend = self.plane.backend
-        unique = dict.fromkeys(names)
-        return list(await asyncio.gather(*(backend.model_status(n, self.catalog.version(n)) for n in unique)))
-
     # -- /v2 --------------------------------------------------------------------------
     def oip_target(self, name: str, version: str = "", call: Call | None = None) -> OipTarget:
         """The model and version an OIP call goes to; 404, exactly as an unknown model,
         for a model neither catalogued nor allow-listed or a version that is not one.
         With ``call``, the model becomes its label (a known name only)."""
         entry = self.catalog.find(name)
-        if (entry is None and name not in self.v2_models) or (version and not is_version(version)):
-            raise NotFoundError("there is no such model")
+        if entry is None and name not in self.v2_models:
+            raise UnknownModelError(name)
+        if version and not is_version(version):
+            raise BadVersionError(version)
         if entry is not None and version and version not in entry.versions:
-            raise NotFoundError("there is no such model version")
+            raise UnknownModelError(name, version)
         if call is not None:
             call.model = name
         return OipTarget(name, version or self.catalog.version(name), entry, bool(version))
@@ -359,16 +359,10 @@ class Dispatcher:
             await self.plane.backend.model_signature(name, target.version)
         return (await self.plane.backend.model_status(name, target.version)).ready
 
-    async def server_live(self) -> bool:
-        """Triton's liveness, shared by the probes of a moment."""
-        return (await self.liveness.get(self.plane.backend.server_status)).live
-
-    async def server_ready(self) -> bool:
-        """Every default and allow-listed model ready (the OIP readiness)."""
-        statuses = await self.v2_readiness.get(
-            lambda: self.served_statuses(v2_models=True), self.catalog.generation
-        )
-        return all(s.ready for s in statuses)
+    def non_classifier(self, name: str) -> bool:
+        """``name`` is one of the non-classifier models the gateway serves (the one
+        allow-list: ``GATEWAY_V2_MODELS`` and the embedding models)."""
+        return name in self.v2_models
 
     def exposed(self) -> set[str]:
         """The models /v2 shows: the catalog's classifiers and GATEWAY_V2_MODELS."""
@@ -420,6 +414,12 @@ class Dispatcher:
                 bytes_checks(served.entry),
             )
             check_top_k(served.entry, parsed.inputs)
+        if call.logged is not None:
+            call.logged.tensors = parsed.inputs
+        if served.entry is not None:
+            kind = served.entry.kind
+            count = sum(t.array.size for t in parsed.inputs if t.name in kind.oip_inputs)
+            await self._charge_images(kind, count, call)
         if target.entry is None or self.catalog.routing.rollout(target.entry.name) is None:
             return parsed, await self.infer(served, parsed.inputs, parsed.outputs, call), served
         began = perf_counter()
@@ -441,9 +441,11 @@ class Dispatcher:
             inputs,
             outputs,
             call.request_id,
-            admitted=not call.admitted,
             tenant=call.tenant,
         )
+        if call.logged is not None:
+            call.logged.model, call.logged.version = target.name, answer.model_version
+            call.logged.outputs = dict(answer.outputs)
         scores = answer.outputs.get(SCORES)
         if target.entry is not None and scores is not None and scores.array.ndim == 2:
             # a classifier's answer on /v2 is recorded as on /classify (its SCORES, best first)

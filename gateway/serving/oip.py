@@ -330,6 +330,11 @@ def encode_infer_response(
 
 # The protocol's extensions the gateway serves, exactly (docs/how-to/v2.md: the others, and why).
 EXTENSIONS = ("binary_tensor_data", "model_configuration", "statistics")
+# The server's name in its metadata, on both doors: the one Triton's clients check (NVIDIA's
+# examples fail on any other); the version beside it is the Triton behind the gateway's.
+# The gateway names itself apart (``gateway`` on /v2, the ``server`` metadata on gRPC).
+SERVER_NAME = "triton"
+GATEWAY_NAME = "triton-gateway"
 
 
 def caps_for(settings: Settings, entry: CatalogEntry | None) -> Caps:

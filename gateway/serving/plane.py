@@ -183,17 +183,10 @@ class InferencePlane:
         inputs: Sequence[Tensor],
         outputs: Sequence[str],
         request_id: str,
-        admitted: bool = True,
         tenant: Tenant = ANONYMOUS,
     ) -> InferResult:
-        """One inference on checked tensors (the Open Inference Protocol routes);
-        ``admitted=False``: its slot is held already (taken before its body)."""
-        slot = (
-            self.admission.slot(self.tracing.span("admission"), tenant, (model, "tensors"))
-            if admitted
-            else _no_slot()
-        )
-        async with slot as ticket:
+        """One inference on checked tensors (the Open Inference Protocol routes)."""
+        async with self.admission.slot(self.tracing.span("admission"), tenant, (model, "tensors")) as ticket:
             with self.backend.circuit(model):
                 return await self.backend.infer(
                     model,

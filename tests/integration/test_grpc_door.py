@@ -76,7 +76,9 @@ def test_tritonclient_grpc_gets_tritons_answers_through_the_door(
     assert mine.is_server_live(headers=KEY)
     assert mine.is_server_ready(headers=KEY)
     assert mine.is_model_ready("text_classifier", headers=KEY)
-    assert mine.get_server_metadata(headers=KEY).name == "triton-gateway"
+    # the name Triton's clients check, and the version of the Triton behind the door
+    assert mine.get_server_metadata(headers=KEY).name == "triton"
+    assert mine.get_server_metadata(headers=KEY).version == theirs.get_server_metadata().version
     meta = mine.get_model_metadata("text_classifier", headers=KEY)
     direct_meta = theirs.get_model_metadata("text_classifier")
     assert [(i.name, i.datatype) for i in meta.inputs] == [(i.name, i.datatype) for i in direct_meta.inputs]
@@ -127,7 +129,7 @@ def test_refusals_are_grpc_status_codes(door: tuple[str, httpx.Client]) -> None:
     wrong = {"authorization": "Bearer nope"}
     assert _code(lambda: client.is_server_live(headers=wrong)) == "StatusCode.UNAUTHENTICATED"
     assert _code(lambda: client.infer("no_such_model", _text_inputs(), headers=KEY)) == "StatusCode.NOT_FOUND"
-    assert _code(lambda: client.infer("text_embedder", _text_inputs(), headers=KEY)) == "StatusCode.NOT_FOUND"
+    assert _code(lambda: client.infer("text_tokenize", _text_inputs(), headers=KEY)) == "StatusCode.NOT_FOUND"
     bad_k = _text_inputs()
     bad_k[1].set_data_from_numpy(np.array([[0]] * len(TEXTS), dtype=np.int32))
     assert _code(lambda: client.infer("text_classifier", bad_k, headers=KEY)) == "StatusCode.INVALID_ARGUMENT"

@@ -40,11 +40,14 @@ def direct(triton: TritonServer) -> Iterator[tritonhttp.InferenceServerClient]:
 
 
 def test_server_metadata_lists_what_the_gateway_serves(
-    through_gateway: tritonhttp.InferenceServerClient,
+    through_gateway: tritonhttp.InferenceServerClient, direct: tritonhttp.InferenceServerClient
 ) -> None:
     metadata = through_gateway.get_server_metadata()
     assert metadata["extensions"] == ["binary_tensor_data", "model_configuration", "statistics"]
-    assert metadata["triton_version"]
+    # Triton's name, which its clients check, and its version; the gateway beside them
+    assert metadata["name"] == "triton"
+    assert metadata["version"] == direct.get_server_metadata()["version"]
+    assert metadata["gateway"]["name"] == "triton-gateway"
 
 
 @pytest.mark.parametrize("model", ["image_classifier", "text_classifier"])
@@ -76,7 +79,8 @@ def test_get_inference_statistics_answers_for_exposed_models(
     assert stats["inference_count"] >= 1
     assert stats["inference_stats"]["success"]["count"] >= 1
     everything = {s["name"] for s in through_gateway.get_inference_statistics()["model_stats"]}
-    assert everything == {"image_classifier", "text_classifier"}  # never text_tokenize and the like
+    # the catalog's classifiers and the allow-listed embedding model, never text_tokenize and the like
+    assert everything == {"image_classifier", "text_classifier", "text_embedder"}
 
 
 def _image_inputs() -> list[tritonhttp.InferInput]:

@@ -134,7 +134,7 @@ def test_classification_errors_are_openai_errors_on_v1(gateway_url: str) -> None
     headers = {"Authorization": "Bearer client-secret"}
     for body, status, code in (
         ({"model": "nope", "input": "x"}, 404, "not-found"),
-        ({"model": "image_classifier", "input": "x"}, 422, "invalid-input"),
+        ({"model": "image_classifier", "input": "x"}, 422, "wrong-input-kind"),  # as on /classify
         ({"model": "text_classifier", "input": []}, 422, "invalid-input"),
         ({"model": "text_classifier", "input": [1, 2]}, 422, "invalid-input"),
         ({"model": "text_classifier"}, 422, "invalid-input"),

@@ -4,8 +4,11 @@ a circle through ``TYPE_CHECKING`` is still two modules that cannot be read apar
 - http/ is the skin: it may use everything below it, nothing uses it but the app.
 - serving/ decides and runs inferences: never the HTTP skin, the model-repository
   tooling or the local launcher.
-- triton/ and shared/ are boundaries (tritonclient and grpc; redis): they import nothing
-  above them, and nobody else imports those libraries.
+- triton/ and shared/ are boundaries (tritonclient and grpc's client side; redis): they
+  import nothing above them, and nobody else imports those libraries.
+- rpc/ is the gRPC door, a peer of http/: the server side of grpc and Triton's protos.
+  Neither door imports the other; runtime (the composition root) builds what both share
+  and starts rpc/; app builds the HTTP door over it.
 - observe/ (metrics, tracing, logs) and the leaves (errors, settings, names) sit under all.
 - No import circle between modules; no route module reads routing or rollout state.
 - dev/ (the local launcher, and the processes the benchmark and the tests start) and bench/
@@ -46,25 +49,23 @@ ALLOWED: dict[str, set[str]] = {
     "gateway.serving": LEAVES | {"gateway.observe", "gateway.triton", "gateway.shared"},
     "gateway.http": LEAVES | {"gateway.observe", "gateway.triton", "gateway.shared", "gateway.serving"},
     "gateway.modelrepo": LEAVES | {"gateway.triton", "gateway.observe"},
-    # the gRPC door's work (its protocol is gateway.triton.frontdoor's)
+    # the gRPC door: its protocol (service) and its work (door)
     "gateway.rpc": LEAVES | {"gateway.observe", "gateway.triton", "gateway.shared", "gateway.serving"},
-    "gateway.app": LEAVES
-    | {
-        "gateway.observe",
-        "gateway.triton",
-        "gateway.shared",
-        "gateway.serving",
-        "gateway.http",
-        "gateway.rpc",
-    },
+    # the composition root: the services, and the gRPC door it starts beside the HTTP app
+    "gateway.runtime": LEAVES
+    | {"gateway.observe", "gateway.triton", "gateway.shared", "gateway.serving", "gateway.rpc"},
+    # the HTTP door over the runtime's services
+    "gateway.app": LEAVES | {"gateway.observe", "gateway.serving", "gateway.http", "gateway.runtime"},
 }
-# Foreign libraries and the one package allowed to import each.
+# Foreign libraries and the packages allowed to import each (grpc: its client side in
+# triton/, its server side in rpc/).
 BOUNDARIES = {
-    "tritonclient": "gateway.triton",
-    "grpc": "gateway.triton",
-    "grpc_health": "gateway.triton",
-    "redis": "gateway.shared",
-    "orjson": "gateway.jsoncodec",
+    "tritonclient": ("gateway.triton", "gateway.rpc"),
+    "grpc": ("gateway.triton", "gateway.rpc"),
+    "grpc_health": ("gateway.rpc",),
+    "google": ("gateway.triton", "gateway.rpc"),
+    "redis": ("gateway.shared",),
+    "orjson": ("gateway.jsoncodec",),
 }
 TOOLS = {"gateway.dev", "gateway.bench"}
 
@@ -131,9 +132,9 @@ def test_foreign_libraries_have_one_boundary() -> None:
     for path in _sources():
         module = _module_name(path)
         for imported in _imports(path):
-            owner = BOUNDARIES.get(imported.split(".")[0])
-            if owner is not None and _package(module) not in (owner, "gateway.bench"):
-                broken.append(f"{module} imports {imported} (only {owner} may)")
+            owners = BOUNDARIES.get(imported.split(".")[0])
+            if owners is not None and _package(module) not in (*owners, "gateway.bench"):
+                broken.append(f"{module} imports {imported} (only {', '.join(owners)} may)")
     assert not broken, "\n".join(broken)
 
 
@@ -206,3 +207,25 @@ def test_routes_never_touch_routing_state(path: Path) -> None:
         if isinstance(node, ast.Attribute) and node.attr in {"routing", "rollouts", "canary_for", "shadowed"}
     }
     assert not touched, f"{path.name} reads routing state: {sorted(touched)}"
+
+
+ROUTES = PACKAGE / "http" / "routes"
+
+
+@pytest.mark.parametrize("path", sorted(ROUTES.glob("*.py")), ids=lambda p: p.name)
+def test_route_modules_never_import_each_other(path: Path) -> None:
+    """A route reads, delegates and renders: what two routes share lives beneath them."""
+    others = {f"gateway.http.routes.{p.stem}" for p in ROUTES.glob("*.py") if p != path}
+    assert not _imports(path) & others, f"{path.name} imports {sorted(_imports(path) & others)}"
+
+
+def test_neither_door_imports_the_other() -> None:
+    graph = _graph()
+    crossing = [
+        f"{module} -> {m}"
+        for module, imported in graph.items()
+        for m in imported
+        if (_package(module), _package(m))
+        in {("gateway.http", "gateway.rpc"), ("gateway.rpc", "gateway.http")}
+    ]
+    assert not crossing, crossing

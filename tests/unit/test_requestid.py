@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.http.requestid import accept_or_generate
+from gateway.serving.caller import accept_or_generate
 
 
 @pytest.mark.parametrize("good", ["abc", "0f5c2d1e-9b7a", "trace:1.2_3", "a" * 128])

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Query, Request
 
 from gateway.errors import NotFoundError
-from gateway.http.auth import identify, missing_key_error
+from gateway.http.auth import identify
 from gateway.http.dependencies import (
     AdmissionDep,
     CatalogDep,
@@ -28,8 +28,8 @@ from gateway.http.dependencies import (
     RoutingControlDep,
     SettingsDep,
 )
+from gateway.http.drift import drift_state
 from gateway.http.problems import problem_responses
-from gateway.http.routes.health import drift_state
 from gateway.http.schemas import (
     CanarySpec,
     DriftReference,
@@ -47,6 +47,7 @@ from gateway.http.schemas import (
     ShadowSpec,
 )
 from gateway.names import MODEL_NAME, VERSION
+from gateway.serving.caller import missing_key_error
 from gateway.serving.control import ControlResult, RolloutView, Served
 from gateway.triton.backend import RepositoryModel
 

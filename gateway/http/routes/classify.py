@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-from time import perf_counter
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response
 
-from gateway import jsoncodec
-from gateway.errors import GatewayError, InvalidInputError
+from gateway.errors import InvalidInputError
 from gateway.http.bodies import expects_continue, read_classify_input
-from gateway.http.dependencies import GatewayState, gateway_state, new_call
+from gateway.http.dependencies import gateway_state, new_call
 from gateway.http.problems import problem_responses
-from gateway.http.routes.openai import classify_task
 from gateway.http.schemas import EXAMPLE_PNG_BASE64, ClassifyResponse, classify_response_json
-from gateway.observe.predictionlog import InputDigest, PredictionRecord
-from gateway.observe.tracing import current_trace_id
-from gateway.serving.dispatch import Answer, Call
-from gateway.serving.payload import ClassifyInput
+from gateway.http.tasks import task_response
+from gateway.serving.predictions import logged
+from gateway.serving.tasks import classify_every_class
 from gateway.settings import TOP_K_CEILING
 
 router = APIRouter(tags=["classify"])
@@ -155,12 +151,6 @@ async def classify_with_version(
     return await classify_request(request, top_k, threshold, model, version)
 
 
-def _client(request: Request) -> str | None:
-    """Who a canary assignment sticks to: the API key's id, else the X-Rollout-Key header."""
-    client = request.scope.get("state", {}).get("client")
-    return client if client is not None else request.headers.get("x-rollout-key")
-
-
 async def classify_request(
     request: Request, top_k: int | None, threshold: float | None, model: str | None, version: str | None
 ) -> Response:
@@ -168,91 +158,27 @@ async def classify_request(
     # resolution), and the answer is serialised once, here (FastAPI does not re-validate a
     # Response; `response_model` still documents it).
     state = gateway_state(request)
-    call = new_call(request, state, _client(request))
-    log = state["prediction_log"]
-    if not log.enabled:
-        response, _ = await _classify(request, state, call, top_k, threshold, model, version, [])
-        return response
-    read: list[ClassifyInput] = []
-    route = template(model, version)
-    key = request.scope["state"].get("client")  # the API key's id (never a header the client chose)
-    trace_id = current_trace_id()
-    try:
-        response, answer = await _classify(request, state, call, top_k, threshold, model, version, read)
-    except GatewayError as exc:
-        if log.sampled(call.request_id, True, key, trace_id):
-            log.offer(_record(call, key, trace_id, route, exc.status, read, None, exc.slug, log.capture))
-        raise
-    if log.sampled(call.request_id, False, key, trace_id):
-        log.offer(_record(call, key, trace_id, route, 200, read, answer, None, log.capture))
-    return response
-
-
-def _record(
-    call: Call,
-    key: str | None,
-    trace_id: str | None,
-    route: str,
-    status: int,
-    read: list[ClassifyInput],
-    answer: Answer | None,
-    error: str | None,
-    capture: int,
-) -> PredictionRecord:
-    """A sampled request's record: digests of its inputs (the inputs themselves only up
-    to ``capture`` bytes each, when the operator opted in)."""
-    payload = read[0] if read else None
-    inputs = [] if payload is None else [InputDigest.of(image, capture) for image in payload.images]
-    if payload is not None:
-        inputs += [InputDigest.of(text.encode(), capture, text=True) for text in payload.texts]
-    results = answer.classifications if answer is not None else []
-    return PredictionRecord(
-        request_id=call.request_id,
-        model=answer.model if answer is not None else (call.model or ""),
-        route=route,
-        status=status,
-        latency_seconds=round(perf_counter() - call.started, 6),
-        client=key,
-        version=results[0].model_version if results else "",
-        inputs=inputs,
-        predictions=None
-        if answer is None
-        else [[{"label": p.label, "score": p.score} for p in result.predictions] for result in results],
-        error=error,
-        trace_id=trace_id,
-    )
-
-
-async def _classify(
-    request: Request,
-    state: GatewayState,
-    call: Call,
-    top_k: int | None,
-    threshold: float | None,
-    model: str | None,
-    version: str | None,
-    read: list[ClassifyInput],
-) -> tuple[Response, Answer]:
+    call = new_call(request, state)
     dispatcher = state["dispatcher"]
-    dispatcher.check_model(model, version)  # an unknown model is refused before its body is read
-    # The body is read before admission: a slot bounds work (checks, Triton), and a slow
-    # upload, bounded by the body timeout, never holds one. Refusing only once the body is
-    # in also spares a client still writing it a connection reset instead of the 503. A
-    # client that asked `Expect: 100-continue` is refused unsent when the gateway is full.
-    async with dispatcher.admission_before_body(call, expects_continue(request)):
-        with state["tracing"].span("read body"):
-            payload = await read_classify_input(request, state["settings"], state["workers"])
-        read.append(payload)
-        if payload.task_model is not None:  # vLLM's body: vLLM's answer
-            if model is not None or top_k is not None or threshold is not None:
-                raise InvalidInputError(
-                    "a body of 'model' and 'input' (vLLM's) goes to POST /classify or /v1/classify, "
-                    "without top_k or threshold: it answers every class"
-                )
-            task, answer = await classify_task(state, payload.task_model, payload.texts, call)
-            return Response(jsoncodec.dumps(task.model_dump()), media_type="application/json"), answer
-        answer = await dispatcher.classify(
-            payload, call, model=model, version=version, top_k=top_k, threshold=threshold
-        )
+    async with logged(state["prediction_log"], call, template(model, version)):
+        dispatcher.check_model(model, version)  # an unknown model is refused before its body is read
+        # The body is read before admission: a slot bounds work (checks, Triton), and a slow
+        # upload, bounded by the body timeout, never holds one. Refusing only once the body is
+        # in also spares a client still writing it a connection reset instead of the 503. A
+        # client that asked `Expect: 100-continue` is refused unsent when the gateway is full.
+        async with dispatcher.admission_before_body(call, expects_continue(request)):
+            with state["tracing"].span("read body"):
+                payload = await read_classify_input(request, state["settings"], state["workers"])
+            if payload.task_model is not None:  # vLLM's body: vLLM's answer
+                if model is not None or top_k is not None or threshold is not None:
+                    raise InvalidInputError(
+                        "a body of 'model' and 'input' (vLLM's) goes to POST /classify or /v1/classify, "
+                        "without top_k or threshold: it answers every class"
+                    )
+                answer, rows = await classify_every_class(dispatcher, payload.task_model, payload.texts, call)
+                return task_response(call.request_id, answer, rows)
+            answer = await dispatcher.classify(
+                payload, call, model=model, version=version, top_k=top_k, threshold=threshold
+            )
     body = classify_response_json(answer.model, call.request_id, answer.classifications)
-    return Response(body, media_type="application/json"), answer
+    return Response(body, media_type="application/json")

@@ -8,21 +8,12 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import JSONResponse, Response
 
-from gateway.errors import GatewayError, NotReadyError
-from gateway.http.dependencies import (
-    AdmissionDep,
-    BackendDep,
-    CatalogDep,
-    DispatcherDep,
-    DriftDep,
-    SettingsDep,
-)
+from gateway.errors import NotReadyError
+from gateway.http.dependencies import BackendDep, CatalogDep, DriftDep, ReadinessDep, SettingsDep
+from gateway.http.drift import drift_state
 from gateway.http.problems import problem_response, problem_responses
 from gateway.http.schemas import (
     ComposingModel,
-    DriftReference,
-    DriftState,
-    DriftVersion,
     Liveness,
     ModelInfo,
     ModelsResponse,
@@ -31,8 +22,6 @@ from gateway.http.schemas import (
 )
 from gateway.observe.drift import DriftMonitor
 from gateway.serving.catalog import Catalog, CatalogEntry
-from gateway.serving.dispatch import Dispatcher
-from gateway.triton.backend import InferenceBackend, ModelStatus
 
 router = APIRouter(tags=["health"])
 
@@ -40,36 +29,6 @@ router = APIRouter(tags=["health"])
 @router.get("/livez", summary="The process is up (never calls Triton)")
 async def livez() -> Liveness:
     return Liveness(status="ok")
-
-
-async def unloaded_models(backend: InferenceBackend, statuses: list[ModelStatus]) -> set[str]:
-    """Which of the models that are not ready Triton says were unloaded on purpose (asked
-    only when one is not ready; an index Triton will not give means none)."""
-    if all(status.ready for status in statuses):
-        return set()
-    try:
-        index = await backend.repository_index()
-    except GatewayError:
-        return set()
-    down = {status.name for status in statuses if not status.ready}
-    ready = {m.name for m in index if m.state == "READY"}
-    return {m.name for m in index if m.unloaded and m.name in down and m.name not in ready}
-
-
-async def _triton_checks(
-    backend: InferenceBackend, dispatcher: Dispatcher
-) -> tuple[dict[str, bool], set[str]]:
-    """What Triton says of the default models (shared by the probes of a moment)."""
-    server, statuses = await asyncio.gather(backend.server_status(), dispatcher.served_statuses())
-    # only a live Triton unloads a model on purpose (and a dead one is not asked twice)
-    unloaded = await unloaded_models(backend, statuses) if server.live else set()
-    checks = {"accepting": True, "triton_live": server.live}
-    for status in statuses:
-        checks[f"model:{status.name}"] = status.ready
-        checks.update({f"model:{step.name}": step.ready for step in status.composing})
-    if statuses and len(unloaded) == len(statuses):
-        unloaded = set()  # nothing left to serve: not ready
-    return checks, unloaded
 
 
 @router.get(
@@ -84,20 +43,9 @@ async def _triton_checks(
     responses=problem_responses(503),
 )
 async def readyz(
-    request: Request,
-    settings: SettingsDep,
-    catalog: CatalogDep,
-    dispatcher: DispatcherDep,
-    backend: BackendDep,
-    admission: AdmissionDep,
+    request: Request, settings: SettingsDep, catalog: CatalogDep, readiness: ReadinessDep
 ) -> Response:
-    unloaded: set[str] = set()
-    if admission.leaving:
-        checks = {"accepting": False}
-    else:
-        checks, unloaded = await dispatcher.readiness.get(
-            lambda: _triton_checks(backend, dispatcher), catalog.generation
-        )
+    checks, unloaded = await readiness.checks()
     failing = [name for name, ok in checks.items() if not ok and name.removeprefix("model:") not in unloaded]
     if not failing:
         body = Readiness(
@@ -113,22 +61,6 @@ async def readyz(
         extensions={"checks": checks},
     )
     return problem_response(error, request)
-
-
-async def drift_state(drift: DriftMonitor, entry: CatalogEntry) -> DriftState | None:
-    """The model's reference and live windows (None while the store does not answer)."""
-    try:
-        # the reference the last evaluation read (every interval); the store only before one
-        reference = drift.cached_reference(entry.name) or await drift.reference(entry.name, entry.reference)
-    except GatewayError:
-        return None
-    return DriftState(
-        reference=None if reference is None else DriftReference(**reference.summary()),
-        versions={
-            version: DriftVersion(**reading.as_json())
-            for version, reading in sorted(drift.readings(entry.name).items())
-        },
-    )
 
 
 async def _info(

@@ -7,7 +7,7 @@ import asyncio
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from gateway.http.dependencies import CatalogDep, DispatcherDep, MetricsDep, TritonMetricsDep
+from gateway.http.dependencies import CatalogDep, MetricsDep, ReadinessDep, TritonMetricsDep
 from gateway.observe.metrics import EXPOSITION_CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE
 
 router = APIRouter(tags=["health"])
@@ -28,11 +28,11 @@ router = APIRouter(tags=["health"])
 async def metrics(
     request: Request,
     catalog: CatalogDep,
-    dispatcher: DispatcherDep,
+    readiness: ReadinessDep,
     gateway_metrics: MetricsDep,
     scraper: TritonMetricsDep,
 ) -> Response:
-    triton, statuses = await asyncio.gather(scraper.fetch(), dispatcher.served_statuses())
+    triton, statuses = await asyncio.gather(scraper.fetch(), readiness.served_statuses())
     if gateway_metrics.triton_metrics_up is not None:
         gateway_metrics.triton_metrics_up.set(1 if triton else 0)
     # The defaults as Triton answers now; the rest of the catalog as last read (a model

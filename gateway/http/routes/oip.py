@@ -20,17 +20,27 @@ from fastapi import APIRouter, Path, Request
 from fastapi.responses import Response
 
 from gateway import __version__
-from gateway.errors import TritonUnavailableError
+from gateway.errors import ShuttingDownError, TritonUnavailableError
 from gateway.http.bodies import byte_count, expects_continue, read_json
-from gateway.http.dependencies import BackendDep, DispatcherDep, SettingsDep, gateway_state, new_call
+from gateway.http.dependencies import (
+    BackendDep,
+    DispatcherDep,
+    ReadinessDep,
+    SettingsDep,
+    gateway_state,
+    new_call,
+)
 from gateway.http.problems import problem_responses as _problem_responses
 from gateway.serving.dispatch import Dispatcher
 from gateway.serving.oip import (
     EXTENSIONS,
+    GATEWAY_NAME,
     HEADER_LENGTH,
+    SERVER_NAME,
     encode_infer_response,
     oip_bounds,
 )
+from gateway.serving.predictions import logged
 from gateway.settings import Settings
 
 
@@ -50,29 +60,35 @@ ModelVersion = Annotated[str, Path(description="A version number.")]
 
 @router.get("", summary="Server metadata (OIP)")
 async def server_metadata(backend: BackendDep) -> dict[str, Any]:
+    """Triton's name (what its clients check) and version, the extensions the gateway
+    serves, and the gateway itself."""
     status = await backend.server_status()
     return {
-        "name": "triton-gateway",
-        "version": __version__,
-        "triton_version": status.version,
+        "name": SERVER_NAME,
+        "version": status.version,
         "extensions": list(EXTENSIONS),
+        "gateway": {"name": GATEWAY_NAME, "version": __version__},
     }
 
 
 @router.get("/health/live", summary="Triton is live (OIP)", responses=problem_responses(503))
-async def health_live(
-    backend: BackendDep, dispatcher: DispatcherDep, settings: SettingsDep
-) -> dict[str, bool]:
-    if not await dispatcher.server_live():
+async def health_live(readiness: ReadinessDep, settings: SettingsDep) -> dict[str, bool]:
+    if not await readiness.live():
         raise TritonUnavailableError("Triton is not live", retry_after=settings.triton.retry_after_seconds)
     return {"live": True}
 
 
 @router.get(
-    "/health/ready", summary="Every allow-listed model is ready (OIP)", responses=problem_responses(503)
+    "/health/ready",
+    summary="Every default and allow-listed model is ready, and the gateway is not draining (OIP)",
+    responses=problem_responses(503),
 )
-async def health_ready(dispatcher: DispatcherDep, settings: SettingsDep) -> dict[str, bool]:
-    if not await dispatcher.server_ready():
+async def health_ready(readiness: ReadinessDep, settings: SettingsDep) -> dict[str, bool]:
+    if not await readiness.ready():
+        if readiness.draining:
+            raise ShuttingDownError(
+                "the gateway is draining", retry_after=settings.triton.retry_after_seconds
+            )
         raise TritonUnavailableError("a model is not ready", retry_after=settings.triton.retry_after_seconds)
     return {"ready": True}
 
@@ -182,23 +198,24 @@ async def model_version_ready(
 async def _infer(request: Request, name: str, version: str) -> Response:
     state = gateway_state(request)
     settings, tracing, dispatcher = state["settings"], state["tracing"], state["dispatcher"]
-    # the key's id: a rollout's canary share sticks to it, as on /classify
-    call = new_call(request, state, state.get("client"))
-    target = dispatcher.oip_target(name, version, call)  # the pin applies to an unversioned call
-    async with dispatcher.admission_before_body(call, expects_continue(request)):
-        json_bytes = byte_count(request.headers.get(HEADER_LENGTH), HEADER_LENGTH)
-        with tracing.span("read body"):
-            body = await read_json(
-                request,
-                settings.max_json_body_bytes,
-                settings.server.body_timeout_seconds,
-                oip_bounds(settings),
-                state["workers"],
-                json_bytes,
+    call = new_call(request, state)
+    route = INFER_VERSION if version else INFER
+    async with logged(state["prediction_log"], call, route):
+        target = dispatcher.oip_target(name, version, call)  # the pin applies to an unversioned call
+        async with dispatcher.admission_before_body(call, expects_continue(request)):
+            json_bytes = byte_count(request.headers.get(HEADER_LENGTH), HEADER_LENGTH)
+            with tracing.span("read body"):
+                body = await read_json(
+                    request,
+                    settings.max_json_body_bytes,
+                    settings.server.body_timeout_seconds,
+                    oip_bounds(settings),
+                    state["workers"],
+                    json_bytes,
+                )
+            parsed, answer, served = await dispatcher.infer_request(
+                target, body.document, body.rest, body.size, call, settings
             )
-        parsed, answer, served = await dispatcher.infer_request(
-            target, body.document, body.rest, body.size, call, settings
-        )
     outputs = list(answer.outputs.values())
     content, header_length = encode_infer_response(
         served.name, answer.model_version, parsed.id, outputs, parsed.binary_outputs
@@ -221,6 +238,10 @@ INFER_DOC = {
         },
     }
 }
+
+
+INFER = "/v2/models/{model_name}/infer"
+INFER_VERSION = "/v2/models/{model_name}/versions/{model_version}/infer"
 
 
 @router.post(

@@ -18,26 +18,24 @@ members (gateway.http.problems). ``usage`` counts no tokens (0): the tokenizer r
 from __future__ import annotations
 
 import base64
-import time
 from typing import Annotated, Any, Literal
 
-import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
 from gateway import jsoncodec
-from gateway.errors import InvalidInputError, NotFoundError, summarise_validation_errors
+from gateway.errors import InvalidInputError, summarise_validation_errors
 from gateway.http.bodies import expects_continue, read_json
 from gateway.http.dependencies import GatewayState, gateway_state, new_call
 from gateway.http.problems import problem_responses
+from gateway.http.tasks import ClassifyTaskResponse, Usage, task_response
 from gateway.names import TEXT_TASK
-from gateway.serving.dispatch import Answer, Call
 from gateway.serving.jsonguard import JsonBounds
-from gateway.serving.payload import ClassifyInput
+from gateway.serving.predictions import logged
+from gateway.serving.tasks import classify_every_class, embed
 from gateway.serving.validation import check_count, normalize_text
 from gateway.settings import Settings
-from gateway.triton.tensors import Tensor
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
@@ -53,29 +51,6 @@ class ClassifyTaskRequest(BaseModel):
 
     model: StrictStr = Field(description="A text classifier of the catalog.")
     input: TextInput
-
-
-class ClassData(BaseModel):
-    index: int
-    label: str = Field(description="The top class.")
-    probs: list[float] = Field(description="Every class's score, in the model's label order.")
-    num_classes: int
-
-
-class Usage(BaseModel):
-    prompt_tokens: int = Field(0, description="Always 0: the tokenizer runs in Triton.")
-    total_tokens: int = 0
-    completion_tokens: int | None = 0
-    prompt_tokens_details: None = None
-
-
-class ClassifyTaskResponse(BaseModel):
-    id: str
-    object: Literal["list"] = "list"
-    created: int
-    model: str
-    data: list[ClassData]
-    usage: Usage
 
 
 class EmbeddingsRequest(BaseModel):
@@ -154,43 +129,6 @@ def _json(model: BaseModel) -> Response:
     return Response(jsoncodec.dumps(model.model_dump()), media_type="application/json")
 
 
-async def classify_task(
-    state: GatewayState, model: str, texts: list[str], call: Call
-) -> tuple[ClassifyTaskResponse, Answer]:
-    """Every text, all of its model's classes: the answer of vLLM's and SGLang's routes
-    (and the gateway's own answer, for the prediction log)."""
-    dispatcher, catalog = state["dispatcher"], state["catalog"]
-    entry = catalog.get(model)  # 404 for a model the catalog does not serve
-    if entry.task != TEXT_TASK:
-        raise InvalidInputError(f"{entry.name} is not a text classifier")
-    labels = await catalog.label_count(entry)
-    if labels is not None and labels > entry.caps.max_top_k:
-        raise InvalidInputError(
-            f"{entry.name} has {labels} classes and answers at most {entry.caps.max_top_k} "
-            "(its max_top_k): probs over every class cannot be given"
-        )
-    answer = await dispatcher.classify(
-        ClassifyInput(texts=texts), call, model=entry.name, top_k=entry.caps.max_top_k
-    )
-    data = []
-    for index, result in enumerate(answer.classifications):
-        count = labels or len(result.predictions)
-        probs = [0.0] * count
-        for prediction in result.predictions:
-            if 0 <= prediction.class_id < count:
-                probs[prediction.class_id] = prediction.score
-        top = result.predictions[0].label if result.predictions else ""
-        data.append(ClassData(index=index, label=top, probs=probs, num_classes=count))
-    task = ClassifyTaskResponse(
-        id=f"classify-{call.request_id}",
-        created=int(time.time()),
-        model=answer.model,
-        data=data,
-        usage=Usage(),
-    )
-    return task, answer
-
-
 @router.post(
     "/classify",
     summary="Classify texts as vLLM, SGLang and Dynamo do (probs over every class)",
@@ -199,11 +137,16 @@ async def classify_task(
 )
 async def classify(request: Request) -> Response:
     state = gateway_state(request)
-    call = new_call(request, state, state.get("client"))
-    async with state["dispatcher"].admission_before_body(call, expects_continue(request)):
+    call = new_call(request, state)
+    dispatcher = state["dispatcher"]
+    async with (
+        logged(state["prediction_log"], call, "/v1/classify"),
+        dispatcher.admission_before_body(call, expects_continue(request)),
+    ):
         parsed: ClassifyTaskRequest = await _body(request, state, ClassifyTaskRequest)
-        task, _ = await classify_task(state, parsed.model, _texts(parsed.input, state["settings"]), call)
-    return _json(task)
+        texts = _texts(parsed.input, state["settings"])
+        answer, rows = await classify_every_class(dispatcher, parsed.model, texts, call)
+    return task_response(call.request_id, answer, rows)
 
 
 @router.post(
@@ -218,22 +161,8 @@ async def embeddings(request: Request) -> Response:
     call = new_call(request, state)
     async with dispatcher.admission_before_body(call, expects_continue(request)):
         parsed: EmbeddingsRequest = await _body(request, state, EmbeddingsRequest)
-        if parsed.model not in settings.openai.embedding_models:
-            raise NotFoundError("there is no such embedding model")
-        call.model = parsed.model  # an allow-listed name: the metrics' model label
         texts = _texts(parsed.input, settings)
-        rows = np.array([[text.encode()] for text in texts], dtype=np.object_)
-        version = dispatcher.catalog.version(parsed.model)
-        result = await dispatcher.plane.infer(
-            parsed.model,
-            version,
-            [Tensor("TEXT", "BYTES", rows)],
-            [settings.openai.embedding_output],
-            call.request_id,
-            admitted=not call.admitted,
-            tenant=call.tenant,
-        )
-    vectors = result.outputs[settings.openai.embedding_output].array.astype("<f4")
+        vectors = await embed(dispatcher, settings.openai, parsed.model, texts, call)
     if parsed.dimensions is not None and parsed.dimensions != vectors.shape[-1]:
         raise InvalidInputError(
             f"{parsed.model} embeds in {vectors.shape[-1]} dimensions, not {parsed.dimensions}"
@@ -245,7 +174,7 @@ async def embeddings(request: Request) -> Response:
             if parsed.encoding_format == "base64"
             else row.tolist(),
         )
-        for index, row in enumerate(vectors.reshape(len(texts), -1))
+        for index, row in enumerate(vectors)
     ]
     return _json(EmbeddingsResponse(data=data, model=parsed.model, usage=Usage(completion_tokens=None)))
 
@@ -254,5 +183,6 @@ async def embeddings(request: Request) -> Response:
 async def models(request: Request) -> Response:
     state = gateway_state(request)
     names = [entry.name for entry in state["catalog"].entries() if entry.task == TEXT_TASK]
-    names += list(state["settings"].openai.embedding_models)
+    dispatcher = state["dispatcher"]
+    names += [name for name in state["settings"].openai.embedding_models if dispatcher.non_classifier(name)]
     return _json(ModelList(data=[ModelCard(id=name) for name in dict.fromkeys(names)]))

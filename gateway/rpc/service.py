@@ -1,17 +1,21 @@
 """Triton's gRPC protocol served by the gateway (KServe v2 ``GRPCInferenceService``): the
-servicer that turns each call into the door's protocol-neutral call (gateway.rpc) and its
-answer back into Triton's messages. With gateway.triton.client, the one place ``grpc`` and
-Triton's protos are used.
+servicer that turns each call into the door's protocol-neutral call (gateway.rpc.door) and
+its answer back into Triton's messages, and the server that runs it. With
+gateway.triton.client (the client side), the one place ``grpc`` and Triton's protos are used.
 
 - ``ModelInfer``'s tensors are handed over as ``/v2`` hands them over: a JSON-shaped header
   (names, datatypes, shapes, parameters) and the binary tensors, so one parser checks both
   doors' requests. ``raw_input_contents`` is taken as sent; typed ``contents`` are turned
   into the same wire bytes first.
-- Errors: the gateway's error's HTTP status decides the gRPC code (:data:`STATUS_CODES`);
-  the message is the problem's detail; ``retry-after`` (seconds) goes in the trailing
-  metadata of UNAVAILABLE and RESOURCE_EXHAUSTED.
-- The repository RPCs are PERMISSION_DENIED (model control is the admin surface's); shared
-  memory, trace and log settings are UNIMPLEMENTED, as ``/v2`` refuses them.
+- Errors: the gateway's error's HTTP status decides the gRPC code (:data:`STATUS_CODES`),
+  unless the error names Triton's own (``rpc_code``); the message is the problem's detail;
+  ``retry-after`` (seconds) goes in the trailing metadata of UNAVAILABLE and
+  RESOURCE_EXHAUSTED, with the request id and the rate standing.
+- An answer's initial metadata carries ``x-request-id`` and the caller's rate standing.
+- What the gateway does not serve is refused, counted and logged as any refusal, with a
+  message that says so: the repository RPCs are PERMISSION_DENIED (model control is the
+  admin surface's); shared memory, trace and log settings and ``ModelStreamInfer`` are
+  UNIMPLEMENTED (the stream is refused before a message of it is read).
 - The gRPC health protocol (``grpc.health.v1.Health``, what Kubernetes' gRPC probes call):
   SERVING while the door's readiness holds (``/v2``'s: every default and allow-listed model
   ready), NOT_SERVING otherwise, read again every ``health_seconds``; unauthenticated, as the
@@ -22,8 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import grpc
 import numpy as np
@@ -31,8 +34,9 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
-from gateway.errors import BodyBudgetError, GatewayError, InvalidInputError
+from gateway.errors import GatewayError, InvalidInputError
 from gateway.periodic import Periodic
+from gateway.rpc.door import Door, InferMessage, Rpc
 from gateway.triton.tensors import DTYPES, Tensor, encode_bytes
 from gateway.triton.wire import WireError, split_raw_inputs
 
@@ -61,10 +65,11 @@ STATUS_CODES: dict[int, grpc.StatusCode] = {
 
 
 def grpc_code(error: GatewayError) -> grpc.StatusCode:
-    """The gRPC code of a refusal: by its HTTP status, but a spent body budget is a
-    resource exhausted, as the door's own call cap answers, not a server unavailable."""
-    if isinstance(error, BodyBudgetError):
-        return grpc.StatusCode.RESOURCE_EXHAUSTED
+    """The gRPC code of a refusal: the one it names (a spent body budget is a resource
+    exhausted, as the door's own call cap answers; a version that is not a number is
+    Triton's invalid argument), else by its HTTP status."""
+    if error.rpc_code is not None:
+        return grpc.StatusCode[error.rpc_code]
     return STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL)
 
 
@@ -82,54 +87,6 @@ _CONTENTS = {
     "FP32": "fp32_contents",
     "FP64": "fp64_contents",
 }
-
-Metadata = Sequence[tuple[str, str | bytes]]
-
-
-@dataclass(frozen=True)
-class InferMessage:
-    """A ModelInfer request as read: where it goes, and its tensors in ``/v2``'s binary
-    form (the JSON-shaped header and the tensors' bytes); ``size`` is the message's."""
-
-    name: str
-    version: str
-    request_id: str
-    header: dict[str, Any]
-    binary: bytes
-    size: int
-
-
-class Door(Protocol):
-    """What the gRPC door does, protocol-neutral (gateway.rpc.door implements it). Every
-    call authenticates ``metadata`` and raises GatewayError for what it refuses."""
-
-    async def server_live(self, metadata: Metadata) -> bool: ...
-
-    async def server_ready(self, metadata: Metadata) -> bool: ...
-
-    async def model_ready(self, metadata: Metadata, name: str, version: str) -> bool: ...
-
-    async def server_metadata(self, metadata: Metadata) -> tuple[str, str, list[str]]: ...
-
-    async def model_metadata(self, metadata: Metadata, name: str, version: str) -> dict[str, Any]: ...
-
-    async def model_config(self, metadata: Metadata, name: str, version: str) -> dict[str, Any]: ...
-
-    async def model_statistics(self, metadata: Metadata, name: str, version: str) -> dict[str, Any]: ...
-
-    async def readiness(self) -> bool:
-        """Ready to serve (no key: what the health service reports)."""
-        ...
-
-    async def infer(
-        self,
-        metadata: Metadata,
-        read: Callable[[], Awaitable[InferMessage]],
-        deadline: float | None,
-    ) -> tuple[InferMessage, str, str, list[Tensor]]:
-        """The message (``read`` once the caller is known and room is reserved), the model
-        and version that answered (a rollout's canary may), and the outputs."""
-        ...
 
 
 def _parameter(value: Any) -> Any:
@@ -210,62 +167,68 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
     def __init__(self, door: Door) -> None:
         self._door = door
 
-    async def _run(self, context: Any, call: Awaitable[T]) -> T:
+    async def _run(self, context: Any, work: Callable[[Rpc], Awaitable[T]]) -> T:
+        rpc = Rpc(tuple((item.key, item.value) for item in context.invocation_metadata() or ()))
         try:
-            return await call
+            result = await work(rpc)
         except GatewayError as error:
             code, detail = grpc_code(error), error.detail
             retry = error.headers.get("Retry-After")
+            limits = {k.lower(): v for k, v in error.headers.items() if k.startswith("RateLimit")}
             # The frames a refusal was raised through hold the message they read, and the
             # context managers it crossed made cycles of them that only the garbage
             # collector frees: the memory goes now (64 calls of 40 MiB left 250 MiB each
             # round to a collection that came seconds later, if at all).
             error.__traceback__ = error.__context__ = error.__cause__ = None
+        else:
+            await context.send_initial_metadata(tuple(rpc.answer.items()))
+            return result
         # Aborted outside the handler, so the abort's exception does not keep the refusal.
+        trailing = {**rpc.answer, **limits}
         if retry and code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED):
-            context.set_trailing_metadata((("retry-after", retry),))
+            trailing["retry-after"] = retry
+        context.set_trailing_metadata(tuple(trailing.items()))
         # 5xx details are generic (the problem's detail never quotes Triton)
         await context.abort(code, detail)
         raise AssertionError("abort raises")  # for the type checker
 
-    @staticmethod
-    def _metadata(context: Any) -> Metadata:
-        return tuple((item.key, item.value) for item in context.invocation_metadata() or ())
-
     async def ServerLive(self, request: Any, context: Any) -> Any:  # noqa: N802 (the RPC names)
-        live = await self._run(context, self._door.server_live(self._metadata(context)))
+        live = await self._run(context, self._door.server_live)
         return service_pb2.ServerLiveResponse(live=live)
 
     async def ServerReady(self, request: Any, context: Any) -> Any:  # noqa: N802 (the RPC names)
-        ready = await self._run(context, self._door.server_ready(self._metadata(context)))
+        ready = await self._run(context, self._door.server_ready)
         return service_pb2.ServerReadyResponse(ready=ready)
 
     async def ModelReady(self, request: Any, context: Any) -> Any:  # noqa: N802 (the RPC names)
-        call = self._door.model_ready(self._metadata(context), request.name, request.version)
-        return service_pb2.ModelReadyResponse(ready=await self._run(context, call))
+        ready = await self._run(
+            context, lambda rpc: self._door.model_ready(rpc, request.name, request.version)
+        )
+        return service_pb2.ModelReadyResponse(ready=ready)
 
     async def ServerMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802 (the RPC names)
-        name, version, extensions = await self._run(
-            context, self._door.server_metadata(self._metadata(context))
-        )
+        name, version, extensions = await self._run(context, self._door.server_metadata)
         return service_pb2.ServerMetadataResponse(name=name, version=version, extensions=extensions)
 
     async def ModelMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802 (the RPC names)
-        call = self._door.model_metadata(self._metadata(context), request.name, request.version)
-        document = await self._run(context, call)
+        document = await self._run(
+            context, lambda rpc: self._door.model_metadata(rpc, request.name, request.version)
+        )
         return json_format.ParseDict(
             document, service_pb2.ModelMetadataResponse(), ignore_unknown_fields=True
         )
 
     async def ModelConfig(self, request: Any, context: Any) -> Any:  # noqa: N802 (the RPC names)
-        call = self._door.model_config(self._metadata(context), request.name, request.version)
-        document = await self._run(context, call)
+        document = await self._run(
+            context, lambda rpc: self._door.model_config(rpc, request.name, request.version)
+        )
         config = json_format.ParseDict(document, model_config_pb2.ModelConfig(), ignore_unknown_fields=True)
         return service_pb2.ModelConfigResponse(config=config)
 
     async def ModelStatistics(self, request: Any, context: Any) -> Any:  # noqa: N802 (the RPC names)
-        call = self._door.model_statistics(self._metadata(context), request.name, request.version)
-        document = await self._run(context, call)
+        document = await self._run(
+            context, lambda rpc: self._door.model_statistics(rpc, request.name, request.version)
+        )
         return json_format.ParseDict(
             document, service_pb2.ModelStatisticsResponse(), ignore_unknown_fields=True
         )
@@ -289,22 +252,37 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
             header, binary = request_header(request, contents)
             return InferMessage(request.model_name, request.model_version, request.id, header, binary, size)
 
-        async def work() -> Any:
-            message, model, version, outputs = await self._door.infer(
-                self._metadata(context), read, context.time_remaining()
-            )
+        async def work(rpc: Rpc) -> Any:
+            message, model, version, outputs = await self._door.infer(rpc, read, context.time_remaining())
             return infer_response(model, version, message.request_id, outputs)
 
-        return await self._run(context, work())
+        return await self._run(context, work)
 
-    async def _denied(self, request: Any, context: Any) -> Any:
-        await context.abort(
-            grpc.StatusCode.PERMISSION_DENIED, "model control is the gateway's admin surface (/admin)"
-        )
+    def _refusal(method: str, detail: str) -> Any:  # noqa: N805 (builds the class's methods)
+        async def refuse(self: InferenceService, request: Any, context: Any) -> Any:
+            await self._run(context, lambda rpc: self._door.not_served(rpc, method, detail))
 
-    RepositoryIndex = _denied
-    RepositoryModelLoad = _denied
-    RepositoryModelUnload = _denied
+        return refuse
+
+    ModelStreamInfer = _refusal(
+        "ModelStreamInfer",
+        "the gateway does not serve ModelStreamInfer (streams and decoupled models): "
+        "send each request as a ModelInfer call",
+    )
+    _SHARED_MEMORY = "the gateway does not serve shared memory: send the tensors in the request"
+    SystemSharedMemoryStatus = _refusal("SystemSharedMemoryStatus", _SHARED_MEMORY)
+    SystemSharedMemoryRegister = _refusal("SystemSharedMemoryRegister", _SHARED_MEMORY)
+    SystemSharedMemoryUnregister = _refusal("SystemSharedMemoryUnregister", _SHARED_MEMORY)
+    CudaSharedMemoryStatus = _refusal("CudaSharedMemoryStatus", _SHARED_MEMORY)
+    CudaSharedMemoryRegister = _refusal("CudaSharedMemoryRegister", _SHARED_MEMORY)
+    CudaSharedMemoryUnregister = _refusal("CudaSharedMemoryUnregister", _SHARED_MEMORY)
+    _SETTINGS = "the gateway does not serve Triton's trace and log settings (they are the operator's)"
+    TraceSetting = _refusal("TraceSetting", _SETTINGS)
+    LogSettings = _refusal("LogSettings", _SETTINGS)
+    _CONTROL = "model control is the gateway's admin surface (/admin), not Triton's repository API"
+    RepositoryIndex = _refusal("RepositoryIndex", _CONTROL)
+    RepositoryModelLoad = _refusal("RepositoryModelLoad", _CONTROL)
+    RepositoryModelUnload = _refusal("RepositoryModelUnload", _CONTROL)
 
 
 def _handlers(servicer: InferenceService) -> dict[str, Any]:

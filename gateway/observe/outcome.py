@@ -1,0 +1,70 @@
+"""What a finished call leaves behind, whichever door it came through: the request
+counter and latency histogram (``route``, ``method``, ``status``, ``model``), the body
+size, and one structured access-log line.
+
+The HTTP door (gateway.http.telemetry) records a request with its route template and
+method; the gRPC door (gateway.rpc.door) an RPC with its full method name as the route
+and ``GRPC`` as the method. ``status`` is the HTTP status of the outcome on both doors (a
+gRPC refusal's code is derived from it), :data:`CLIENT_GONE` for a caller that went away
+before its answer (nginx's 499: never a success, never the gateway's fault).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from gateway.observe.metrics import GatewayMetrics
+from gateway.observe.tracing import current_trace
+
+access_log = logging.getLogger("gateway.access")
+CLIENT_GONE = 499
+# The HTTP methods that carry a body (and GRPC's calls, which all do).
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "GRPC"})
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One finished call."""
+
+    route: str  # a route template or an RPC's full name: bounded label values
+    method: str
+    status: int
+    seconds: float
+    request_id: str
+    model: str = ""  # a catalogued or allow-listed name only
+    path: str = ""  # what the client asked for (logged, never a label)
+    body_bytes: int = 0
+
+
+def record(metrics: GatewayMetrics, outcome: Outcome) -> None:
+    """Count ``outcome`` and write its access-log line (with the trace id when traced;
+    the latency carries it as an exemplar when sampled)."""
+    trace_id, sampled = current_trace()
+    route, method, model = outcome.route, outcome.method, outcome.model
+    metrics.child(metrics.requests, route, method, str(outcome.status), model).inc()
+    metrics.child(metrics.request_duration, route, method, model).observe(
+        outcome.seconds, exemplar={"trace_id": trace_id} if sampled and trace_id else None
+    )
+    if method in BODY_METHODS:
+        metrics.child(metrics.request_body, route).observe(outcome.body_bytes)
+    access_log.info(
+        "%s %s %d %.1f ms request_id=%s%s",
+        method,
+        route,
+        outcome.status,
+        outcome.seconds * 1000,
+        outcome.request_id,
+        f" trace_id={trace_id}" if trace_id else "",
+        extra={
+            "request_id": outcome.request_id,
+            "trace_id": trace_id or "",
+            "method": method,
+            "route": route,
+            "path": outcome.path[:200],
+            "status": outcome.status,
+            "model": model,
+            "duration_ms": round(outcome.seconds * 1000, 3),
+            "body_bytes": outcome.body_bytes,
+        },
+    )

@@ -1,0 +1,288 @@
+"""The composition root: every service the doors share, built once, and the doors started
+as peers (MLServer's ``server.py`` over its REST and gRPC servers is the model).
+
+:class:`Runtime` is built from the settings (nothing network-bound at construction) and
+run as an async context manager on the serving loop: it starts Triton's client behind
+its breaker, the catalog, the shared state, the keys, the prediction log and drift, the
+caller pipeline, readiness and the dispatcher, then the gRPC door (when
+``GATEWAY_GRPC__PORT`` is set) beside the HTTP app (gateway.app), which reads the same
+:class:`Services`. Stopping runs the other way: the gRPC door first (its grace), then
+what it and the HTTP app used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry
+
+from gateway import __version__
+from gateway.observe.drift import DriftMonitor, LocalDriftStore, Served, SharedDriftStore
+from gateway.observe.metrics import CapacityCollector, GatewayMetrics, TritonMetricsScraper
+from gateway.observe.predictionlog import PredictionLog, Sink, make_sink
+from gateway.observe.tracing import Tracing
+from gateway.serving.admission import Admission, build_admission
+from gateway.serving.budget import BodyBudget
+from gateway.serving.caller import CallerGate
+from gateway.serving.catalog import Catalog
+from gateway.serving.control import ModelControl, RoutingControl
+from gateway.serving.dispatch import Dispatcher
+from gateway.serving.guard import GuardedBackend
+from gateway.serving.plane import InferencePlane
+from gateway.serving.readiness import Readiness
+from gateway.serving.rollout import RolloutRunner
+from gateway.serving.workers import CheckWorkers
+from gateway.settings import PredictionLogSettings, Settings
+from gateway.shared.keyfiles import KeyRing
+from gateway.shared.quota import QuotaKeeper
+from gateway.shared.ratelimit import RateLimiter
+from gateway.shared.routing import Routing
+from gateway.triton.backend import InferenceBackend
+
+if TYPE_CHECKING:
+    from gateway.rpc.service import FrontDoor
+    from gateway.shared.store import SharedState
+
+BackendFactory = Callable[[Settings, GatewayMetrics, Tracing], InferenceBackend]
+
+
+def triton_backend(settings: Settings, metrics: GatewayMetrics, tracing: Tracing) -> InferenceBackend:
+    from gateway.triton.client import TritonBackend
+
+    # gRPC refuses messages over this size before they leave: the largest single call is
+    # one image or one text request at the gateway-wide caps.
+    max_send = max(settings.image.max_bytes, settings.max_text_body_bytes) + 64 * 1024
+    return TritonBackend(settings.triton, metrics, tracing, max_send_bytes=max_send)
+
+
+def _shared_state(settings: Settings, metrics: GatewayMetrics) -> SharedState | None:
+    if settings.redis.url is None:
+        return None
+    from gateway.shared.store import SharedState
+
+    gauge = metrics.shared_state_up
+    return SharedState(
+        settings.redis, on_health=None if gauge is None else lambda up: gauge.set(1 if up else 0)
+    )
+
+
+def _prediction_sink(settings: PredictionLogSettings) -> Sink:
+    """The prediction log's sink: a Redis Stream per model for redis(s)://, else the
+    observe layer's own (HTTP CloudEvents, file)."""
+    url = settings.url.get_secret_value()
+    if url.startswith(("redis://", "rediss://")):
+        from gateway.shared.streams import RedisStreamSink
+
+        return RedisStreamSink(
+            url, settings.stream_prefix, settings.max_stream_length, settings.timeout_seconds
+        )
+    return make_sink(settings)
+
+
+def _url_kind(url: str) -> str:
+    host = url.rsplit(":", 1)[0].strip("[]")
+    return "loopback" if host in ("127.0.0.1", "localhost", "::1") else "remote"
+
+
+@dataclass(frozen=True)
+class Services:
+    """What the doors share while the runtime runs."""
+
+    settings: Settings
+    backend: InferenceBackend
+    metrics: GatewayMetrics
+    triton_metrics: TritonMetricsScraper
+    workers: CheckWorkers
+    admission: Admission
+    tracing: Tracing
+    catalog: Catalog
+    plane: InferencePlane
+    rollouts: RolloutRunner
+    dispatcher: Dispatcher
+    model_control: ModelControl
+    routing_control: RoutingControl
+    prediction_log: PredictionLog
+    drift: DriftMonitor
+    key_ring: KeyRing | None
+    quotas: QuotaKeeper
+    readiness: Readiness
+    gate: CallerGate
+    budget: BodyBudget
+
+
+class Runtime:
+    """The gateway's services and doors. What the HTTP middleware needs before the loop
+    runs (metrics, admission, the caller pipeline, the body budget) is built at
+    construction, without I/O; everything else when :meth:`running` starts."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        backend_factory: BackendFactory | None = None,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.settings = settings
+        self.make_backend = backend_factory or triton_backend
+        self.metrics = GatewayMetrics(
+            registry or CollectorRegistry(),
+            merges_triton=bool(settings.triton.metrics_url),
+            shares_state=settings.redis.url is not None,
+        )
+        self.tracing = Tracing(settings.tracing)
+        self.admission = build_admission(settings.server)
+        # one budget of body bytes for every door
+        self.budget = BodyBudget(
+            settings.server.max_body_bytes_in_flight, settings.server.retry_after_seconds
+        )
+        self.metrics.registry.register(CapacityCollector(self.admission.reading, sorted(settings.tiers)))
+        self.metrics.build.info(
+            {
+                "version": __version__,
+                "triton_url_kind": _url_kind(settings.triton.url),
+                "image_model": settings.image_model,
+                "text_model": settings.text_model,
+            }
+        )
+        # Read at build time: a keys file that does not parse refuses to start. Watched while
+        # running: a rotated file applies without a restart.
+        keep = settings.auth.on_invalid_keys_file == "keep"
+        self.api_keys = (
+            KeyRing(settings.auth.keys_file, "api", self.metrics, keep, settings.tiers)
+            if settings.auth.keys_file
+            else None
+        )
+        self.admin_keys = (
+            KeyRing(settings.admin.keys_file, "admin", self.metrics, keep)
+            if settings.admin.keys_file
+            else None
+        )
+        self.limiter = RateLimiter(None, settings.redis, self.metrics)
+        self.quotas = QuotaKeeper(None, settings.redis, self.metrics)
+        self.routing = Routing(settings.default_pins())
+        self.gate = CallerGate(self.api_keys, self.limiter, self.quotas, self.metrics, settings.tiers)
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[Services]:
+        """The services started (network clients belong to the running loop), the gRPC
+        door listening; all stopped on the way out."""
+        settings, metrics, tracing = self.settings, self.metrics, self.tracing
+        async with AsyncExitStack() as stack:
+            tracing.start()
+            # flushes spans, bounded by the export timeout
+            stack.push_async_callback(asyncio.to_thread, tracing.shutdown)
+            # the transport, behind the serving side's breaker, probe and signature cache
+            backend = GuardedBackend(self.make_backend(settings, metrics, tracing), settings.triton, metrics)
+            stack.push_async_callback(backend.close)
+            scraper = TritonMetricsScraper(
+                settings.triton.metrics_url, settings.triton.metrics_timeout_seconds
+            )
+            stack.push_async_callback(scraper.close)
+            workers = CheckWorkers(settings.check_threads)
+            store = _shared_state(settings, metrics)
+            if store is not None:
+                stack.push_async_callback(store.close)
+            for shared in (self.limiter, self.quotas, self.routing):
+                shared.attach(store)
+            stack.push_async_callback(self.routing.stop)
+            if store is not None:
+                # The shared pins before the first request (a restarted replica keeps them);
+                # the read-back every poll period keeps the store's health, and its gauge,
+                # true with no traffic at all.
+                await self.routing.sync()
+                self.routing.start(settings.redis.routing_poll_seconds)
+            for ring in (self.api_keys, self.admin_keys):
+                if ring is not None:
+                    ring.start(settings.auth.reload_seconds)
+                    stack.push_async_callback(ring.stop)
+            catalog = Catalog(
+                settings, backend, self.routing, on_refresh=metrics.catalog_refreshed.set_to_current_time
+            )
+            rollouts = RolloutRunner(self.routing, metrics, self.admission, settings.shadow_in_flight)
+            # The first read before serving (bounded by the health timeout; a Triton that is
+            # not up yet is followed by the periodic refresh).
+            await catalog.refresh()
+            catalog.start()
+            stack.push_async_callback(catalog.stop)
+            stack.push_async_callback(rollouts.stop)
+            plane = InferencePlane(backend, self.admission, tracing, metrics, workers)
+            prediction_log = PredictionLog(settings.prediction_log, metrics, _prediction_sink)
+            prediction_log.start()
+            stack.push_async_callback(prediction_log.stop)
+            drift = DriftMonitor(
+                settings.drift,
+                metrics,
+                LocalDriftStore(settings.drift.reference_dir) if store is None else SharedDriftStore(store),
+                lambda: [Served(e.name, e.versions, e.reference) for e in catalog.entries()],
+            )
+            drift.start()
+            stack.push_async_callback(drift.stop)
+            # one allow-list of the non-classifier models the doors serve
+            allow_listed = [*settings.v2_models, *settings.openai.embedding_models]
+            dispatcher = Dispatcher(
+                catalog, plane, rollouts, allow_listed, settings.predictions, drift, self.gate
+            )
+            # the models /v2 health names: the defaults and GATEWAY_V2_MODELS (an embedding
+            # model is served, but decides readiness no more than a non-default classifier)
+            readiness = Readiness(
+                catalog,
+                backend,
+                self.admission,
+                frozenset(settings.v2_models),
+                settings.triton.probe_cache_seconds,
+            )
+            services = Services(
+                settings=settings,
+                backend=backend,
+                metrics=metrics,
+                triton_metrics=scraper,
+                workers=workers,
+                admission=self.admission,
+                tracing=tracing,
+                catalog=catalog,
+                plane=plane,
+                rollouts=rollouts,
+                dispatcher=dispatcher,
+                model_control=ModelControl(backend, catalog),
+                routing_control=RoutingControl(backend, catalog, rollouts),
+                prediction_log=prediction_log,
+                drift=drift,
+                key_ring=self.api_keys,
+                quotas=self.quotas,
+                readiness=readiness,
+                gate=self.gate,
+                budget=self.budget,
+            )
+            if settings.grpc.port:
+                stack.push_async_callback((await self._grpc_door(services)).stop, settings.grpc.grace_seconds)
+            yield services
+
+    @staticmethod
+    async def _grpc_door(services: Services) -> FrontDoor:
+        """The gRPC door, a peer of the HTTP app on the same services."""
+        from gateway.rpc.door import InferenceDoor
+        from gateway.rpc.service import serve
+
+        settings = services.settings
+        door = InferenceDoor(
+            settings,
+            services.dispatcher,
+            services.backend,
+            services.metrics,
+            services.tracing,
+            services.gate,
+            services.budget,
+            services.prediction_log,
+            services.readiness,
+        )
+        return await serve(
+            door,
+            settings.grpc_host,
+            settings.grpc.port,
+            door.max_message_bytes,
+            settings.grpc.max_concurrent_calls,
+            settings.grpc.max_streams_per_connection,
+        )

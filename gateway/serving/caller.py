@@ -1,0 +1,170 @@
+"""Who is calling, decided once for every door, before a byte of the request is read.
+
+Every door (the HTTP middleware, gateway.http.auth; the gRPC door, gateway.rpc.door)
+hands over the request's headers as lower-case byte pairs (HTTP headers or gRPC metadata)
+and gets a :class:`Caller` back, or the refusal as a GatewayError:
+
+1. the request id: the client's ``x-request-id`` when well-formed, else a new one;
+2. the API key (``authorization: Bearer <key>`` or ``x-api-key``), when keys are on:
+   none, or an unknown one, is 401;
+3. the key's tenant (its tier's share and priority of the in-flight limit);
+4. its rate (429 with ``Retry-After`` past it) and its request quota (429 once spent);
+5. the ``RateLimit`` / ``RateLimit-Policy`` standing every answer to a limited key carries.
+
+Each decision is counted once, here (``gateway_client_requests_total`` by outcome). Image
+quotas are charged by :meth:`CallerGate.charge_images` once the images are counted (a
+``/classify`` body or a classifier's ``/v2`` or gRPC tensors), on every door alike.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from gateway.errors import GatewayError, RateLimitedError, UnauthorizedError
+from gateway.serving.admission import ANONYMOUS, Tenant, tenant_of
+from gateway.shared.keyfiles import ApiKey, find_key
+from gateway.shared.quota import Usage, quota_headers
+
+if TYPE_CHECKING:
+    from gateway.observe.metrics import GatewayMetrics
+    from gateway.settings import TierSettings
+    from gateway.shared.keyfiles import KeyRing
+    from gateway.shared.quota import QuotaKeeper
+    from gateway.shared.ratelimit import RateLimiter
+
+Headers = Iterable[tuple[bytes, bytes]]
+REQUEST_ID = b"x-request-id"
+# Safe to log and to pass to Triton: no spaces, quotes or control characters.
+_VALID_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}")
+
+
+def accept_or_generate(candidate: str | None) -> str:
+    """The client's request id when well-formed, else a new one."""
+    if candidate is not None and _VALID_ID.fullmatch(candidate):
+        return candidate
+    return uuid.uuid4().hex
+
+
+def request_id_of(headers: Headers) -> str:
+    for name, value in headers:
+        if name == REQUEST_ID:
+            return accept_or_generate(value.decode("latin-1"))
+    return accept_or_generate(None)
+
+
+def missing_key_error() -> UnauthorizedError:
+    return UnauthorizedError(
+        "send a valid API key as 'Authorization: Bearer <key>' or 'X-API-Key: <key>'",
+        headers={"WWW-Authenticate": 'Bearer realm="triton-gateway"'},
+    )
+
+
+def merge_limits(first: Mapping[str, str], second: Mapping[str, str]) -> dict[str, str]:
+    """Two sets of RateLimit-Policy / RateLimit headers as one (their items listed)."""
+    merged = dict(first)
+    for name, value in second.items():
+        merged[name] = (
+            f"{merged[name]}, {value}" if name in merged and name.startswith("RateLimit") else value
+        )
+    return merged
+
+
+@dataclass
+class Caller:
+    """One call's caller: its request id, its key (None: keys are off, or an open path),
+    its tenant, and the rate and quota standing its answer carries."""
+
+    request_id: str
+    key: ApiKey | None = None
+    tenant: Tenant = ANONYMOUS
+    limits: dict[str, str] = field(default_factory=dict)  # RateLimit and RateLimit-Policy
+    quota: list[Usage] = field(default_factory=list)
+
+    @property
+    def client(self) -> str | None:
+        """The key's id (what metrics, logs and canary assignments name)."""
+        return None if self.key is None else self.key.id
+
+    def standing(self) -> dict[str, str]:
+        """The headers (HTTP) or trailing metadata (gRPC) every answer to this caller
+        carries: its rate, and its quotas' standing."""
+        if not self.quota:
+            return self.limits
+        return merge_limits(self.limits, quota_headers(self.quota))
+
+
+class CallerGate:
+    """Identity, tenant, rate and request quota; built once, used by every door."""
+
+    def __init__(
+        self,
+        keys: KeyRing | None,
+        limiter: RateLimiter,
+        quotas: QuotaKeeper,
+        metrics: GatewayMetrics,
+        tiers: Mapping[str, TierSettings],
+    ) -> None:
+        self.keys = keys
+        self.limiter = limiter
+        self.quotas = quotas
+        self.metrics = metrics
+        self.tiers = tiers
+
+    @property
+    def keyed(self) -> bool:
+        return self.keys is not None
+
+    async def admit(self, request_id: str, headers: Headers) -> Caller:
+        """The caller of a request with these headers (``request_id``: its
+        :func:`request_id_of`), or its refusal (whose headers carry the rate standing)."""
+        caller = Caller(request_id)
+        if self.keys is None:
+            return caller
+        key = find_key(self.keys.keys, headers)
+        if key is None:
+            raise missing_key_error()
+        caller.key = key
+        caller.tenant = tenant_of(key, self.tiers)
+        try:
+            verdict = await self.limiter.check(key)
+        except GatewayError:  # the shared store is down and its policy refuses
+            self._count(key, "refused")
+            raise
+        if verdict is not None:
+            rate, burst, tokens = verdict.rate, verdict.burst, max(0.0, verdict.tokens)
+            caller.limits = {
+                "RateLimit-Policy": f'"default";q={int(burst)};w={max(1, math.ceil(burst / rate))}',
+                "RateLimit": f'"default";r={int(tokens)};t={math.ceil((burst - tokens) / rate)}',
+            }
+            if verdict.wait:
+                self._count(key, "rate_limited")
+                raise RateLimitedError(
+                    f"the rate for this key is {rate:g} requests a second",
+                    headers=caller.limits,
+                    retry_after=verdict.wait,
+                )
+        if key.quotas:
+            try:
+                caller.quota = await self.quotas.charge(key, "requests", 1)
+            except GatewayError as error:  # spent (429), or the store is down and refuses
+                self._count(key, "quota_exceeded" if error.status == 429 else "refused")
+                error.headers = merge_limits(caller.limits, error.headers)
+                raise
+        self._count(key, "allowed")
+        return caller
+
+    async def charge_images(self, caller: Caller | None, count: int) -> None:
+        """Count ``count`` images against the caller's image quotas (429 once spent); the
+        standing joins the answer's RateLimit headers."""
+        key = None if caller is None else caller.key
+        if caller is None or key is None or not key.quotas or count <= 0:
+            return
+        caller.quota.extend(await self.quotas.charge(key, "images", count))
+
+    def _count(self, key: ApiKey, outcome: str) -> None:
+        self.metrics.client_requests.labels(client=key.id, outcome=outcome).inc()
