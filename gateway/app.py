@@ -27,6 +27,9 @@ from gateway.http.telemetry import TelemetryMiddleware
 from gateway.runtime import BackendFactory, Runtime
 from gateway.settings import Settings
 
+# The route modules every gateway serves (the admin routes only with admin keys).
+SERVED = (classify, health, metrics_route, oip, openai_routes)
+
 DESCRIPTION = """
 A validating front door for NVIDIA Triton Inference Server.
 
@@ -114,7 +117,14 @@ def create_app(
         )
     # Inside telemetry (its refusals are counted and logged), outside everything that reads a body.
     app.add_middleware(BodyBudgetMiddleware, budget=runtime.budget)
-    app.add_middleware(TelemetryMiddleware, metrics=metrics, tracing=runtime.tracing, admission=admission)
+    app.add_middleware(
+        TelemetryMiddleware,
+        metrics=metrics,
+        tracing=runtime.tracing,
+        admission=admission,
+        # the served routes, to name the one a request refused before the router asked for
+        routes=[route for module in SERVED for route in module.router.routes],
+    )
     if settings.auth.cors_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -124,11 +134,8 @@ def create_app(
             expose_headers=["X-Request-ID", "Retry-After", "RateLimit", "RateLimit-Policy"],
         )
     install_error_handlers(app, metrics)
-    app.include_router(classify.router)
-    app.include_router(health.router)
-    app.include_router(metrics_route.router)
-    app.include_router(oip.router)
-    app.include_router(openai_routes.router)
+    for module in SERVED:
+        app.include_router(module.router)
     app.state.admin_included = admin_keys is not None
     if admin_keys is not None:
         app.state.admin_keys = admin_keys

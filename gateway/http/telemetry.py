@@ -12,8 +12,10 @@ route handler put in ``request.state.model``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from time import perf_counter
 
+from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.http.requestid import add_response_headers
@@ -33,10 +35,14 @@ def method_label(method: str) -> str:
     return method if method in KNOWN_METHODS else OTHER_METHOD
 
 
-def route_template(scope: Scope) -> str:
+def route_template(scope: Scope, routes: Sequence[BaseRoute] = ()) -> str:
     """The template of the route that handled the request (the router records it in the
-    scope), so /classify?x and /classify/ variants never become new label values."""
+    scope), so /classify?x and /classify/ variants never become new label values. A request
+    refused before the router ran (no key, its rate) is labelled by the route it asked for,
+    as the gRPC door labels a refused call by its method: found among ``routes``."""
     route = scope.get("route")
+    if route is None:
+        route = next((r for r in routes if r.matches(scope)[0] is Match.FULL), None)
     path = getattr(route, "path", None)
     return path if isinstance(path, str) else UNMATCHED
 
@@ -48,9 +54,15 @@ class TelemetryMiddleware:
     before its answer began is counted as 499, whatever the app answered into the void."""
 
     def __init__(
-        self, app: ASGIApp, metrics: GatewayMetrics, tracing: Tracing, admission: Admission | None = None
+        self,
+        app: ASGIApp,
+        metrics: GatewayMetrics,
+        tracing: Tracing,
+        admission: Admission | None = None,
+        routes: Sequence[BaseRoute] = (),
     ) -> None:
         self.app = app
+        self.routes = routes  # the app's, to label a request refused before the router
         self.metrics = metrics
         self.tracing = tracing
         self.admission = admission
@@ -95,7 +107,7 @@ class TelemetryMiddleware:
                 self.metrics.in_flight.dec()
                 if gone:
                     status = CLIENT_GONE
-                route = route_template(scope)
+                route = route_template(scope, self.routes)
                 describe_server_span(span, method, route, status)
                 record(
                     self.metrics,

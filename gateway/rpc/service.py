@@ -24,6 +24,7 @@ gateway.triton.client (the client side), the one place ``grpc`` and Triton's pro
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -37,11 +38,19 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from gateway.errors import GatewayError, InvalidInputError
 from gateway.periodic import Periodic
 from gateway.rpc.door import Door, InferMessage, Rpc
+from gateway.serving.oip import (
+    NOT_SERVED_CONTROL,
+    NOT_SERVED_SETTINGS,
+    NOT_SERVED_SHARED_MEMORY,
+    NOT_SERVED_STREAM,
+)
 from gateway.triton.tensors import DTYPES, Tensor, encode_bytes
 from gateway.triton.wire import WireError, split_raw_inputs
 
 logger = logging.getLogger("gateway.grpc")
 SERVICE_NAME = "inference.GRPCInferenceService"
+# How long a call whose stream ended with no message waits for its cancellation.
+EOF_GRACE_SECONDS = 0.1
 T = TypeVar("T")
 
 # HTTP status of the gateway's error -> gRPC code (the closest meaning).
@@ -239,7 +248,10 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
 
         async def read() -> InferMessage:
             raw = await context.read()
-            if not isinstance(raw, bytes):  # grpc.aio.EOF: a client stream with no message
+            if not isinstance(raw, bytes):  # grpc.aio.EOF: no message came
+                # A client that cancels ends its stream first and is cancelled a moment
+                # later: waited for, it is counted as gone (499), not as an empty call.
+                await asyncio.sleep(EOF_GRACE_SECONDS)
                 raise InvalidInputError("the call carried no ModelInferRequest")
             try:
                 # the raw contents as views (protobuf would copy each): read, the message
@@ -264,25 +276,18 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
 
         return refuse
 
-    ModelStreamInfer = _refusal(
-        "ModelStreamInfer",
-        "the gateway does not serve ModelStreamInfer (streams and decoupled models): "
-        "send each request as a ModelInfer call",
-    )
-    _SHARED_MEMORY = "the gateway does not serve shared memory: send the tensors in the request"
-    SystemSharedMemoryStatus = _refusal("SystemSharedMemoryStatus", _SHARED_MEMORY)
-    SystemSharedMemoryRegister = _refusal("SystemSharedMemoryRegister", _SHARED_MEMORY)
-    SystemSharedMemoryUnregister = _refusal("SystemSharedMemoryUnregister", _SHARED_MEMORY)
-    CudaSharedMemoryStatus = _refusal("CudaSharedMemoryStatus", _SHARED_MEMORY)
-    CudaSharedMemoryRegister = _refusal("CudaSharedMemoryRegister", _SHARED_MEMORY)
-    CudaSharedMemoryUnregister = _refusal("CudaSharedMemoryUnregister", _SHARED_MEMORY)
-    _SETTINGS = "the gateway does not serve Triton's trace and log settings (they are the operator's)"
-    TraceSetting = _refusal("TraceSetting", _SETTINGS)
-    LogSettings = _refusal("LogSettings", _SETTINGS)
-    _CONTROL = "model control is the gateway's admin surface (/admin), not Triton's repository API"
-    RepositoryIndex = _refusal("RepositoryIndex", _CONTROL)
-    RepositoryModelLoad = _refusal("RepositoryModelLoad", _CONTROL)
-    RepositoryModelUnload = _refusal("RepositoryModelUnload", _CONTROL)
+    ModelStreamInfer = _refusal("ModelStreamInfer", NOT_SERVED_STREAM)
+    SystemSharedMemoryStatus = _refusal("SystemSharedMemoryStatus", NOT_SERVED_SHARED_MEMORY)
+    SystemSharedMemoryRegister = _refusal("SystemSharedMemoryRegister", NOT_SERVED_SHARED_MEMORY)
+    SystemSharedMemoryUnregister = _refusal("SystemSharedMemoryUnregister", NOT_SERVED_SHARED_MEMORY)
+    CudaSharedMemoryStatus = _refusal("CudaSharedMemoryStatus", NOT_SERVED_SHARED_MEMORY)
+    CudaSharedMemoryRegister = _refusal("CudaSharedMemoryRegister", NOT_SERVED_SHARED_MEMORY)
+    CudaSharedMemoryUnregister = _refusal("CudaSharedMemoryUnregister", NOT_SERVED_SHARED_MEMORY)
+    TraceSetting = _refusal("TraceSetting", NOT_SERVED_SETTINGS)
+    LogSettings = _refusal("LogSettings", NOT_SERVED_SETTINGS)
+    RepositoryIndex = _refusal("RepositoryIndex", NOT_SERVED_CONTROL)
+    RepositoryModelLoad = _refusal("RepositoryModelLoad", NOT_SERVED_CONTROL)
+    RepositoryModelUnload = _refusal("RepositoryModelUnload", NOT_SERVED_CONTROL)
 
 
 def _handlers(servicer: InferenceService) -> dict[str, Any]:

@@ -326,12 +326,12 @@ class Dispatcher:
         entry = self.catalog.find(name)
         if entry is None and name not in self.v2_models:
             raise UnknownModelError(name)
+        if call is not None:
+            call.model = name  # an exposed name, whatever becomes of its version
         if version and not is_version(version):
             raise BadVersionError(version)
         if entry is not None and version and version not in entry.versions:
             raise UnknownModelError(name, version)
-        if call is not None:
-            call.model = name
         return OipTarget(name, version or self.catalog.version(name), entry, bool(version))
 
     def _oip_arm(self, target: OipTarget, call: Call) -> tuple[OipTarget, str]:

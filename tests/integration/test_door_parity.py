@@ -1,0 +1,383 @@
+"""The two doors, differentially: the same cases sent to ``/v2`` (HTTP) and to the gRPC
+door of one gateway in front of the real Triton, with the outcome compared case by case:
+the status (and the gRPC code it maps to), the request id given back, the metric lines
+(``gateway_requests_total``, ``gateway_rejections_total``), the access-log line and the
+prediction-log record. A difference between the doors is a failure, whatever the case.
+
+Cases: an answer; no key; a wrong key; a key past its rate; a key whose quota is spent;
+an unknown model; an unknown version; a version that is not a number; bad tensors; a text
+over the caps; a client that gives up while its request is read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from gateway.dev.tritonserver import TritonServer, free_port
+from gateway.rpc.service import STATUS_CODES
+from gateway.settings import Settings
+from gateway.shared.keyfiles import hash_key
+
+from helpers.triton_fixtures import gateway_settings
+
+V2_ROUTE = {
+    "": "/v2/models/{model_name}/infer",
+    "v": "/v2/models/{model_name}/versions/{model_version}/infer",
+}
+GRPC_ROUTE = "/inference.GRPCInferenceService/ModelInfer"
+TEXTS = ["The striker scored twice in the final.", "The central bank raised interest rates again."]
+DOORS = ("http", "grpc")
+
+
+@dataclass
+class Stack:
+    http: httpx.Client
+    grpc_address: str
+    log: Path
+
+
+@dataclass(frozen=True)
+class Case:
+    """One request, as both doors send it: the key (per door: the stateful keys are one
+    per door), the model, version and tensors (``top_k_type``: TOP_K's datatype)."""
+
+    name: str
+    key: str | None = "app"
+    model: str = "text_classifier"
+    version: str = ""
+    texts: tuple[str, ...] = tuple(TEXTS)
+    top_k_type: str = "INT32"
+    warm: int = 0  # calls made first (a rate or a quota to spend)
+
+
+@dataclass
+class Outcome:
+    status: int  # HTTP status, or the gRPC code's
+    code: str  # the gRPC code ("" on HTTP)
+    request_id: str
+    detail: str
+    answer: dict[str, Any] | None = None
+
+
+KEYS = {
+    "app": "app-secret",
+    "slow-http": "slow-http-secret",
+    "slow-grpc": "slow-grpc-secret",
+    "capped-http": "capped-http-secret",
+    "capped-grpc": "capped-grpc-secret",
+}
+
+
+@pytest.fixture(scope="module")
+def stack(triton: TritonServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    from gateway.app import create_app
+
+    from helpers.support import ServedApp
+
+    folder = tmp_path_factory.mktemp("parity")
+    keys = folder / "keys"
+    keys.write_text(
+        f"app {hash_key(KEYS['app'])}\n"
+        f"slow-http {hash_key(KEYS['slow-http'])} 0.01 1\n"
+        f"slow-grpc {hash_key(KEYS['slow-grpc'])} 0.01 1\n"
+        f"capped-http {hash_key(KEYS['capped-http'])} quota=1/day\n"
+        f"capped-grpc {hash_key(KEYS['capped-grpc'])} quota=1/day\n"
+    )
+    log = folder / "predictions.jsonl"
+    port = free_port()
+    settings: Settings = gateway_settings(
+        triton,
+        auth={"keys_file": keys, "protect_metrics": False},
+        grpc={"port": port, "host": "127.0.0.1"},
+        prediction_log={"url": f"file://{log}", "sample_rate": 1.0, "failure_sample_rate": 1.0},
+        server={"body_timeout_seconds": 3},
+    )
+    served = ServedApp(create_app(settings), settings).start()
+    with httpx.Client(base_url=served.url, timeout=30) as http:
+        yield Stack(http, f"127.0.0.1:{port}", log)
+    served.stop()
+
+
+def _key(case: Case, door: str) -> str | None:
+    if case.key is None:
+        return None
+    if case.key == "wrong":
+        return "not-a-key"
+    name = case.key if case.key == "app" else f"{case.key}-{door}"
+    return KEYS[name]
+
+
+def _top_k(case: Case) -> np.ndarray:
+    return np.full((len(case.texts), 1), 3, dtype=np.float32 if case.top_k_type == "FP32" else np.int32)
+
+
+def _send_http(stack: Stack, case: Case, request_id: str) -> Outcome:
+    headers = {"x-request-id": request_id}
+    key = _key(case, "http")
+    if key is not None:
+        headers["authorization"] = f"Bearer {key}"
+    body = {
+        "inputs": [
+            {"name": "TEXT", "datatype": "BYTES", "shape": [len(case.texts), 1], "data": list(case.texts)},
+            {
+                "name": "TOP_K",
+                "datatype": case.top_k_type,
+                "shape": [len(case.texts), 1],
+                "data": _top_k(case).reshape(-1).tolist(),
+            },
+        ]
+    }
+    path = f"/v2/models/{case.model}" + (f"/versions/{case.version}" if case.version else "") + "/infer"
+    response = stack.http.post(path, json=body, headers=headers)
+    document = response.json()
+    answer = None
+    if response.status_code == 200:
+        answer = {o["name"]: o["data"] for o in document["outputs"]}
+        answer["model"], answer["version"] = document["model_name"], document["model_version"]
+    return Outcome(
+        response.status_code, "", response.headers["x-request-id"], document.get("error", ""), answer
+    )
+
+
+def _grpc_request(case: Case) -> Any:
+    request = service_pb2.ModelInferRequest(model_name=case.model, model_version=case.version)
+    text = request.inputs.add(name="TEXT", datatype="BYTES", shape=[len(case.texts), 1])
+    text.contents.bytes_contents.extend(t.encode() for t in case.texts)
+    top_k = request.inputs.add(name="TOP_K", datatype=case.top_k_type, shape=[len(case.texts), 1])
+    if case.top_k_type == "FP32":
+        top_k.contents.fp32_contents.extend(_top_k(case).reshape(-1).tolist())
+    else:
+        top_k.contents.int_contents.extend(_top_k(case).reshape(-1).tolist())
+    return request
+
+
+def _send_grpc(stack: Stack, case: Case, request_id: str) -> Outcome:
+    metadata = [("x-request-id", request_id)]
+    key = _key(case, "grpc")
+    if key is not None:
+        metadata.append(("authorization", f"Bearer {key}"))
+    with grpc.insecure_channel(stack.grpc_address) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        try:
+            response, call = stub.ModelInfer.with_call(_grpc_request(case), metadata=metadata, timeout=30)
+        except grpc.RpcError as error:
+            given = dict(error.trailing_metadata() or ())  # type: ignore[attr-defined]
+            code = error.code()  # type: ignore[attr-defined]
+            return Outcome(0, code.name, given.get("x-request-id", ""), error.details() or "")  # type: ignore[attr-defined]
+    given = dict(call.initial_metadata())
+    answer: dict[str, Any] = {}
+    for output, raw in zip(response.outputs, response.raw_output_contents, strict=True):
+        if output.datatype == "BYTES":
+            items, at = [], 0
+            while at < len(raw):
+                size = int.from_bytes(raw[at : at + 4], "little")
+                items.append(raw[at + 4 : at + 4 + size].decode())
+                at += 4 + size
+            answer[output.name] = items
+        else:
+            dtype = {"FP32": np.float32, "INT32": np.int32, "BOOL": np.bool_}[output.datatype]
+            answer[output.name] = np.frombuffer(raw, dtype=dtype).tolist()
+    answer["model"], answer["version"] = response.model_name, response.model_version
+    return Outcome(200, "OK", given.get("x-request-id", ""), "", answer)
+
+
+def _counters(stack: Stack) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = stack.http.get("/metrics").text
+    found = {}
+    for family in text_string_to_metric_families(text):
+        if family.name in ("gateway_requests", "gateway_rejections"):
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+def _delta(before: dict[Any, float], after: dict[Any, float]) -> dict[Any, float]:
+    return {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
+
+
+def _neutral(delta: dict[Any, float], route: str) -> dict[Any, float]:
+    """The counts with the door's own route and method taken out (what both must share)."""
+    out: dict[Any, float] = {}
+    for (name, labels), value in delta.items():
+        kept = tuple((k, v) for k, v in labels if k not in ("route", "method"))
+        routes = [v for k, v in labels if k == "route"]
+        if routes and routes[0] != route:
+            continue  # the /metrics scrape itself, say
+        out[(name, kept)] = out.get((name, kept), 0.0) + value
+    return out
+
+
+def _records(stack: Stack, request_id: str, timeout: float = 10.0) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = []
+        if stack.log.exists():
+            found = [
+                r
+                for r in map(json.loads, stack.log.read_text().splitlines())
+                if r["request_id"] == request_id
+            ]
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
+CASES = [
+    Case("answer"),
+    Case("no key", key=None),
+    Case("wrong key", key="wrong"),
+    Case("rate-limited", key="slow", warm=1),
+    Case("quota spent", key="capped", warm=1),
+    Case("unknown model", model="no_such_model"),
+    Case("unknown version", version="9"),
+    Case("version not a number", version="abc"),
+    Case("bad tensors", top_k_type="FP32"),
+    Case("too large", texts=("x" * 12_000,)),
+]
+# the doors' statuses for each case (the gRPC code is the map's, checked beside)
+EXPECTED = {
+    "answer": (200, "OK"),
+    "no key": (401, "UNAUTHENTICATED"),
+    "wrong key": (401, "UNAUTHENTICATED"),
+    "rate-limited": (429, "RESOURCE_EXHAUSTED"),
+    "quota spent": (429, "RESOURCE_EXHAUSTED"),
+    "unknown model": (404, "NOT_FOUND"),
+    "unknown version": (404, "NOT_FOUND"),
+    "version not a number": (404, "INVALID_ARGUMENT"),  # Triton's codes on each door
+    "bad tensors": (422, "INVALID_ARGUMENT"),
+    "too large": (413, "INVALID_ARGUMENT"),
+}
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_both_doors_end_a_case_alike(stack: Stack, case: Case, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="gateway.access")
+    outcomes: dict[str, Outcome] = {}
+    counted: dict[str, dict[Any, float]] = {}
+    lines: dict[str, list[tuple[str, int, str]]] = {}
+    logged: dict[str, list[dict[str, Any]]] = {}
+    slug = case.name.replace(" ", "-")
+    for door, send in (("http", _send_http), ("grpc", _send_grpc)):
+        for index in range(case.warm):
+            send(stack, case, f"warm-{slug}-{door}-{index}")
+        request_id = f"parity-{slug}-{door}"
+        before = _counters(stack)
+        outcomes[door] = send(stack, case, request_id)
+        route = V2_ROUTE["v" if case.version else ""] if door == "http" else GRPC_ROUTE
+        time.sleep(0.05)  # the outcome is recorded as the call ends, after its answer left
+        counted[door] = _neutral(_delta(before, _counters(stack)), route)
+        assert outcomes[door].request_id == request_id, f"{door} gave back another request id"
+        lines[door] = [
+            (r.route, r.status, r.model)  # type: ignore[attr-defined]
+            for r in caplog.records
+            if getattr(r, "request_id", None) == request_id
+        ]
+        refused_early = outcomes[door].code in ("UNAUTHENTICATED", "RESOURCE_EXHAUSTED")
+        logged[door] = _records(stack, request_id, timeout=1.5 if refused_early else 10)
+
+    http, rpc = outcomes["http"], outcomes["grpc"]
+    assert (http.status, rpc.code) == EXPECTED[case.name], (http, rpc)
+    assert http.detail == rpc.detail, "the doors explain the refusal differently"
+    assert http.answer == rpc.answer
+    # one access-log line each, with the same status and model (the route is the door's)
+    route = V2_ROUTE["v" if case.version else ""]
+    assert lines["http"] == [(route, http.status, lines["http"][0][2])]
+    assert lines["grpc"] == [(GRPC_ROUTE, http.status, lines["http"][0][2])]
+    assert counted["http"] == counted["grpc"], "the doors count the case differently"
+    assert any(name == "gateway_requests_total" for name, _ in counted["http"])
+    # the prediction log: the same record from each door (but the route and the timings)
+    assert len(logged["http"]) == len(logged["grpc"]) <= 1
+    for record in (*logged["http"], *logged["grpc"]):
+        for varies in ("route", "latency_seconds", "time", "request_id", "trace_id"):
+            record.pop(varies, None)
+    assert logged["http"] == logged["grpc"]
+    if case.name == "answer":
+        [record] = logged["http"]
+        # each text, and the TOP_K tensor
+        assert (record["model"], record["status"], len(record["inputs"])) == ("text_classifier", 200, 3)
+        assert [p["label"] for p in record["predictions"][0]] == http.answer["LABELS"][:3]  # type: ignore[index]
+
+
+def test_the_grpc_code_of_each_case_is_the_status_maps() -> None:
+    """What the table above says of the gRPC side follows from the HTTP status (the one
+    exception, a version that is not a number, is Triton's own code on each door)."""
+    for name, (status, code) in EXPECTED.items():
+        if status != 200 and name != "version not a number":
+            assert STATUS_CODES[status].name == code, name
+
+
+def test_a_client_that_gives_up_is_499_on_both_doors(stack: Stack, caplog: pytest.LogCaptureFixture) -> None:
+    """Each door's client sends part of its request and goes away: counted as 499 on both
+    (never a success, never the gateway's 500), with one access-log line each."""
+    caplog.set_level(logging.INFO, logger="gateway.access")
+    before = _counters(stack)
+    # HTTP: a head and a part of its body, then the connection is closed
+    host, port = stack.http.base_url.host, stack.http.base_url.port
+    with socket.create_connection((host, port)) as sock:
+        sock.sendall(
+            b"POST /v2/models/text_classifier/infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            + f"authorization: Bearer {KEYS['app']}\r\nx-request-id: gone-http\r\n".encode()
+            + b'content-length: 100000\r\n\r\n{"inputs": ['
+        )
+        time.sleep(0.3)
+    # gRPC: the call starts, its message never comes, the client cancels
+    with grpc.insecure_channel(stack.grpc_address) as channel:
+        stop = threading.Event()
+
+        def never() -> Iterator[bytes]:
+            stop.wait(10)
+            return
+            yield b""
+
+        call = channel.stream_unary(GRPC_ROUTE).future(
+            never(), metadata=[("authorization", f"Bearer {KEYS['app']}"), ("x-request-id", "gone-grpc")]
+        )
+        time.sleep(0.3)
+        call.cancel()
+        stop.set()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        lines = {
+            r.request_id: r.status for r in caplog.records if getattr(r, "request_id", "").startswith("gone-")
+        }  # type: ignore[attr-defined]
+        if len(lines) == 2:
+            break
+        time.sleep(0.05)
+    assert lines == {"gone-http": 499, "gone-grpc": 499}
+    delta = _delta(before, _counters(stack))
+    statuses = {
+        dict(labels)["route"]: dict(labels)["status"]
+        for (name, labels), _ in delta.items()
+        if name == "gateway_requests_total"
+    }
+    assert statuses[V2_ROUTE[""]] == "499"
+    assert statuses[GRPC_ROUTE] == "499"
+
+
+def test_every_door_gives_the_callers_request_id_back_or_a_new_one(stack: Stack) -> None:
+    answer = _send_grpc(stack, Case("answer"), "mine-123")
+    assert answer.request_id == "mine-123"
+    refused = _send_grpc(stack, Case("no key", key=None), "mine-456")
+    assert refused.request_id == "mine-456"
+    made = _send_grpc(stack, Case("answer"), "not valid!")
+    assert made.request_id
+    assert made.request_id != "not valid!"
+
+
+Send = Callable[[Stack, Case, str], Outcome]
