@@ -35,7 +35,7 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
-from gateway.errors import GatewayError, InvalidInputError
+from gateway.errors import GatewayError, InvalidInputError, quoted
 from gateway.periodic import Periodic
 from gateway.rpc.door import Door, InferMessage, Rpc
 from gateway.serving.oip import (
@@ -123,8 +123,15 @@ def _contents(tensor: Any) -> bytes:
 def request_header(request: Any, raw: Sequence[bytes | memoryview]) -> tuple[dict[str, Any], bytes]:
     """A ModelInferRequest as ``/v2``'s binary form: the JSON-shaped header and the tensors
     (``raw``: its raw input contents, taken out of the message on the wire)."""
-    if raw and len(raw) != len(request.inputs):
-        raise InvalidInputError("raw_input_contents must hold one entry per input")
+    if raw:
+        for tensor in request.inputs:
+            if tensor.HasField("contents"):  # Triton's text, which its clients read
+                raise InvalidInputError(
+                    f"contents field must not be specified when using raw_input_contents for "
+                    f"{quoted(tensor.name)} for model {quoted(request.model_name)}"
+                )
+        if len(raw) != len(request.inputs):
+            raise InvalidInputError("raw_input_contents must hold one entry per input")
     inputs: list[dict[str, Any]] = []
     chunks: list[bytes | memoryview] = []
     for index, tensor in enumerate(request.inputs):

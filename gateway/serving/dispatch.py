@@ -17,7 +17,7 @@ on every route.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from time import perf_counter
@@ -421,10 +421,14 @@ class Dispatcher:
             count = sum(t.array.size for t in parsed.inputs if t.name in kind.oip_inputs)
             await self._charge_images(kind, count, call)
         if target.entry is None or self.catalog.routing.rollout(target.entry.name) is None:
-            return parsed, await self.infer(served, parsed.inputs, parsed.outputs, call), served
+            return (
+                parsed,
+                await self.infer(served, parsed.inputs, parsed.outputs, call, parsed.classes),
+                served,
+            )
         began = perf_counter()
         try:
-            answer = await self.infer(served, parsed.inputs, parsed.outputs, call)
+            answer = await self.infer(served, parsed.inputs, parsed.outputs, call, parsed.classes)
         except GatewayError:
             self.rollouts.record(target.entry.name, arm, perf_counter() - began, failed=True)
             raise
@@ -432,22 +436,28 @@ class Dispatcher:
         return parsed, answer, served
 
     async def infer(
-        self, target: OipTarget, inputs: Sequence[Tensor], outputs: Sequence[str], call: Call
+        self,
+        target: OipTarget,
+        inputs: Sequence[Tensor],
+        outputs: Sequence[str],
+        call: Call,
+        classes: Mapping[str, int] | None = None,
     ) -> InferResult:
         call.model = target.name
         answer = await self.plane.infer(
-            target.name,
-            target.version,
-            inputs,
-            outputs,
-            call.request_id,
-            tenant=call.tenant,
+            target.name, target.version, inputs, outputs, call.request_id, call.tenant, classes
         )
         if call.logged is not None:
             call.logged.model, call.logged.version = target.name, answer.model_version
             call.logged.outputs = dict(answer.outputs)
         scores = answer.outputs.get(SCORES)
-        if target.entry is not None and scores is not None and scores.array.ndim == 2:
+        # (not its classes, when the client asked Triton's classification extension for them)
+        if (
+            target.entry is not None
+            and scores is not None
+            and scores.array.ndim == 2
+            and scores.datatype != "BYTES"
+        ):
             # a classifier's answer on /v2 is recorded as on /classify (its SCORES, best first)
             rows = scores.array.tolist()
             self._observe(target.entry, answer.model_version, rows, None)

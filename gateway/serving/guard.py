@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from gateway.errors import InvalidInputError, TritonTimeoutError, TritonUnavailableError
@@ -102,9 +102,12 @@ class GuardedBackend:
         outputs: Sequence[str] = (),
         invalid: InvalidInputError | None = None,
         priority: int = 0,
+        classes: Mapping[str, int] | None = None,
     ) -> InferResult:
         try:
-            return await self.transport.infer(model, version, inputs, request_id, outputs, invalid, priority)
+            return await self.transport.infer(
+                model, version, inputs, request_id, outputs, invalid, priority, classes
+            )
         except Exception:
             self._signatures.pop((model, version), None)  # the model may have changed
             raise

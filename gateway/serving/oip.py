@@ -40,15 +40,15 @@ _STATELESS = "the sequence extension is not served: the gateway's models are sta
 _SHARED_MEMORY = "shared memory is not served: it is Triton's host's memory; send the tensor in the body"
 REQUEST_PARAMETERS = frozenset({"binary_data_output"})
 INPUT_PARAMETERS = frozenset({"binary_data_size"})
-OUTPUT_PARAMETERS = frozenset({"binary_data"})
+OUTPUT_PARAMETERS = frozenset({"binary_data", "classification"})
+# Triton's classification extension: at most this many classes an output.
+MAX_CLASSES = 1000
 REFUSED_PARAMETERS = {
     "sequence_id": _STATELESS,
     "sequence_start": _STATELESS,
     "sequence_end": _STATELESS,
     "priority": "request priorities are not passed on to Triton",
     "timeout": "the gateway owns the deadline (GATEWAY_TRITON__TIMEOUT_SECONDS)",
-    "classification": "the classification extension is not served: the gateway's classifiers answer "
-    "LABELS, SCORES and CLASS_IDS, top-k by TOP_K",
     "shared_memory_region": _SHARED_MEMORY,
     "shared_memory_byte_size": _SHARED_MEMORY,
     "shared_memory_offset": _SHARED_MEMORY,
@@ -92,6 +92,7 @@ class InferRequest:
     inputs: list[Tensor]
     outputs: list[str]  # requested outputs; empty: all of the model's
     binary_outputs: set[str] = field(default_factory=set)
+    classes: dict[str, int] = field(default_factory=dict)  # the classification extension's
 
 
 @dataclass(frozen=True)
@@ -265,24 +266,29 @@ def parse_infer_request(
         raise InvalidInputError(f"missing inputs: {missing}")
     # the structure holds: now the content of BYTES inputs
     inputs = [check_bytes(tensor) if tensor.datatype == "BYTES" else tensor for tensor in inputs]
-    outputs, binary_outputs = _requested_outputs(header, signature)
+    outputs, binary_outputs, classes = _requested_outputs(header, signature)
     request_id = header.get("id")
     if request_id is not None and (not isinstance(request_id, str) or len(request_id) > 128):
         raise InvalidInputError("'id' must be a string of at most 128 characters")
-    return InferRequest(request_id, inputs, outputs, binary_outputs)
+    return InferRequest(request_id, inputs, outputs, binary_outputs, classes)
 
 
-def _requested_outputs(header: dict[str, Any], signature: ModelSignature) -> tuple[list[str], set[str]]:
+def _requested_outputs(
+    header: dict[str, Any], signature: ModelSignature
+) -> tuple[list[str], set[str], dict[str, int]]:
+    """The outputs asked for (none: all), those answered binary, and the classes asked
+    of each (Triton's classification extension: Triton computes them)."""
     known = [spec.name for spec in signature.outputs]
     parameters = check_parameters(header.get("parameters"), REQUEST_PARAMETERS, "")
     all_binary = parameters.get("binary_data_output") is True
     raw = header.get("outputs")
     if raw is None:
-        return [], set(known) if all_binary else set()
+        return [], set(known) if all_binary else set(), {}
     if not isinstance(raw, list) or len(raw) > MAX_TENSORS:
         raise InvalidInputError(f"'outputs' must be a list of at most {MAX_TENSORS} objects")
     names: list[str] = []
     binary: set[str] = set()
+    classes: dict[str, int] = {}
     for item in raw:
         if not isinstance(item, dict) or item.get("name") not in known:
             raise InvalidInputError(f"unknown output; the model's outputs are {known}")
@@ -291,7 +297,12 @@ def _requested_outputs(header: dict[str, Any], signature: ModelSignature) -> tup
         options = check_parameters(item.get("parameters"), OUTPUT_PARAMETERS, f"output {name!r}: ")
         if options.get("binary_data", all_binary) is True:
             binary.add(name)
-    return names, binary
+        if "classification" in options:
+            count = options["classification"]
+            if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_CLASSES:
+                raise InvalidInputError(f"output {name!r}: classification must be 1 to {MAX_CLASSES} classes")
+            classes[name] = count
+    return names, binary, classes
 
 
 def _json_data(tensor: Tensor) -> list[Any]:
@@ -329,7 +340,7 @@ def encode_infer_response(
 
 
 # The protocol's extensions the gateway serves, exactly (docs/how-to/v2.md: the others, and why).
-EXTENSIONS = ("binary_tensor_data", "model_configuration", "statistics")
+EXTENSIONS = ("binary_tensor_data", "classification", "model_configuration", "statistics")
 # The server's name in its metadata, on both doors: the one Triton's clients check (NVIDIA's
 # examples fail on any other); the version beside it is the Triton behind the gateway's.
 # The gateway names itself apart (``gateway`` on /v2, the ``server`` metadata on gRPC).

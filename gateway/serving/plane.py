@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from time import perf_counter
 from typing import cast
 
@@ -184,8 +184,10 @@ class InferencePlane:
         outputs: Sequence[str],
         request_id: str,
         tenant: Tenant = ANONYMOUS,
+        classes: Mapping[str, int] | None = None,
     ) -> InferResult:
-        """One inference on checked tensors (the Open Inference Protocol routes)."""
+        """One inference on checked tensors (the Open Inference Protocol routes);
+        ``classes``: Triton's classification extension, by output."""
         async with self.admission.slot(self.tracing.span("admission"), tenant, (model, "tensors")) as ticket:
             with self.backend.circuit(model):
                 return await self.backend.infer(
@@ -196,4 +198,5 @@ class InferencePlane:
                     outputs,
                     invalid=InvalidInputError("the model rejected the input"),
                     priority=triton_priority(tenant, ticket),
+                    classes=classes,
                 )

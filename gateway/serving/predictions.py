@@ -76,8 +76,8 @@ class LogEntry:
                 [{"label": p.label, "score": p.score} for p in c.predictions] for c in self.classifications
             ]
         scores = self.outputs.get(SCORES)
-        if scores is None or scores.array.ndim != 2:
-            return None
+        if scores is None or scores.array.ndim != 2 or scores.datatype == "BYTES":
+            return None  # not a classifier's scores (or the classification extension's strings)
         labels = self.outputs.get(LABELS)
         rows: list[list[dict[str, Any]]] = []
         for index, row in enumerate(scores.array.tolist()):

@@ -144,11 +144,14 @@ class InferenceBackend(Protocol):
         outputs: Sequence[str] = (),
         invalid: InvalidInputError | None = None,
         priority: int = 0,
+        classes: Mapping[str, int] | None = None,
     ) -> InferResult:
         """One inference (all outputs when none are named). Raises GatewayError
         subclasses; ``invalid`` is what the server's "invalid argument" means here;
         ``priority`` is Triton's request priority (0: the models' default level; 1: the
-        highest, for keys of a tier above the standard one)."""
+        highest, for keys of a tier above the standard one); ``classes``: Triton's
+        classification extension, the top classes of an output (by name) answered as
+        ``score:index[:label]`` strings instead of its values."""
         ...
 
     async def model_signature(self, model: str, version: str) -> ModelSignature:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -182,6 +182,7 @@ def infer_request_bytes(
     request_id: str,
     outputs: Sequence[str] = (),
     priority: int = 0,
+    classes: Mapping[str, int] | None = None,
 ) -> tuple[bytes, int]:
     """A serialised ModelInferRequest, and its input bytes. Protobuf builds everything but
     the raw contents; those are appended on the wire (field 7, one entry per input, in
@@ -205,7 +206,9 @@ def infer_request_bytes(
         pieces.append(RAW_INPUT_TAG + varint(size))
         pieces.extend(parts)
     for name in outputs:
-        request.outputs.add().name = name
+        output = request.outputs.add(name=name)
+        if classes and name in classes:
+            output.parameters["classification"].int64_param = classes[name]
     return b"".join([request.SerializeToString(), *pieces]), nbytes
 
 
@@ -281,10 +284,11 @@ class TritonBackend:
         outputs: Sequence[str] = (),
         invalid: InvalidInputError | None = None,
         priority: int = 0,
+        classes: Mapping[str, int] | None = None,
     ) -> InferResult:
         """One inference call: timed, traced (its ``traceparent`` goes along as gRPC
         metadata, so Triton's spans join the request's trace), under the call deadline."""
-        request, nbytes = infer_request_bytes(model, version, inputs, request_id, outputs, priority)
+        request, nbytes = infer_request_bytes(model, version, inputs, request_id, outputs, priority, classes)
         with (
             self._tracing.triton_call(model, version, len(inputs), nbytes) as metadata,
             self._metrics.time_triton_call(model, version),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -36,6 +36,7 @@ class HeldBackend(FakeBackend):
         outputs: Sequence[str] = (),
         invalid: InvalidInputError | None = None,
         priority: int = 0,
+        classes: Mapping[str, int] | None = None,
     ) -> InferResult:
         if any(tensor.name == "IMAGE" for tensor in inputs):
             await self.release.wait()

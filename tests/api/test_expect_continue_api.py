@@ -11,7 +11,7 @@ import socket
 import statistics
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import httpx
 import pytest
@@ -41,6 +41,7 @@ class SlowBackend(FakeBackend):
         outputs: Sequence[str] = (),
         invalid: InvalidInputError | None = None,
         priority: int = 0,
+        classes: Mapping[str, int] | None = None,
     ) -> InferResult:
         await asyncio.sleep(self.seconds)
         return await super().infer(model, version, inputs, request_id, outputs, invalid)

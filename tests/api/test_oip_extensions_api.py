@@ -26,6 +26,7 @@ TEXT_INFER = {
 def test_server_metadata_lists_exactly_the_extensions_served(client: TestClient) -> None:
     assert client.get("/v2").json()["extensions"] == [
         "binary_tensor_data",
+        "classification",
         "model_configuration",
         "statistics",
     ]
@@ -69,7 +70,6 @@ def test_statistics_cover_the_exposed_models_only(client: TestClient) -> None:
         ("input", "shared_memory_region", "region", "shared memory"),
         ("input", "shared_memory_byte_size", 4, "shared memory"),
         ("input", "shared_memory_offset", 0, "shared memory"),
-        ("output", "classification", 2, "classification extension is not served"),
         ("output", "shared_memory_region", "region", "shared memory"),
         ("output", "shared_memory_byte_size", 4, "shared memory"),
     ],
@@ -166,3 +166,11 @@ def test_v2_answers_are_gzip_when_asked_and_other_routes_untouched(client: TestC
         "/classify", json={"texts": [f"text {i}" for i in range(64)]}, headers={"accept-encoding": "gzip"}
     )
     assert "content-encoding" not in classify.headers
+
+
+@pytest.mark.parametrize("count", [0, -1, True, "3", 1001])
+def test_a_classification_that_is_not_a_class_count_is_refused(client: TestClient, count: object) -> None:
+    body = {**TEXT_INFER, "outputs": [{"name": "LABELS", "parameters": {"classification": count}}]}
+    answer = client.post("/v2/models/text_classifier/infer", json=body)
+    assert answer.status_code == 422, answer.text
+    assert "classification must be 1 to 1000 classes" in answer.json()["error"]

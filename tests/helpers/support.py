@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -238,6 +238,7 @@ class FakeBackend:
         outputs: Sequence[str] = (),
         invalid: InvalidInputError | None = None,
         priority: int = 0,
+        classes: Mapping[str, int] | None = None,
     ) -> InferResult:
         given = {tensor.name: tensor for tensor in inputs}
         if model in self.unloaded or model not in self.models:

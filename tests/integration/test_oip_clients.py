@@ -43,7 +43,12 @@ def test_server_metadata_lists_what_the_gateway_serves(
     through_gateway: tritonhttp.InferenceServerClient, direct: tritonhttp.InferenceServerClient
 ) -> None:
     metadata = through_gateway.get_server_metadata()
-    assert metadata["extensions"] == ["binary_tensor_data", "model_configuration", "statistics"]
+    assert metadata["extensions"] == [
+        "binary_tensor_data",
+        "classification",
+        "model_configuration",
+        "statistics",
+    ]
     # Triton's name, which its clients check, and its version; the gateway beside them
     assert metadata["name"] == "triton"
     assert metadata["version"] == direct.get_server_metadata()["version"]

@@ -93,7 +93,12 @@ def test_a_plain_json_request_as_curl_sends_it(http: httpx.Client) -> None:
     # the same request path as /classify: counted under the route template, with the model
     metrics = http.get("/metrics").text
     assert 'route="/v2/models/{model_name}/infer"' in metrics
-    assert http.get("/v2").json()["extensions"] == ["binary_tensor_data", "model_configuration", "statistics"]
+    assert http.get("/v2").json()["extensions"] == [
+        "binary_tensor_data",
+        "classification",
+        "model_configuration",
+        "statistics",
+    ]
 
 
 def test_models_off_the_allow_list_do_not_exist(
