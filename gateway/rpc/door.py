@@ -34,6 +34,7 @@ from typing import Any, Protocol, TypeVar
 from gateway import __version__
 from gateway.errors import (
     GatewayError,
+    InvalidInputError,
     NotServedError,
     RequestTimeoutError,
     TritonTimeoutError,
@@ -44,7 +45,7 @@ from gateway.observe.outcome import CLIENT_GONE, Outcome, record
 from gateway.observe.predictionlog import PredictionLog
 from gateway.observe.tracing import Tracing, describe_server_span
 from gateway.serving.budget import BodyBudget, Reservation
-from gateway.serving.caller import CallerGate, request_id_of
+from gateway.serving.caller import Caller, CallerGate, request_id_of
 from gateway.serving.dispatch import Call, Dispatcher
 from gateway.serving.oip import EXTENSIONS, GATEWAY_NAME, SERVER_NAME
 from gateway.serving.predictions import logged
@@ -76,6 +77,11 @@ class InferMessage:
     header: dict[str, Any]
     binary: bytes
     size: int
+
+
+M = TypeVar("M", InferMessage, InferMessage | None)
+# The message, the model and version that answered, and the outputs.
+Answered = tuple[InferMessage, str, str, list[Tensor]]
 
 
 @dataclass
@@ -113,9 +119,19 @@ class Door(Protocol):
 
     async def infer(
         self, rpc: Rpc, read: Callable[[], Awaitable[InferMessage]], deadline: float | None
-    ) -> tuple[InferMessage, str, str, list[Tensor]]:
+    ) -> Answered:
         """The message (``read`` once the caller is known and room is reserved), the model
         and version that answered (a rollout's canary may), and the outputs."""
+        ...
+
+    async def stream(
+        self,
+        rpc: Rpc,
+        read: Callable[[], Awaitable[InferMessage | None]],
+        write: Callable[[Answered | GatewayError], Awaitable[None]],
+        deadline: Callable[[], float | None],
+    ) -> None:
+        """A stream of inferences, each answered (or refused) in order on ``write``."""
         ...
 
 
@@ -160,8 +176,9 @@ class InferenceDoor:
         )
 
     @asynccontextmanager
-    async def _rpc(self, name: str, rpc: Rpc, model: str = "") -> AsyncIterator[Call]:
-        """One RPC: its caller admitted, traced, its outcome recorded; its GatewayError
+    async def _rpc(self, name: str, rpc: Rpc, model: str = "", admit: bool = True) -> AsyncIterator[Call]:
+        """One RPC: its caller admitted (``admit`` False: its key checked, no rate or quota
+        taken: a stream's opening), traced, its outcome recorded; its GatewayError
         propagates (the servicer maps it to a status code)."""
         route = SERVICE + name
         headers = _headers(rpc.metadata)
@@ -173,7 +190,11 @@ class InferenceDoor:
         call = Call(request_id, started, labels=labels)
         with self.tracing.server_span("GRPC", route, headers) as span:
             try:
-                caller = await self.gate.admit(request_id, headers)
+                caller = (
+                    await self.gate.admit(request_id, headers)
+                    if admit
+                    else Caller(request_id, self.gate.identify(headers))
+                )
                 rpc.answer.update({k.lower(): v for k, v in caller.limits.items()})
                 call.caller, call.tenant = caller, caller.tenant
                 call.client = caller.client or _value(headers, b"x-rollout-key")
@@ -260,43 +281,83 @@ class InferenceDoor:
                 error.status, error.rpc_code = 403, "PERMISSION_DENIED"
             raise error
 
-    async def _read(
-        self, read: Callable[[], Awaitable[InferMessage]], reservation: Reservation
-    ) -> InferMessage:
-        """The call's message, read into room reserved for the largest one."""
+    async def _read(self, read: Callable[[], Awaitable[M]], reservation: Reservation) -> M:
+        """The call's message (None: a stream's end), read into room reserved for the
+        largest one."""
         await reservation.reserve(MESSAGE_COPIES * self.max_message_bytes, self.settings.server.queue_seconds)
         try:
             async with asyncio.timeout(self.settings.server.body_timeout_seconds):
                 message = await read()
         except TimeoutError:
             raise RequestTimeoutError("the message did not arrive in time") from None
-        reservation.settle(MESSAGE_COPIES * message.size)
+        reservation.settle(0 if message is None else MESSAGE_COPIES * message.size)
         return message
 
     async def infer(
         self, rpc: Rpc, read: Callable[[], Awaitable[InferMessage]], deadline: float | None
-    ) -> tuple[InferMessage, str, str, list[Tensor]]:
+    ) -> Answered:
         """The message, the model and version that answered (a rollout's canary may), and
         the outputs. The caller is known, and refused, before a byte of the message is read."""
         reservation = Reservation(self.budget)
         try:
             async with self._rpc("ModelInfer", rpc) as call:
 
-                async def work() -> tuple[InferMessage, str, str, list[Tensor]]:
-                    message = await self._read(read, reservation)
-                    call.labels["body_bytes"] = message.size
-                    call.model = self._label(message.name) or None
-                    # the pin applies to an unversioned call
-                    target = self.dispatcher.oip_target(message.name, message.version)
-                    _, answer, served = await self.dispatcher.infer_request(
-                        target, message.header, message.binary, len(message.binary), call, self.settings
-                    )
-                    return message, served.name, answer.model_version, list(answer.outputs.values())
+                async def work() -> Answered:
+                    return await self._answer(call, await self._read(read, reservation))
 
                 async with logged(self.prediction_log, call, SERVICE + "ModelInfer"):
                     return await self._bounded(work(), deadline)
         finally:
             reservation.release()
+
+    async def _answer(self, call: Call, message: InferMessage) -> Answered:
+        call.labels["body_bytes"] = message.size
+        call.model = self._label(message.name) or None
+        # the pin applies to an unversioned call
+        target = self.dispatcher.oip_target(message.name, message.version)
+        _, answer, served = await self.dispatcher.infer_request(
+            target, message.header, message.binary, len(message.binary), call, self.settings
+        )
+        return message, served.name, answer.model_version, list(answer.outputs.values())
+
+    async def stream(
+        self,
+        rpc: Rpc,
+        read: Callable[[], Awaitable[InferMessage | None]],
+        write: Callable[[Answered | GatewayError], Awaitable[None]],
+        deadline: Callable[[], float | None],
+    ) -> None:
+        """``ModelStreamInfer``: each message an inference under ``ModelInfer``'s rules
+        (its rate and quota, room in the body budget before it is read, the checks, its
+        outcome, the prediction log), answered in order; a refused message is answered
+        with its error and the stream goes on, as Triton's does. The key is checked before
+        a message is read (401 ends the stream); a spent body budget or a message that
+        does not arrive in time ends it too (no message of it can be read)."""
+        async with self._rpc("ModelStreamInfer", rpc, admit=False):
+            pass  # the stream's opening: counted once, as each of its messages is
+        while True:
+            reservation = Reservation(self.budget)
+            try:
+                try:
+                    message = await self._read(read, reservation)
+                except InvalidInputError as error:  # a message that is not a ModelInferRequest
+                    await write(error)
+                    continue
+                if message is None:
+                    return
+                each = Rpc(rpc.metadata)
+                try:
+                    async with (
+                        self._rpc("ModelStreamInfer", each) as call,
+                        logged(self.prediction_log, call, SERVICE + "ModelStreamInfer"),
+                    ):
+                        answered = await self._bounded(self._answer(call, message), deadline())
+                except GatewayError as error:
+                    await write(error)
+                else:
+                    await write(answered)
+            finally:
+                reservation.release()
 
 
 def _value(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:

@@ -37,12 +37,11 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from gateway.errors import GatewayError, InvalidInputError, quoted
 from gateway.periodic import Periodic
-from gateway.rpc.door import Door, InferMessage, Rpc
+from gateway.rpc.door import Answered, Door, InferMessage, Rpc
 from gateway.serving.oip import (
     NOT_SERVED_CONTROL,
     NOT_SERVED_SETTINGS,
     NOT_SERVED_SHARED_MEMORY,
-    NOT_SERVED_STREAM,
 )
 from gateway.triton.tensors import DTYPES, Tensor, encode_bytes
 from gateway.triton.wire import WireError, split_raw_inputs
@@ -167,6 +166,18 @@ def request_header(request: Any, raw: Sequence[bytes | memoryview]) -> tuple[dic
     return header, b"".join(chunks)
 
 
+def infer_message(raw: bytes) -> InferMessage:
+    """A ModelInferRequest off the wire, its raw contents as views (protobuf would copy
+    each): read, the message costs itself and the tensors joined once (MESSAGE_COPIES)."""
+    try:
+        rest, contents = split_raw_inputs(raw)
+        request = service_pb2.ModelInferRequest.FromString(rest)
+    except (DecodeError, WireError):
+        raise InvalidInputError("the message is not a ModelInferRequest") from None
+    header, binary = request_header(request, contents)
+    return InferMessage(request.model_name, request.model_version, request.id, header, binary, len(raw))
+
+
 def infer_response(name: str, version: str, request_id: str, outputs: Sequence[Tensor]) -> Any:
     response = service_pb2.ModelInferResponse(model_name=name, model_version=version, id=request_id)
     for tensor in outputs:
@@ -183,7 +194,11 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
     def __init__(self, door: Door) -> None:
         self._door = door
 
-    async def _run(self, context: Any, work: Callable[[Rpc], Awaitable[T]]) -> T:
+    async def _run(
+        self, context: Any, work: Callable[[Rpc], Awaitable[T]], answered: Callable[[], bool] = lambda: False
+    ) -> T:
+        """``work`` on the call's metadata; its answer's metadata sent first (unless a
+        stream ``answered`` already), a refusal aborted with its code."""
         rpc = Rpc(tuple((item.key, item.value) for item in context.invocation_metadata() or ()))
         try:
             result = await work(rpc)
@@ -197,7 +212,8 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
             # round to a collection that came seconds later, if at all).
             error.__traceback__ = error.__context__ = error.__cause__ = None
         else:
-            await context.send_initial_metadata(tuple(rpc.answer.items()))
+            if not answered():
+                await context.send_initial_metadata(tuple(rpc.answer.items()))
             return result
         # Aborted outside the handler, so the abort's exception does not keep the refusal.
         trailing = {**rpc.answer, **limits}
@@ -260,16 +276,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
                 # later: waited for, it is counted as gone (499), not as an empty call.
                 await asyncio.sleep(EOF_GRACE_SECONDS)
                 raise InvalidInputError("the call carried no ModelInferRequest")
-            try:
-                # the raw contents as views (protobuf would copy each): read, the message
-                # costs itself and the tensors joined once (MESSAGE_COPIES)
-                rest, contents = split_raw_inputs(raw)
-                request = service_pb2.ModelInferRequest.FromString(rest)
-            except (DecodeError, WireError):
-                raise InvalidInputError("the message is not a ModelInferRequest") from None
-            size = len(raw)
-            header, binary = request_header(request, contents)
-            return InferMessage(request.model_name, request.model_version, request.id, header, binary, size)
+            return infer_message(raw)
 
         async def work(rpc: Rpc) -> Any:
             message, model, version, outputs = await self._door.infer(rpc, read, context.time_remaining())
@@ -277,13 +284,45 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
 
         return await self._run(context, work)
 
+    async def ModelStreamInfer(self, requests: Any, context: Any) -> None:  # noqa: N802 (the RPC names)
+        """Each message an inference (gateway.rpc.door: InferenceDoor.stream), read when
+        the door asks for it; each answered in order, a refusal as the response's
+        ``error_message`` (the stream goes on), as Triton answers on its stream."""
+        opened = False
+
+        async def read() -> InferMessage | None:
+            raw = await context.read()
+            return infer_message(raw) if isinstance(raw, bytes) else None
+
+        async def write(result: Answered | GatewayError) -> None:
+            nonlocal opened
+            if not opened:
+                opened = True
+                await context.send_initial_metadata(tuple(rpc_of_stream.answer.items()))
+            if isinstance(result, GatewayError):
+                response = service_pb2.ModelStreamInferResponse(error_message=result.detail)
+            else:
+                message, model, version, outputs = result
+                response = service_pb2.ModelStreamInferResponse(
+                    infer_response=infer_response(model, version, message.request_id, outputs)
+                )
+            await context.write(response)
+
+        rpc_of_stream = Rpc(())
+
+        async def work(rpc: Rpc) -> None:
+            nonlocal rpc_of_stream
+            rpc_of_stream = rpc
+            await self._door.stream(rpc, read, write, context.time_remaining)
+
+        await self._run(context, work, answered=lambda: opened)
+
     def _refusal(method: str, detail: str) -> Any:  # noqa: N805 (builds the class's methods)
         async def refuse(self: InferenceService, request: Any, context: Any) -> Any:
             await self._run(context, lambda rpc: self._door.not_served(rpc, method, detail))
 
         return refuse
 
-    ModelStreamInfer = _refusal("ModelStreamInfer", NOT_SERVED_STREAM)
     SystemSharedMemoryStatus = _refusal("SystemSharedMemoryStatus", NOT_SERVED_SHARED_MEMORY)
     SystemSharedMemoryRegister = _refusal("SystemSharedMemoryRegister", NOT_SERVED_SHARED_MEMORY)
     SystemSharedMemoryUnregister = _refusal("SystemSharedMemoryUnregister", NOT_SERVED_SHARED_MEMORY)
@@ -316,6 +355,11 @@ def _handlers(servicer: InferenceService) -> dict[str, Any]:
         servicer.ModelInfer,
         request_deserializer=None,  # the raw message: parsed once room is reserved
         response_serializer=service_pb2.ModelInferResponse.SerializeToString,
+    )
+    collected["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
+        servicer.ModelStreamInfer,
+        request_deserializer=None,  # each raw message: parsed once room is reserved
+        response_serializer=service_pb2.ModelStreamInferResponse.SerializeToString,
     )
     return collected
 

@@ -119,6 +119,16 @@ class CallerGate:
     def keyed(self) -> bool:
         return self.keys is not None
 
+    def identify(self, headers: Headers) -> ApiKey | None:
+        """The key alone (None: keys are off), or 401: what a stream's opening checks
+        before a message of it is read (each message is then admitted as a call)."""
+        if self.keys is None:
+            return None
+        key = find_key(self.keys.keys, headers)
+        if key is None:
+            raise missing_key_error()
+        return key
+
     async def admit(self, request_id: str, headers: Headers) -> Caller:
         """The caller of a request with these headers (``request_id``: its
         :func:`request_id_of`), or its refusal (whose headers carry the rate standing)."""

@@ -350,10 +350,6 @@ GATEWAY_NAME = "triton-gateway"
 NOT_SERVED_SHARED_MEMORY = "the gateway does not serve shared memory: send the tensors in the request"
 NOT_SERVED_SETTINGS = "the gateway does not serve Triton's trace and log settings (they are the operator's)"
 NOT_SERVED_CONTROL = "model control is the gateway's admin surface (/admin), not Triton's repository API"
-NOT_SERVED_STREAM = (
-    "the gateway does not serve ModelStreamInfer (streams and decoupled models): "
-    "send each request as a ModelInfer call"
-)
 
 
 def caps_for(settings: Settings, entry: CatalogEntry | None) -> Caps:

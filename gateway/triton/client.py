@@ -32,6 +32,7 @@ from gateway.errors import (
     TritonFailureError,
     TritonTimeoutError,
     TritonUnavailableError,
+    UnknownModelError,
 )
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.tracing import Tracing, grpc_status
@@ -330,7 +331,7 @@ class TritonBackend:
             ).config
         except InferenceServerException as exc:
             if status_code(exc) is grpc.StatusCode.NOT_FOUND:  # a model or version Triton lacks
-                raise NotFoundError("there is no such model version") from exc
+                raise UnknownModelError(model, version) from exc
             raise self._client_error(exc, f"metadata of {model}") from exc
 
         optional = {item.name for item in config.input if item.optional}
@@ -373,7 +374,7 @@ class TritonBackend:
             answer = await call(model, version, client_timeout=self._settings.health_timeout_seconds)
         except InferenceServerException as exc:
             if status_code(exc) in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
-                raise NotFoundError("there is no such model version") from exc
+                raise UnknownModelError(model, version) from exc
             raise self._client_error(exc, what, logging.DEBUG) from exc
         return http_json(answer)
 

@@ -176,9 +176,9 @@ def _send_grpc(stack: Stack, case: Case, request_id: str) -> Outcome:
         try:
             response, call = stub.ModelInfer.with_call(_grpc_request(case), metadata=metadata, timeout=30)
         except grpc.RpcError as error:
-            given = dict(error.trailing_metadata() or ())  # type: ignore[attr-defined]
-            code = error.code()  # type: ignore[attr-defined]
-            return Outcome(0, code.name, given.get("x-request-id", ""), error.details() or "")  # type: ignore[attr-defined]
+            given = dict(error.trailing_metadata() or ())
+            code = error.code()
+            return Outcome(0, code.name, given.get("x-request-id", ""), error.details() or "")
     given = dict(call.initial_metadata())
     answer: dict[str, Any] = {}
     for output, raw in zip(response.outputs, response.raw_output_contents, strict=True):
@@ -354,8 +354,10 @@ def test_a_client_that_gives_up_is_499_on_both_doors(stack: Stack, caplog: pytes
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         lines = {
-            r.request_id: r.status for r in caplog.records if getattr(r, "request_id", "").startswith("gone-")
-        }  # type: ignore[attr-defined]
+            r.__dict__["request_id"]: r.__dict__["status"]
+            for r in caplog.records
+            if getattr(r, "request_id", "").startswith("gone-")
+        }
         if len(lines) == 2:
             break
         time.sleep(0.05)
