@@ -25,6 +25,7 @@ import grpc
 import httpx
 import numpy as np
 import pytest
+import tritonclient.http as thttp
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
@@ -33,6 +34,7 @@ from gateway.rpc.service import STATUS_CODES
 from gateway.settings import Settings
 from gateway.shared.keyfiles import hash_key
 
+from helpers.support import chelsea_jpeg
 from helpers.triton_fixtures import gateway_settings
 
 V2_ROUTE = {
@@ -63,6 +65,7 @@ class Case:
     texts: tuple[str, ...] = tuple(TEXTS)
     top_k_type: str = "INT32"
     warm: int = 0  # calls made first (a rate or a quota to spend)
+    image: bool = False  # one image to image_classifier instead of the texts
 
 
 @dataclass
@@ -80,6 +83,8 @@ KEYS = {
     "slow-grpc": "slow-grpc-secret",
     "capped-http": "capped-http-secret",
     "capped-grpc": "capped-grpc-secret",
+    "pictures-http": "pictures-http-secret",
+    "pictures-grpc": "pictures-grpc-secret",
 }
 
 
@@ -97,6 +102,8 @@ def stack(triton: TritonServer, tmp_path_factory: pytest.TempPathFactory) -> Ite
         f"slow-grpc {hash_key(KEYS['slow-grpc'])} 0.01 1\n"
         f"capped-http {hash_key(KEYS['capped-http'])} quota=1/day\n"
         f"capped-grpc {hash_key(KEYS['capped-grpc'])} quota=1/day\n"
+        f"pictures-http {hash_key(KEYS['pictures-http'])} image-quota=1/day\n"
+        f"pictures-grpc {hash_key(KEYS['pictures-grpc'])} image-quota=1/day\n"
     )
     log = folder / "predictions.jsonl"
     port = free_port()
@@ -143,7 +150,12 @@ def _send_http(stack: Stack, case: Case, request_id: str) -> Outcome:
         ]
     }
     path = f"/v2/models/{case.model}" + (f"/versions/{case.version}" if case.version else "") + "/infer"
-    response = stack.http.post(path, json=body, headers=headers)
+    if case.image:
+        content, length = _image_body()
+        headers["inference-header-content-length"] = str(length)
+        response = stack.http.post(path, content=content, headers=headers)
+    else:
+        response = stack.http.post(path, json=body, headers=headers)
     document = response.json()
     answer = None
     if response.status_code == 200:
@@ -154,8 +166,28 @@ def _send_http(stack: Stack, case: Case, request_id: str) -> Outcome:
     )
 
 
+def _image_body() -> tuple[bytes, int]:
+    """One JPEG and its TOP_K in the binary tensor extension (JSON strings cannot hold an
+    image), as tritonclient.http builds it: the body and its JSON header's length."""
+    image = thttp.InferInput("IMAGE", [1, 1], "BYTES")
+    image.set_data_from_numpy(np.array([[chelsea_jpeg()]], dtype=np.object_), binary_data=True)
+    top_k = thttp.InferInput("TOP_K", [1, 1], "INT32")
+    top_k.set_data_from_numpy(np.array([[3]], dtype=np.int32), binary_data=False)
+    outputs = [
+        thttp.InferRequestedOutput(name, binary_data=False) for name in ("LABELS", "SCORES", "CLASS_IDS")
+    ]
+    body, length = thttp.InferenceServerClient.generate_request_body([image, top_k], outputs=outputs)
+    return body, length or 0
+
+
 def _grpc_request(case: Case) -> Any:
     request = service_pb2.ModelInferRequest(model_name=case.model, model_version=case.version)
+    if case.image:
+        image = request.inputs.add(name="IMAGE", datatype="BYTES", shape=[1, 1])
+        image.contents.bytes_contents.append(chelsea_jpeg())
+        top_k = request.inputs.add(name="TOP_K", datatype="INT32", shape=[1, 1])
+        top_k.contents.int_contents.append(3)
+        return request
     text = request.inputs.add(name="TEXT", datatype="BYTES", shape=[len(case.texts), 1])
     text.contents.bytes_contents.extend(t.encode() for t in case.texts)
     top_k = request.inputs.add(name="TOP_K", datatype=case.top_k_type, shape=[len(case.texts), 1])
@@ -244,6 +276,7 @@ CASES = [
     Case("wrong key", key="wrong"),
     Case("rate-limited", key="slow", warm=1),
     Case("quota spent", key="capped", warm=1),
+    Case("image quota spent", key="pictures", model="image_classifier", image=True, warm=1),
     Case("unknown model", model="no_such_model"),
     Case("unknown version", version="9"),
     Case("version not a number", version="abc"),
@@ -257,6 +290,7 @@ EXPECTED = {
     "wrong key": (401, "UNAUTHENTICATED"),
     "rate-limited": (429, "RESOURCE_EXHAUSTED"),
     "quota spent": (429, "RESOURCE_EXHAUSTED"),
+    "image quota spent": (429, "RESOURCE_EXHAUSTED"),
     "unknown model": (404, "NOT_FOUND"),
     "unknown version": (404, "NOT_FOUND"),
     "version not a number": (404, "INVALID_ARGUMENT"),  # Triton's codes on each door
@@ -306,6 +340,8 @@ def test_both_doors_end_a_case_alike(stack: Stack, case: Case, caplog: pytest.Lo
     for record in (*logged["http"], *logged["grpc"]):
         for varies in ("route", "latency_seconds", "time", "request_id", "trace_id"):
             record.pop(varies, None)
+        if record["client"]:  # the stateful keys are one per door
+            record["client"] = record["client"].removesuffix("-http").removesuffix("-grpc")
     assert logged["http"] == logged["grpc"]
     if case.name == "answer":
         [record] = logged["http"]
