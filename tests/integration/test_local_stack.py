@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import httpx
+import tritonclient.grpc as tritongrpc
 
 from gateway.dev.tritonserver import free_port
 from gateway.shared.keyfiles import hash_key
@@ -17,6 +18,18 @@ from gateway.shared.keyfiles import hash_key
 from helpers.support import chelsea_jpeg, processes_under
 
 CATS = {"tiger cat", "tabby", "Egyptian cat"}
+
+
+def _health(port: int) -> str:
+    """What the gRPC health service (Kubernetes' gRPC probe) says of the server."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        answer = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=""), timeout=5
+        )
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)
 
 
 def _tritonservers_in(workdir: Path) -> list[int]:
@@ -38,7 +51,7 @@ def _tritonservers_in(workdir: Path) -> list[int]:
 def test_local_command_serves_and_shuts_down_cleanly(
     tmp_path: Path, triton_python_env: Path, model_repository: Path
 ) -> None:
-    port, admin_port = free_port(), free_port()
+    port, admin_port, grpc_port = free_port(), free_port(), free_port()
     workdir = tmp_path / "local-triton"
     keys = tmp_path / "admin-keys"
     keys.write_text(f"ops {hash_key('ops-secret')}\n")
@@ -48,7 +61,10 @@ def test_local_command_serves_and_shuts_down_cleanly(
         "GATEWAY_ADMIN__KEYS_FILE": str(keys),
         "GATEWAY_ADMIN__PORT": str(admin_port),
         # a load balancer's time to take the replica out (local ignored it once)
-        "GATEWAY_SERVER__DRAIN_DELAY_SECONDS": "3",
+        "GATEWAY_SERVER__DRAIN_DELAY_SECONDS": "5",
+        # the gRPC door, with no API keys: on local's loopback address, as the HTTP port
+        # (it once bound 0.0.0.0, and local refused to start open to anyone)
+        "GATEWAY_GRPC__PORT": str(grpc_port),
     }
     command = [
         sys.executable, "-m", "gateway", "local",
@@ -96,12 +112,22 @@ def test_local_command_serves_and_shuts_down_cleanly(
         assert "model control: /admin on 127.0.0.1:" in (tmp_path / "local.log").read_text()
         assert httpx.get(f"http://127.0.0.1:{port}/admin/repository", timeout=10).status_code == 404
 
+        door = tritongrpc.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+        assert door.is_server_ready()
+        assert _health(grpc_port) == "SERVING"
+
         process.send_signal(signal.SIGTERM)
-        # During the drain delay /readyz says 503 while requests are still served.
+        # During the drain delay every door's readiness says no while requests are still served.
         deadline = time.monotonic() + 2
         while httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code != 503:
             assert time.monotonic() < deadline, "/readyz did not turn 503 at SIGTERM"
             time.sleep(0.05)
+        assert httpx.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=5).status_code == 503
+        assert not door.is_server_ready()
+        deadline = time.monotonic() + 3  # the health service reads readiness every 2 s
+        while _health(grpc_port) != "NOT_SERVING":
+            assert time.monotonic() < deadline, "gRPC health still SERVING while draining"
+            time.sleep(0.1)
         served = httpx.post(
             f"http://127.0.0.1:{port}/classify", files={"file": ("cat.jpg", chelsea_jpeg())}, timeout=60
         )
