@@ -77,6 +77,7 @@ def create_app(
                 key_ring=services.key_ring,
                 quotas=services.quotas,
                 readiness=services.readiness,
+                exposure=services.exposure,
             )
 
     openapi_url = "/openapi.json" if settings.docs_enabled else None

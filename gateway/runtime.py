@@ -31,7 +31,9 @@ from gateway.serving.caller import CallerGate
 from gateway.serving.catalog import Catalog
 from gateway.serving.control import ModelControl, RoutingControl
 from gateway.serving.dispatch import Dispatcher
+from gateway.serving.exposure import Exposure
 from gateway.serving.guard import GuardedBackend
+from gateway.serving.observed import PredictionObserver
 from gateway.serving.plane import InferencePlane
 from gateway.serving.readiness import Readiness
 from gateway.serving.rollout import RolloutRunner
@@ -110,6 +112,7 @@ class Services:
     key_ring: KeyRing | None
     quotas: QuotaKeeper
     readiness: Readiness
+    exposure: Exposure
     gate: CallerGate
     budget: BodyBudget
 
@@ -222,9 +225,9 @@ class Runtime:
             stack.push_async_callback(drift.stop)
             # one allow-list of the non-classifier models the doors serve
             allow_listed = [*settings.v2_models, *settings.openai.embedding_models]
-            dispatcher = Dispatcher(
-                catalog, plane, rollouts, allow_listed, settings.predictions, drift, self.gate
-            )
+            exposure = Exposure(catalog, backend, allow_listed)
+            observer = PredictionObserver(metrics, settings.predictions, drift)
+            dispatcher = Dispatcher(catalog, plane, rollouts, exposure, observer, self.gate)
             # the models /v2 health names: the defaults and GATEWAY_V2_MODELS (an embedding
             # model is served, but decides readiness no more than a non-default classifier)
             readiness = Readiness(
@@ -253,6 +256,7 @@ class Runtime:
                 key_ring=self.api_keys,
                 quotas=self.quotas,
                 readiness=readiness,
+                exposure=exposure,
                 gate=self.gate,
                 budget=self.budget,
             )
@@ -270,6 +274,7 @@ class Runtime:
         door = InferenceDoor(
             settings,
             services.dispatcher,
+            services.exposure,
             services.backend,
             services.metrics,
             services.tracing,

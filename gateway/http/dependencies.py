@@ -16,10 +16,12 @@ from gateway.observe.metrics import GatewayMetrics, TritonMetricsScraper
 from gateway.observe.predictionlog import PredictionLog
 from gateway.observe.tracing import Tracing
 from gateway.serving.admission import Admission
+from gateway.serving.call import Call
 from gateway.serving.caller import Caller
 from gateway.serving.catalog import Catalog
 from gateway.serving.control import ModelControl, RoutingControl
-from gateway.serving.dispatch import Call, Dispatcher
+from gateway.serving.dispatch import Dispatcher
+from gateway.serving.exposure import Exposure
 from gateway.serving.plane import InferencePlane
 from gateway.serving.readiness import Readiness
 from gateway.serving.rollout import RolloutRunner
@@ -51,6 +53,7 @@ class GatewayState(TypedDict):
     key_ring: KeyRing | None  # the API keys (None: keys are off)
     quotas: QuotaKeeper
     readiness: Readiness
+    exposure: Exposure
     # per request: set by the telemetry and caller middlewares, and the route
     request_id: NotRequired[str]
     caller: NotRequired[Caller]  # who called (gateway.serving.caller)
@@ -103,3 +106,4 @@ DriftDep = Annotated[DriftMonitor, Depends(_from_state("drift"))]
 KeyRingDep = Annotated["KeyRing | None", Depends(_from_state("key_ring"))]
 QuotasDep = Annotated[QuotaKeeper, Depends(_from_state("quotas"))]
 ReadinessDep = Annotated[Readiness, Depends(_from_state("readiness"))]
+ExposureDep = Annotated[Exposure, Depends(_from_state("exposure"))]

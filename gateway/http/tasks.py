@@ -11,7 +11,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
 from gateway import jsoncodec
-from gateway.serving.dispatch import Answer
+from gateway.serving.call import Answer
 from gateway.serving.tasks import ClassRow
 
 

@@ -45,8 +45,10 @@ from gateway.observe.outcome import CLIENT_GONE, Outcome, record
 from gateway.observe.predictionlog import PredictionLog
 from gateway.observe.tracing import Tracing, describe_server_span
 from gateway.serving.budget import BodyBudget, Reservation
+from gateway.serving.call import Call
 from gateway.serving.caller import Caller, CallerGate, request_id_of
-from gateway.serving.dispatch import Call, Dispatcher
+from gateway.serving.dispatch import Dispatcher
+from gateway.serving.exposure import Exposure
 from gateway.serving.oip import EXTENSIONS, GATEWAY_NAME, SERVER_NAME
 from gateway.serving.predictions import logged
 from gateway.serving.readiness import Readiness
@@ -151,6 +153,7 @@ class InferenceDoor:
         self,
         settings: Settings,
         dispatcher: Dispatcher,
+        exposure: Exposure,
         backend: InferenceBackend,
         metrics: GatewayMetrics,
         tracing: Tracing,
@@ -161,6 +164,7 @@ class InferenceDoor:
     ) -> None:
         self.settings = settings
         self.dispatcher = dispatcher
+        self.exposure = exposure
         self.backend = backend
         self.metrics = metrics
         self.tracing = tracing
@@ -221,7 +225,7 @@ class InferenceDoor:
 
     def _label(self, model: str) -> str:
         """A catalogued or allow-listed name only (looked up, not a set built per call)."""
-        known = self.dispatcher.catalog.find(model) is not None or self.dispatcher.non_classifier(model)
+        known = self.exposure.catalog.find(model) is not None or self.exposure.non_classifier(model)
         return model if known else ""
 
     async def _bounded(self, work: Awaitable[T], deadline: float | None) -> T:
@@ -249,7 +253,7 @@ class InferenceDoor:
         """As Triton answers: a model it does not know is not ready (no error)."""
         async with self._rpc("ModelReady", rpc, name):
             try:
-                return await self.dispatcher.model_ready(name, version)
+                return await self.exposure.model_ready(name, version)
             except UnknownModelError:
                 return False
 
@@ -261,16 +265,16 @@ class InferenceDoor:
 
     async def model_metadata(self, rpc: Rpc, name: str, version: str) -> dict[str, Any]:
         async with self._rpc("ModelMetadata", rpc, name):
-            self.dispatcher.oip_target(name, version)  # 404 for a model that is not exposed
+            self.exposure.target(name, version)  # 404 for a model that is not exposed
             return (await self.backend.model_signature(name, version)).as_json()
 
     async def model_config(self, rpc: Rpc, name: str, version: str) -> dict[str, Any]:
         async with self._rpc("ModelConfig", rpc, name):
-            return await self.dispatcher.configuration(name, version)
+            return await self.exposure.configuration(name, version)
 
     async def model_statistics(self, rpc: Rpc, name: str, version: str) -> dict[str, Any]:
         async with self._rpc("ModelStatistics", rpc, name):
-            return await self.dispatcher.statistics(name or None, version)
+            return await self.exposure.statistics(name or None, version)
 
     async def not_served(self, rpc: Rpc, method: str, detail: str) -> None:
         """A method of Triton's service the gateway does not serve: refused, counted (the
@@ -314,7 +318,7 @@ class InferenceDoor:
         call.labels["body_bytes"] = message.size
         call.model = self._label(message.name) or None
         # the pin applies to an unversioned call
-        target = self.dispatcher.oip_target(message.name, message.version)
+        target = self.exposure.target(message.name, message.version)
         _, answer, served = await self.dispatcher.infer_request(
             target, message.header, message.binary, len(message.binary), call, self.settings
         )

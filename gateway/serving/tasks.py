@@ -6,7 +6,7 @@ the vLLM body of ``/classify``) read a body, call these and render.
   (422 wrong-input-kind for an image classifier, as on ``/classify``); a model with more
   classes than it answers (its ``max_top_k``) is refused.
 - :func:`embed`: texts through an embedding model. Embedding models are the gateway's
-  non-classifier models (:meth:`Dispatcher.non_classifier`: ``GATEWAY_V2_MODELS`` and the
+  non-classifier models (gateway.serving.exposure: ``GATEWAY_V2_MODELS`` and the
   embedding models are one allow-list); ``/v1/embeddings`` serves those that are embedders.
 """
 
@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from gateway.errors import InvalidInputError, NotFoundError
-from gateway.serving.dispatch import Answer, Call, Dispatcher
+from gateway.serving.call import Answer, Call
+from gateway.serving.dispatch import Dispatcher
 from gateway.serving.payload import ClassifyInput
 from gateway.settings import OpenAISettings
 from gateway.triton.tensors import Tensor
@@ -61,7 +62,7 @@ async def embed(
     dispatcher: Dispatcher, settings: OpenAISettings, model: str, texts: list[str], call: Call
 ) -> np.ndarray:
     """The texts' embeddings (little-endian float32, one row a text)."""
-    if model not in settings.embedding_models or not dispatcher.non_classifier(model):
+    if model not in settings.embedding_models or not dispatcher.exposure.non_classifier(model):
         raise NotFoundError("there is no such embedding model")
     call.model = model  # an allow-listed name: the metrics' model label
     rows = np.array([[text.encode()] for text in texts], dtype=np.object_)

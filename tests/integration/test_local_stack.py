@@ -29,7 +29,7 @@ def _health(port: int) -> str:
         answer = health_pb2_grpc.HealthStub(channel).Check(
             health_pb2.HealthCheckRequest(service=""), timeout=5
         )
-    return health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)
+    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status))
 
 
 def _tritonservers_in(workdir: Path) -> list[int]:

@@ -19,7 +19,7 @@ import tritonclient.http as tritonhttp
 
 from gateway.dev.gatewayprocess import GatewayProcess
 from gateway.dev.tritonserver import TritonServer
-from gateway.serving.dispatch import PRIVATE_FIELDS
+from gateway.serving.exposure import PRIVATE_FIELDS
 from gateway.settings import Settings
 
 from helpers.support import ServedApp, chelsea_jpeg, perf_analyzer_run

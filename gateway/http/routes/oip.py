@@ -24,14 +24,14 @@ from gateway.errors import NotServedError, ShuttingDownError, TritonUnavailableE
 from gateway.http.bodies import byte_count, expects_continue, read_json
 from gateway.http.dependencies import (
     BackendDep,
-    DispatcherDep,
+    ExposureDep,
     ReadinessDep,
     SettingsDep,
     gateway_state,
     new_call,
 )
 from gateway.http.problems import problem_responses as _problem_responses
-from gateway.serving.dispatch import Dispatcher
+from gateway.serving.exposure import Exposure
 from gateway.serving.oip import (
     EXTENSIONS,
     GATEWAY_NAME,
@@ -101,8 +101,8 @@ async def health_ready(readiness: ReadinessDep, settings: SettingsDep) -> dict[s
     summary="Inference statistics of every exposed model (OIP statistics extension)",
     responses=problem_responses(503),
 )
-async def all_statistics(dispatcher: DispatcherDep) -> dict[str, Any]:
-    return await dispatcher.statistics(None)
+async def all_statistics(exposure: ExposureDep) -> dict[str, Any]:
+    return await exposure.statistics(None)
 
 
 @router.get(
@@ -111,8 +111,8 @@ async def all_statistics(dispatcher: DispatcherDep) -> dict[str, Any]:
     "what stays private (an ensemble's steps, file names)",
     responses=problem_responses(404, 503),
 )
-async def model_configuration(model_name: ModelName, dispatcher: DispatcherDep) -> dict[str, Any]:
-    return await dispatcher.configuration(model_name, "")
+async def model_configuration(model_name: ModelName, exposure: ExposureDep) -> dict[str, Any]:
+    return await exposure.configuration(model_name, "")
 
 
 @router.get(
@@ -121,9 +121,9 @@ async def model_configuration(model_name: ModelName, dispatcher: DispatcherDep) 
     responses=problem_responses(404, 503),
 )
 async def model_version_configuration(
-    model_name: ModelName, model_version: ModelVersion, dispatcher: DispatcherDep
+    model_name: ModelName, model_version: ModelVersion, exposure: ExposureDep
 ) -> dict[str, Any]:
-    return await dispatcher.configuration(model_name, model_version)
+    return await exposure.configuration(model_name, model_version)
 
 
 @router.get(
@@ -131,8 +131,8 @@ async def model_version_configuration(
     summary="Inference statistics of a model, every version (OIP statistics extension)",
     responses=problem_responses(404, 503),
 )
-async def model_statistics(model_name: ModelName, dispatcher: DispatcherDep) -> dict[str, Any]:
-    return await dispatcher.statistics(model_name)
+async def model_statistics(model_name: ModelName, exposure: ExposureDep) -> dict[str, Any]:
+    return await exposure.statistics(model_name)
 
 
 @router.get(
@@ -141,16 +141,14 @@ async def model_statistics(model_name: ModelName, dispatcher: DispatcherDep) -> 
     responses=problem_responses(404, 503),
 )
 async def model_version_statistics(
-    model_name: ModelName, model_version: ModelVersion, dispatcher: DispatcherDep
+    model_name: ModelName, model_version: ModelVersion, exposure: ExposureDep
 ) -> dict[str, Any]:
-    return await dispatcher.statistics(model_name, model_version)
+    return await exposure.statistics(model_name, model_version)
 
 
 @router.get("/models/{model_name}", summary="Model metadata (OIP)", responses=problem_responses(404, 503))
-async def model_metadata(
-    model_name: ModelName, dispatcher: DispatcherDep, backend: BackendDep
-) -> dict[str, Any]:
-    dispatcher.oip_target(model_name)  # 404 for a model that is not exposed
+async def model_metadata(model_name: ModelName, exposure: ExposureDep, backend: BackendDep) -> dict[str, Any]:
+    exposure.target(model_name)  # 404 for a model that is not exposed
     return (await backend.model_signature(model_name, "")).as_json()
 
 
@@ -160,14 +158,14 @@ async def model_metadata(
     responses=problem_responses(404, 503),
 )
 async def model_version_metadata(
-    model_name: ModelName, model_version: ModelVersion, dispatcher: DispatcherDep, backend: BackendDep
+    model_name: ModelName, model_version: ModelVersion, exposure: ExposureDep, backend: BackendDep
 ) -> dict[str, Any]:
-    dispatcher.oip_target(model_name, model_version)
+    exposure.target(model_name, model_version)
     return (await backend.model_signature(model_name, model_version)).as_json()
 
 
-async def _ready(dispatcher: Dispatcher, settings: Settings, name: str, version: str) -> dict[str, bool]:
-    if not await dispatcher.model_ready(name, version):
+async def _ready(exposure: Exposure, settings: Settings, name: str, version: str) -> dict[str, bool]:
+    if not await exposure.model_ready(name, version):
         raise TritonUnavailableError(
             "the model is not ready", retry_after=settings.triton.retry_after_seconds
         )
@@ -178,9 +176,9 @@ async def _ready(dispatcher: Dispatcher, settings: Settings, name: str, version:
     "/models/{model_name}/ready", summary="Model readiness (OIP)", responses=problem_responses(404, 503)
 )
 async def model_ready(
-    model_name: ModelName, dispatcher: DispatcherDep, backend: BackendDep, settings: SettingsDep
+    model_name: ModelName, exposure: ExposureDep, backend: BackendDep, settings: SettingsDep
 ) -> dict[str, bool]:
-    return await _ready(dispatcher, settings, model_name, "")
+    return await _ready(exposure, settings, model_name, "")
 
 
 @router.get(
@@ -191,11 +189,11 @@ async def model_ready(
 async def model_version_ready(
     model_name: ModelName,
     model_version: ModelVersion,
-    dispatcher: DispatcherDep,
+    exposure: ExposureDep,
     backend: BackendDep,
     settings: SettingsDep,
 ) -> dict[str, bool]:
-    return await _ready(dispatcher, settings, model_name, model_version)
+    return await _ready(exposure, settings, model_name, model_version)
 
 
 async def _infer(request: Request, name: str, version: str) -> Response:
@@ -204,7 +202,7 @@ async def _infer(request: Request, name: str, version: str) -> Response:
     call = new_call(request, state)
     route = INFER_VERSION if version else INFER
     async with logged(state["prediction_log"], call, route):
-        target = dispatcher.oip_target(name, version, call)  # the pin applies to an unversioned call
+        target = state["exposure"].target(name, version, call)  # the pin applies to an unversioned call
         async with dispatcher.admission_before_body(call, expects_continue(request)):
             json_bytes = byte_count(request.headers.get(HEADER_LENGTH), HEADER_LENGTH)
             with tracing.span("read body"):

@@ -183,6 +183,6 @@ async def embeddings(request: Request) -> Response:
 async def models(request: Request) -> Response:
     state = gateway_state(request)
     names = [entry.name for entry in state["catalog"].entries() if entry.task == TEXT_TASK]
-    dispatcher = state["dispatcher"]
-    names += [name for name in state["settings"].openai.embedding_models if dispatcher.non_classifier(name)]
+    exposure = state["exposure"]
+    names += [name for name in state["settings"].openai.embedding_models if exposure.non_classifier(name)]
     return _json(ModelList(data=[ModelCard(id=name) for name in dict.fromkeys(names)]))
