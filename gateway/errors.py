@@ -9,7 +9,7 @@ Every error a client can see is a :class:`GatewayError`; each class has a stable
     │   ├── NotFoundError              404 not-found           no such route
     │   │   ├── UnknownModelError      404 not-found           no such model or version (Triton's text)
     │   │   └── BadVersionError        404 not-found           a version that is not a number
-    │   ├── NotServedError             400 not-served          shared memory, streams: not served
+    │   ├── NotServedError             400 not-served          shared memory, settings, repository: not served
     │   ├── MethodNotAllowedError      405 method-not-allowed
     │   ├── UnauthorizedError          401 unauthorized        no or unknown API key (+ WWW-Authenticate)
     │   ├── RequestTimeoutError        408 request-timeout     the body did not arrive in time
@@ -174,13 +174,13 @@ class BadVersionError(NotFoundError):
 
 
 class NotServedError(ClientError):
-    """A part of Triton's protocol the gateway does not serve (shared memory, streams,
-    trace and log settings): UNIMPLEMENTED on gRPC."""
+    """A part of Triton's protocol the gateway does not serve (shared memory, trace and log
+    settings: UNIMPLEMENTED on gRPC; repository control: 403, PERMISSION_DENIED)."""
 
     status = 400
     slug = "not-served"
     rpc_code = "UNIMPLEMENTED"
-    advice = "Send the tensors in the request, one ModelInfer call each (the detail says what is not served)."
+    advice = "Send the tensors in the request; control models through /admin (the detail says what is not served)."
     title = "Not served"
 
 
