@@ -1,10 +1,12 @@
-"""create_app(settings) -> FastAPI: lifespan, middleware, routes, error handlers, docs."""
+"""create_app(settings) -> FastAPI: the HTTP door over the runtime's services (gateway.runtime):
+its lifespan, middleware, routes, error handlers and docs."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from dataclasses import fields
+from typing import Any, cast
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
@@ -58,27 +60,8 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[GatewayState]:
         async with runtime.running() as services:
-            yield GatewayState(
-                settings=services.settings,
-                backend=services.backend,
-                metrics=services.metrics,
-                triton_metrics=services.triton_metrics,
-                workers=services.workers,
-                admission=services.admission,
-                tracing=services.tracing,
-                catalog=services.catalog,
-                plane=services.plane,
-                rollouts=services.rollouts,
-                dispatcher=services.dispatcher,
-                model_control=services.model_control,
-                routing_control=services.routing_control,
-                prediction_log=services.prediction_log,
-                drift=services.drift,
-                key_ring=services.key_ring,
-                quotas=services.quotas,
-                readiness=services.readiness,
-                exposure=services.exposure,
-            )
+            # every service, by its name, in each request's state
+            yield cast(GatewayState, {f.name: getattr(services, f.name) for f in fields(services)})
 
     openapi_url = "/openapi.json" if settings.docs_enabled else None
     app = FastAPI(

@@ -180,7 +180,9 @@ class NotServedError(ClientError):
     status = 400
     slug = "not-served"
     rpc_code = "UNIMPLEMENTED"
-    advice = "Send the tensors in the request; control models through /admin (the detail says what is not served)."
+    advice = (
+        "Send the tensors in the request; control models through /admin (the detail says what is not served)."
+    )
     title = "Not served"
 
 

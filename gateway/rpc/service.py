@@ -11,7 +11,7 @@ gateway.triton.client (the client side), the one place ``grpc`` and Triton's pro
   unless the error names Triton's own (``rpc_code``); the message is the problem's detail;
   ``retry-after`` (seconds) goes in the trailing metadata of UNAVAILABLE and
   RESOURCE_EXHAUSTED, with the request id and the rate standing.
-- An answer's initial metadata carries ``x-request-id`` and the caller's rate standing.
+- An answer's trailing metadata carries ``x-request-id`` and the caller's rate standing.
 - What the gateway does not serve is refused, counted and logged as any refusal, with a
   message that says so: the repository RPCs are PERMISSION_DENIED (model control is the
   admin surface's); shared memory, trace and log settings and ``ModelStreamInfer`` are
@@ -194,11 +194,11 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
     def __init__(self, door: Door) -> None:
         self._door = door
 
-    async def _run(
-        self, context: Any, work: Callable[[Rpc], Awaitable[T]], answered: Callable[[], bool] = lambda: False
-    ) -> T:
-        """``work`` on the call's metadata; its answer's metadata sent first (unless a
-        stream ``answered`` already), a refusal aborted with its code."""
+    async def _run(self, context: Any, work: Callable[[Rpc], Awaitable[T]]) -> T:
+        """``work`` on the call's metadata, a refusal aborted with its code. What the door
+        gives back (the request id, the rate standing) goes in the trailing metadata, with
+        the status, on an answer as on a refusal: initial metadata would cost a send of
+        its own on every call (about 0.1 ms of the door's CPU)."""
         rpc = Rpc(tuple((item.key, item.value) for item in context.invocation_metadata() or ()))
         try:
             result = await work(rpc)
@@ -212,8 +212,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
             # round to a collection that came seconds later, if at all).
             error.__traceback__ = error.__context__ = error.__cause__ = None
         else:
-            if not answered():
-                await context.send_initial_metadata(tuple(rpc.answer.items()))
+            context.set_trailing_metadata(tuple(rpc.answer.items()))
             return result
         # Aborted outside the handler, so the abort's exception does not keep the refusal.
         trailing = {**rpc.answer, **limits}
@@ -242,27 +241,27 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         name, version, extensions = await self._run(context, self._door.server_metadata)
         return service_pb2.ServerMetadataResponse(name=name, version=version, extensions=extensions)
 
+    async def _model_document(
+        self, context: Any, request: Any, ask: Callable[[Rpc, str, str], Awaitable[Any]], message: Any
+    ) -> Any:
+        """A model's document (Triton's JSON, as the door gives it) as ``message``."""
+        document = await self._run(context, lambda rpc: ask(rpc, request.name, request.version))
+        return json_format.ParseDict(document, message, ignore_unknown_fields=True)
+
     async def ModelMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802 (the RPC names)
-        document = await self._run(
-            context, lambda rpc: self._door.model_metadata(rpc, request.name, request.version)
-        )
-        return json_format.ParseDict(
-            document, service_pb2.ModelMetadataResponse(), ignore_unknown_fields=True
+        return await self._model_document(
+            context, request, self._door.model_metadata, service_pb2.ModelMetadataResponse()
         )
 
     async def ModelConfig(self, request: Any, context: Any) -> Any:  # noqa: N802 (the RPC names)
-        document = await self._run(
-            context, lambda rpc: self._door.model_config(rpc, request.name, request.version)
+        config = await self._model_document(
+            context, request, self._door.model_config, model_config_pb2.ModelConfig()
         )
-        config = json_format.ParseDict(document, model_config_pb2.ModelConfig(), ignore_unknown_fields=True)
         return service_pb2.ModelConfigResponse(config=config)
 
     async def ModelStatistics(self, request: Any, context: Any) -> Any:  # noqa: N802 (the RPC names)
-        document = await self._run(
-            context, lambda rpc: self._door.model_statistics(rpc, request.name, request.version)
-        )
-        return json_format.ParseDict(
-            document, service_pb2.ModelStatisticsResponse(), ignore_unknown_fields=True
+        return await self._model_document(
+            context, request, self._door.model_statistics, service_pb2.ModelStatisticsResponse()
         )
 
     async def ModelInfer(self, requests: Any, context: Any) -> Any:  # noqa: N802 (the RPC names)
@@ -288,17 +287,12 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         """Each message an inference (gateway.rpc.door: InferenceDoor.stream), read when
         the door asks for it; each answered in order, a refusal as the response's
         ``error_message`` (the stream goes on), as Triton answers on its stream."""
-        opened = False
 
         async def read() -> InferMessage | None:
             raw = await context.read()
             return infer_message(raw) if isinstance(raw, bytes) else None
 
         async def write(result: Answered | GatewayError) -> None:
-            nonlocal opened
-            if not opened:
-                opened = True
-                await context.send_initial_metadata(tuple(rpc_of_stream.answer.items()))
             if isinstance(result, GatewayError):
                 response = service_pb2.ModelStreamInferResponse(error_message=result.detail)
             else:
@@ -308,14 +302,10 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
                 )
             await context.write(response)
 
-        rpc_of_stream = Rpc(())
-
         async def work(rpc: Rpc) -> None:
-            nonlocal rpc_of_stream
-            rpc_of_stream = rpc
             await self._door.stream(rpc, read, write, context.time_remaining)
 
-        await self._run(context, work, answered=lambda: opened)
+        await self._run(context, work)
 
     def _refusal(method: str, detail: str) -> Any:  # noqa: N805 (builds the class's methods)
         async def refuse(self: InferenceService, request: Any, context: Any) -> Any:

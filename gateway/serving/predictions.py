@@ -12,7 +12,7 @@ the model, version, route, status, latency, key id and trace id, and the predict
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Protocol
@@ -31,7 +31,7 @@ LABELS = "LABELS"
 SCORES = "SCORES"
 
 
-class Call(Protocol):
+class LoggedCall(Protocol):
     """What the log reads of a call (gateway.serving.dispatch.Call)."""
 
     request_id: str
@@ -105,7 +105,7 @@ def _text(value: Any) -> str:
 
 def _record(
     entry: LogEntry,
-    call: Call,
+    call: LoggedCall,
     route: str,
     status: int,
     error: str | None,
@@ -127,13 +127,18 @@ def _record(
     )
 
 
-@asynccontextmanager
-async def logged(log: PredictionLog, call: Call, route: str) -> AsyncIterator[None]:
+# What a call is wrapped in when the log is off: nothing, and nothing made per call.
+_OFF: AbstractAsyncContextManager[None] = nullcontext()
+
+
+def logged(log: PredictionLog, call: LoggedCall, route: str) -> AbstractAsyncContextManager[None]:
     """The call, offered to the prediction log when sampled (its refusal with its status
     and kind); nothing is kept when the log is off."""
-    if not log.enabled:
-        yield
-        return
+    return _logged(log, call, route) if log.enabled else _OFF
+
+
+@asynccontextmanager
+async def _logged(log: PredictionLog, call: LoggedCall, route: str) -> AsyncIterator[None]:
     entry = call.logged = LogEntry()
     trace_id = current_trace_id()
     client = None if call.caller is None else call.caller.client

@@ -211,7 +211,7 @@ def _send_grpc(stack: Stack, case: Case, request_id: str) -> Outcome:
             given = dict(error.trailing_metadata() or ())
             code = error.code()
             return Outcome(0, code.name, given.get("x-request-id", ""), error.details() or "")
-    given = dict(call.initial_metadata())
+    given = dict(call.trailing_metadata())
     answer: dict[str, Any] = {}
     for output, raw in zip(response.outputs, response.raw_output_contents, strict=True):
         if output.datatype == "BYTES":
