@@ -306,7 +306,7 @@ class Stack:
     variant_door: str = ""  # the variant's, with --grpc and a variant
 
     def process(self, target: str) -> GatewayProcess:
-        if target in ("variant", "variant-door"):
+        if target in ("variant", "variant-door", "variant-v2"):
             assert self.variant is not None
             return self.variant
         if target == "kserve":
@@ -431,7 +431,7 @@ def measure(
             _direct(address, scenario, concurrency, seconds)
         )
         result.p50_ms, result.p99_ms = percentiles_ms(latencies)
-    elif target == "v2":
+    elif target in ("v2", "variant-v2"):
         assert scenario.v2 is not None
         model, body, header_length = scenario.v2()
         result.requests, result.errors, result.p50_ms, result.p99_ms = _wrk(
@@ -546,8 +546,8 @@ def door_table(measures: list[Measure]) -> str:
         "",
         "| models | scenario | c | req/s (Triton direct / door / HTTP /v2) | door p50/p99 ms | gateway CPU "
         "ms/req (door / HTTP /v2 / HTTP /classify) | Triton CPU ms/req (direct / via door) "
-        "| variant's door req/s, CPU ms/req |",
-        "|---|---|---|---|---|---|---|---|",
+        "| variant's door req/s, CPU ms/req | variant's /v2 req/s, CPU ms/req |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     keys = sorted({(m.repository, m.scenario, m.concurrency) for m in measures if m.target == "door"})
     for repository, scenario, concurrency in keys:
@@ -567,7 +567,8 @@ def door_table(measures: list[Measure]) -> str:
             f"| {med('door', 'gateway_cpu_ms'):.2f} / {med('v2', 'gateway_cpu_ms'):.2f} "
             f"/ {med('gateway', 'gateway_cpu_ms'):.2f} "
             f"| {med('direct', 'triton_cpu_ms'):.2f} / {med('door', 'triton_cpu_ms'):.2f} "
-            f"| {med('variant-door', 'rps'):.0f}, {med('variant-door', 'gateway_cpu_ms'):.2f} |"
+            f"| {med('variant-door', 'rps'):.0f}, {med('variant-door', 'gateway_cpu_ms'):.2f} "
+            f"| {med('variant-v2', 'rps'):.0f}, {med('variant-v2', 'gateway_cpu_ms'):.2f} |"
         )
     return "\n".join(lines)
 
@@ -810,6 +811,7 @@ def main(argv: list[str] | None = None) -> int:
         gateways = ["gateway", "variant"] if variant_env else ["gateway"]
         # and "v2" where the scenario has a /v2 form
         doors = (["door", "variant-door"] if variant_env else ["door"]) if options.grpc else []
+        v2s = ["v2", "variant-v2"] if variant_env else ["v2"]  # /v2, measured beside the door
         for name in options.repositories:
             workdir = Path(folder) / name
             workdir.mkdir()
@@ -833,7 +835,7 @@ def main(argv: list[str] | None = None) -> int:
                 for scenario in chosen:  # warm every path once
                     if scenario.direct:
                         measure(stack, name, scenario, "direct", 1, 0.5, workdir)
-                        for target in [*references, *doors, *(["v2"] if doors and scenario.v2 else [])]:
+                        for target in [*references, *doors, *(v2s if doors and scenario.v2 else [])]:
                             measure(stack, name, scenario, target, 1, 1, workdir)
                     for target in gateways:
                         measure(stack, name, scenario, target, 1, 1, workdir)
@@ -845,7 +847,7 @@ def main(argv: list[str] | None = None) -> int:
                             # the reference has no checks: it is not measured on the error path
                             targets = (["direct", *references, *doors] if scenario.direct else []) + gateways
                             if doors and scenario.v2:
-                                targets.append("v2")
+                                targets.extend(v2s)
                             for target in targets:
                                 measures.append(
                                     measure(
