@@ -241,8 +241,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "serve":
             from gateway.app import create_app
             from gateway.http.server import run_server
+            from gateway.runtime import Runtime
 
-            run_server(create_app(settings), settings, host, args.port or settings.port)
+            runtime = Runtime(settings)
+            run_server(
+                create_app(settings, runtime=runtime),
+                settings,
+                host,
+                args.port or settings.port,
+                runtime.running,
+            )
             return 0
         from gateway.dev.local import LocalOptions, run_local
 
@@ -257,6 +265,9 @@ def main(argv: list[str] | None = None) -> int:
         return run_local(settings, options)
     except ConfigurationError as exc:
         print(f"triton-gateway: {exc.detail}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a port that cannot be listened on, say
+        print(f"triton-gateway: {exc}", file=sys.stderr)
         return 1
 
 

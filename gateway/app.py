@@ -26,7 +26,7 @@ from gateway.http.routes import classify, health, metrics_route, oip
 from gateway.http.routes import openai as openai_routes
 from gateway.http.schemas import Problem, classify_json_model
 from gateway.http.telemetry import TelemetryMiddleware
-from gateway.runtime import BackendFactory, Runtime
+from gateway.runtime import BackendFactory, Runtime, Services
 from gateway.settings import Settings
 
 # The route modules every gateway serves (the admin routes only with admin keys).
@@ -45,6 +45,11 @@ response carries `X-Request-ID`.
 """
 
 
+def _state(services: Services) -> GatewayState:
+    """Every service, by its name, in each request's state."""
+    return cast(GatewayState, {f.name: getattr(services, f.name) for f in fields(services)})
+
+
 def create_app(
     settings: Settings,
     backend_factory: BackendFactory | None = None,
@@ -53,15 +58,18 @@ def create_app(
 ) -> FastAPI:
     """The HTTP door over ``runtime``'s services (a runtime of its own by default, built
     from ``settings``; ``backend_factory`` replaces Triton in tests, and metrics go to
-    ``registry``, a fresh one by default, never the global registry). The app's lifespan
-    runs the runtime, which also starts the gRPC door beside it."""
+    ``registry``, a fresh one by default, never the global registry). The process runs
+    the runtime around the HTTP server (gateway.http.server.run_server); an app served
+    without it running runs it in its lifespan."""
     runtime = runtime or Runtime(settings, backend_factory, registry)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[GatewayState]:
+        if runtime.services is not None:  # the process runs it, beside this app
+            yield _state(runtime.services)
+            return
         async with runtime.running() as services:
-            # every service, by its name, in each request's state
-            yield cast(GatewayState, {f.name: getattr(services, f.name) for f in fields(services)})
+            yield _state(services)
 
     openapi_url = "/openapi.json" if settings.docs_enabled else None
     app = FastAPI(

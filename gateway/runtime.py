@@ -4,10 +4,13 @@ as peers (MLServer's ``server.py`` over its REST and gRPC servers is the model).
 :class:`Runtime` is built from the settings (nothing network-bound at construction) and
 run as an async context manager on the serving loop: it starts Triton's client behind
 its breaker, the catalog, the shared state, the keys, the prediction log and drift, the
-caller pipeline, readiness and the dispatcher, then the gRPC door (when
-``GATEWAY_GRPC__PORT`` is set) beside the HTTP app (gateway.app), which reads the same
-:class:`Services`. Stopping runs the other way: the gRPC door first (its grace), then
-what it and the HTTP app used.
+caller pipeline, readiness, exposure and the dispatcher, then the gRPC door (when
+``GATEWAY_GRPC__PORT`` is set). The process (``serve``, ``local``: gateway.http.server's
+``run_server``) runs the runtime and, inside it, the HTTP server over the app
+(gateway.app), which reads the same :class:`Services`: the two doors are peers. An app
+served without a running runtime (the tests' in-process servers) runs its own in its
+lifespan. Stopping runs the other way: the HTTP server's drain, the gRPC door (its
+grace), then what both used.
 """
 
 from __future__ import annotations
@@ -167,6 +170,7 @@ class Runtime:
         self.quotas = QuotaKeeper(None, settings.redis, self.metrics)
         self.routing = Routing(settings.default_pins())
         self.gate = CallerGate(self.api_keys, self.limiter, self.quotas, self.metrics, settings.tiers)
+        self.services: Services | None = None  # while running
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[Services]:
@@ -262,7 +266,11 @@ class Runtime:
             )
             if settings.grpc.port:
                 stack.push_async_callback((await self._grpc_door(services)).stop, settings.grpc.grace_seconds)
-            yield services
+            self.services = services
+            try:
+                yield services
+            finally:
+                self.services = None
 
     @staticmethod
     async def _grpc_door(services: Services) -> FrontDoor:

@@ -29,6 +29,7 @@ from gateway.app import create_app
 from gateway.dev.tritonserver import TritonServer
 from gateway.http.server import GatewayServer, gateway_server, listen_sockets
 from gateway.observe.tracing import triton_trace_args
+from gateway.runtime import Runtime
 from gateway.settings import Settings
 
 
@@ -69,6 +70,14 @@ def _how(code: int) -> str:
 
 
 async def _serve(
+    server: GatewayServer, runtime: Runtime, options: LocalOptions, settings: Settings, triton: TritonServer
+) -> int:
+    """The runtime (the services and the gRPC door) and, inside it, the HTTP server."""
+    async with runtime.running():
+        return await _serve_http(server, options, settings, triton)
+
+
+async def _serve_http(
     server: GatewayServer, options: LocalOptions, settings: Settings, triton: TritonServer
 ) -> int:
     died: list[int] = []
@@ -124,8 +133,9 @@ def run_local(settings: Settings, options: LocalOptions) -> int:
             "repository_key": SecretStr(repository_key),
         }
         settings = settings.model_copy(update={"triton": settings.triton.model_copy(update=local_triton)})
-        server = gateway_server(create_app(settings), settings, options.host, options.port)
-        status = asyncio.run(_serve(server, options, settings, triton))
+        runtime = Runtime(settings)
+        server = gateway_server(create_app(settings, runtime=runtime), settings, options.host, options.port)
+        status = asyncio.run(_serve(server, runtime, options, settings, triton))
     except _StopRequestedError:
         status = 0
     finally:

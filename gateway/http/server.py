@@ -20,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from types import FrameType
 from typing import Any
 
@@ -200,6 +202,21 @@ def gateway_server(app: FastAPI, settings: Settings, host: str, port: int) -> Ga
     )
 
 
-def run_server(app: FastAPI, settings: Settings, host: str, port: int) -> None:
-    """Serve until SIGTERM/SIGINT, then drain and exit."""
-    gateway_server(app, settings, host, port).run(sockets=listen_sockets(settings, host, port))
+def run_server(
+    app: FastAPI,
+    settings: Settings,
+    host: str,
+    port: int,
+    running: Callable[[], AbstractAsyncContextManager[object]],
+) -> None:
+    """Serve until SIGTERM/SIGINT, then drain and exit: inside ``running`` (the runtime:
+    the services both doors share, and the gRPC door), the HTTP server over ``app``."""
+    server = gateway_server(app, settings, host, port)
+    sockets = listen_sockets(settings, host, port)
+
+    async def serve() -> None:
+        async with running():
+            await server.serve(sockets)
+
+    with asyncio.Runner(loop_factory=server.config.get_loop_factory()) as runner:
+        runner.run(serve())
