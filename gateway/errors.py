@@ -9,7 +9,8 @@ Every error a client can see is a :class:`GatewayError`; each class has a stable
     │   ├── NotFoundError              404 not-found           no such route
     │   │   ├── UnknownModelError      404 not-found           no such model or version (Triton's text)
     │   │   └── BadVersionError        404 not-found           a version that is not a number
-    │   ├── NotServedError             400 not-served          shared memory, settings, repository: not served
+    │   ├── NotServedError             400 not-served          shared memory, trace and log settings
+    │   │   └── ControlNotServedError  403 not-served          repository control (/admin's)
     │   ├── MethodNotAllowedError      405 method-not-allowed
     │   ├── UnauthorizedError          401 unauthorized        no or unknown API key (+ WWW-Authenticate)
     │   ├── RequestTimeoutError        408 request-timeout     the body did not arrive in time
@@ -175,7 +176,7 @@ class BadVersionError(NotFoundError):
 
 class NotServedError(ClientError):
     """A part of Triton's protocol the gateway does not serve (shared memory, trace and log
-    settings: UNIMPLEMENTED on gRPC; repository control: 403, PERMISSION_DENIED)."""
+    settings): UNIMPLEMENTED on gRPC."""
 
     status = 400
     slug = "not-served"
@@ -184,6 +185,14 @@ class NotServedError(ClientError):
         "Send the tensors in the request; control models through /admin (the detail says what is not served)."
     )
     title = "Not served"
+
+
+class ControlNotServedError(NotServedError):
+    """Triton's repository control, which the gateway leaves to its admin surface (/admin):
+    a permission it does not give, PERMISSION_DENIED on gRPC."""
+
+    status = 403
+    rpc_code = "PERMISSION_DENIED"
 
 
 class MethodNotAllowedError(ClientError):

@@ -33,6 +33,7 @@ from typing import Any, Protocol, TypeVar
 
 from gateway import __version__
 from gateway.errors import (
+    ControlNotServedError,
     GatewayError,
     InvalidInputError,
     NotServedError,
@@ -280,10 +281,7 @@ class InferenceDoor:
         """A method of Triton's service the gateway does not serve: refused, counted (the
         repository's as a permission the door does not give: model control is /admin's)."""
         async with self._rpc(method, rpc):
-            error = NotServedError(detail)
-            if method.startswith("Repository"):
-                error.status, error.rpc_code = 403, "PERMISSION_DENIED"
-            raise error
+            raise (ControlNotServedError if method.startswith("Repository") else NotServedError)(detail)
 
     async def _read(self, read: Callable[[], Awaitable[M]], reservation: Reservation) -> M:
         """The call's message (None: a stream's end), read into room reserved for the

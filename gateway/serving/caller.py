@@ -116,10 +116,6 @@ class CallerGate:
         self.metrics = metrics
         self.tiers = tiers
 
-    @property
-    def keyed(self) -> bool:
-        return self.keys is not None
-
     def identify(self, headers: Headers) -> ApiKey | None:
         """The key alone (None: keys are off), or 401: what a stream's opening checks
         before a message of it is read (each message is then admitted as a call)."""

@@ -20,7 +20,7 @@ from fastapi import APIRouter, Path, Request
 from fastapi.responses import Response
 
 from gateway import __version__
-from gateway.errors import NotServedError, ShuttingDownError, TritonUnavailableError
+from gateway.errors import ControlNotServedError, NotServedError, ShuttingDownError, TritonUnavailableError
 from gateway.http.bodies import byte_count, expects_continue, read_json
 from gateway.http.dependencies import (
     BackendDep,
@@ -269,25 +269,19 @@ async def infer_version(request: Request, model_name: ModelName, model_version: 
 # (counted and logged as any refusal), never "no route at this path".
 
 
-def _not_served(detail: str, status: int = 400) -> NotServedError:
-    error = NotServedError(detail)
-    error.status = status
-    return error
-
-
 @router.api_route("/systemsharedmemory/{rest:path}", methods=["GET", "POST"], include_in_schema=False)
 @router.api_route("/cudasharedmemory/{rest:path}", methods=["GET", "POST"], include_in_schema=False)
 async def shared_memory(rest: str) -> None:
-    raise _not_served(NOT_SERVED_SHARED_MEMORY)
+    raise NotServedError(NOT_SERVED_SHARED_MEMORY)
 
 
 @router.api_route("/trace/setting", methods=["GET", "POST"], include_in_schema=False)
 @router.api_route("/models/{model_name}/trace/setting", methods=["GET", "POST"], include_in_schema=False)
 @router.api_route("/logging", methods=["GET", "POST"], include_in_schema=False)
 async def settings_routes() -> None:
-    raise _not_served(NOT_SERVED_SETTINGS)
+    raise NotServedError(NOT_SERVED_SETTINGS)
 
 
 @router.api_route("/repository/{rest:path}", methods=["GET", "POST"], include_in_schema=False)
 async def repository(rest: str) -> None:
-    raise _not_served(NOT_SERVED_CONTROL, 403)
+    raise ControlNotServedError(NOT_SERVED_CONTROL)
