@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from gateway.observe.logs import configure_logging
 
-    configure_logging(settings.log_level, settings.log_format)
+    configure_logging(settings.log_level, settings.log_format, settings.log_flush_seconds)
     host = (args.host or settings.host) if args.command == "serve" else args.host
     if host != settings.host:
         # the gRPC door listens there too (serve's --host, or local's loopback address)

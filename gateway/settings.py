@@ -697,6 +697,14 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = Field(
         "text", description="Log lines as plain text or one JSON object a line (for log shippers)."
     )
+    log_flush_seconds: float = Field(
+        0.25,
+        ge=0,
+        le=10,
+        description="The access log's lines are written to stderr in batches at most this far "
+        "apart (0: each line at once). Any other line is written at once, with the access lines "
+        "before it. A process killed with SIGKILL loses at most this much of its access log.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:

@@ -20,8 +20,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractAsyncContextManager, contextmanager
 from types import FrameType
 from typing import Any
 
@@ -34,6 +34,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from gateway.errors import NotFoundError
 from gateway.http.auth import ADMIN_PREFIX
 from gateway.http.problems import problem_response
+from gateway.observe.logs import flush_logs
 from gateway.serving.admission import Admission
 from gateway.serving.heap import keep_heap
 from gateway.settings import Settings
@@ -157,6 +158,16 @@ class GatewayServer(uvicorn.Server):
     async def serve(self, sockets: Any = None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets)
+
+    @contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's, and the log written out before it raises the signal it stopped on
+        again (the process then ends at once, without its exit handlers)."""
+        with super().capture_signals():
+            try:
+                yield
+            finally:
+                flush_logs()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._loop is None or self._drain_requested or self.should_exit:

@@ -1,7 +1,17 @@
-"""Logging set-up for the CLI: plain text or one JSON object a line."""
+"""Logging set-up for the CLI: plain text or one JSON object a line, on stderr.
+
+The access log (one line a call, on every door) is written in batches: a line each call
+cost a write to stderr of its own, about a third of what the line costs (0.03 ms of a
+gRPC call's 0.9). Its lines wait in a buffer for at most ``flush_seconds``; any other
+line (startup, a warning, uvicorn's last words before it exits) is written at once, with
+every access line before it, so the log keeps its order. A process killed with SIGKILL
+loses at most the last ``flush_seconds`` of its access log; one that exits (SIGTERM's
+drain included) loses nothing.
+"""
 
 from __future__ import annotations
 
+import io
 import logging
 import re
 import sys
@@ -22,12 +32,33 @@ def escape_controls(text: str) -> str:
     return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
 
 
-class EscapingFormatter(logging.Formatter):
+class _StampEachSecond(logging.Formatter):
+    """``asctime`` as logging writes it, the date and time made once a second (not once
+    a line: the access log writes one a call)."""
+
+    _second = -1
+    _stamp = ""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
+        if datefmt is not None:
+            return super().formatTime(record, datefmt)
+        second = int(record.created)
+        if second != self._second:  # formatting runs under the handler's lock
+            self._stamp = time.strftime(self.default_time_format, self.converter(record.created))
+            self._second = second
+        return f"{self._stamp},{int(record.msecs):03d}"  # logging's default_msec_format
+
+
+class EscapingFormatter(_StampEachSecond):
     """The text format with control characters escaped in the message (tracebacks, which
     the gateway writes, keep their line breaks)."""
 
     def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
         return escape_controls(super().formatMessage(record))
+
+
+class JsonFormatter(_StampEachSecond, OrjsonFormatter):
+    """One JSON object a line (orjson: the access log writes one a call)."""
 
 
 class Sampler:
@@ -53,13 +84,74 @@ class Sampler:
             return False, 0
 
 
-def configure_logging(level: str, fmt: str) -> None:
+BATCHED = frozenset({"gateway.access"})
+
+
+class BatchingHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A stream handler that leaves the lines of the :data:`BATCHED` loggers (below
+    WARNING) in its stream's buffer, and a daemon thread that flushes it every
+    ``flush_seconds``; every other line flushes it at once (a buffer that fills is
+    written on its own). ``close`` stops the thread and writes what is left."""
+
+    def __init__(self, stream: io.TextIOWrapper, flush_seconds: float) -> None:
+        super().__init__(stream)
+        self._seconds = flush_seconds
+        self._closed = threading.Event()
+        self._flusher = threading.Thread(target=self._flush_often, name="log flusher", daemon=True)
+        self._flusher.start()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.stream.write(self.format(record) + self.terminator)
+            if record.name not in BATCHED or record.levelno >= logging.WARNING:
+                self.flush()
+        except RecursionError:
+            raise
+        except Exception:
+            self.handleError(record)
+
+    def close(self) -> None:
+        self._closed.set()
+        if self._flusher is not threading.current_thread():
+            self._flusher.join()
+        self.flush()
+        super().close()
+
+    def _flush_often(self) -> None:
+        while not self._closed.wait(self._seconds):
+            self.flush()
+
+
+def flush_logs() -> None:
+    """Write out what the root's handlers hold (before a process ends without its exit
+    handlers: a signal raised again, ``os._exit``)."""
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+
+
+def _buffered_stderr() -> io.TextIOWrapper | None:
+    """stderr's descriptor behind a buffer of its own (Python's stderr writes each line
+    at once), or None when stderr has no descriptor (replaced, as under a test runner)."""
+    try:
+        descriptor = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
+    raw = open(descriptor, "wb", buffering=64 * 1024, closefd=False)  # noqa: SIM115 (lives with the process)
+    return io.TextIOWrapper(raw, encoding="utf-8", errors="backslashreplace", write_through=False)
+
+
+def configure_logging(level: str, fmt: str, flush_seconds: float = 0.0) -> None:
     """Root handler on stderr; uvicorn's loggers propagate to it (its access log is off:
-    the gateway writes its own, with the request id, route, model and duration)."""
-    handler = logging.StreamHandler(sys.stderr)
+    the gateway writes its own, with the request id, route, model and duration). With
+    ``flush_seconds``, the access log's lines are written in batches at most that far
+    apart (the module docstring)."""
+    stream = _buffered_stderr() if flush_seconds > 0 else None
+    handler: logging.StreamHandler = (  # type: ignore[type-arg]
+        logging.StreamHandler(sys.stderr) if stream is None else BatchingHandler(stream, flush_seconds)
+    )
     if fmt == "json":
         handler.setFormatter(
-            OrjsonFormatter(  # orjson: the access log line is written on every request
+            JsonFormatter(
                 "%(asctime)s %(levelname)s %(name)s %(message)s",
                 rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
             )
@@ -74,6 +166,9 @@ def configure_logging(level: str, fmt: str) -> None:
     logging.logProcesses = False
     logging.logMultiprocessing = False
     root = logging.getLogger()
+    for replaced in root.handlers:
+        if isinstance(replaced, BatchingHandler):  # its thread stops, its lines are written
+            replaced.close()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):

@@ -78,7 +78,7 @@ class InferMessage:
     version: str
     request_id: str
     header: dict[str, Any]
-    binary: bytes
+    binary: bytes | memoryview
     size: int
 
 
@@ -226,6 +226,8 @@ class InferenceDoor:
 
     def _label(self, model: str) -> str:
         """A catalogued or allow-listed name only (looked up, not a set built per call)."""
+        if not model:
+            return ""
         known = self.exposure.catalog.find(model) is not None or self.exposure.non_classifier(model)
         return model if known else ""
 

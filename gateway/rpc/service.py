@@ -119,7 +119,9 @@ def _contents(tensor: Any) -> bytes:
     return np.asarray(values, dtype=np.dtype(DTYPES[tensor.datatype]).newbyteorder("<")).tobytes()
 
 
-def request_header(request: Any, raw: Sequence[bytes | memoryview]) -> tuple[dict[str, Any], bytes]:
+def request_header(
+    request: Any, raw: Sequence[bytes | memoryview]
+) -> tuple[dict[str, Any], bytes | memoryview]:
     """A ModelInferRequest as ``/v2``'s binary form: the JSON-shaped header and the tensors
     (``raw``: its raw input contents, taken out of the message on the wire)."""
     if raw:
@@ -163,7 +165,8 @@ def request_header(request: Any, raw: Sequence[bytes | memoryview]) -> tuple[dic
             }
             for output in request.outputs
         ]
-    return header, b"".join(chunks)
+    # one tensor (the usual call): a view into the message, not a copy of it
+    return header, chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def infer_message(raw: bytes) -> InferMessage:

@@ -259,7 +259,7 @@ class Dispatcher:
         self,
         target: OipTarget,
         header: dict[str, Any],
-        binary: bytes,
+        binary: bytes | memoryview,
         size: int,
         call: Call,
         settings: Settings,
@@ -283,7 +283,7 @@ class Dispatcher:
             check_top_k(served.entry, parsed.inputs)
         if call.logged is not None:
             call.logged.tensors = parsed.inputs
-        if served.entry is not None:
+        if served.entry is not None and served.entry.kind.noun == "image":
             kind = served.entry.kind
             count = sum(t.array.size for t in parsed.inputs if t.name in kind.oip_inputs)
             await self._charge_images(kind, count, call)

@@ -195,7 +195,11 @@ def _check_shape(spec: TensorSpec, shape: list[int], caps: Caps) -> None:
 
 
 def parse_infer_request(
-    header: dict[str, Any], binary: bytes, signature: ModelSignature, caps: Caps, check_bytes: BytesCheck
+    header: dict[str, Any],
+    binary: bytes | memoryview,
+    signature: ModelSignature,
+    caps: Caps,
+    check_bytes: BytesCheck,
 ) -> InferRequest:
     """Check a request's tensors against the model's signature, decode them, and run
     ``check_bytes`` on every BYTES input (the gateway's own input checks)."""

@@ -1,8 +1,9 @@
 """SIGTERM under load: /readyz turns 503 first, requests in flight finish, new ones get
-503 problem+json, and nothing is cut off."""
+503 problem+json, and nothing is cut off; the access log has a line for every answer."""
 
 from __future__ import annotations
 
+import re
 import signal
 import threading
 import time
@@ -28,7 +29,9 @@ def test_sigterm_drains_without_losing_a_request(
     # Clients honour Retry-After (3 s) as a load balancer would after /readyz turns 503: a
     # client that keeps opening connections while the listener closes can meet a reset from
     # the kernel's accept queue, with any server.
-    gateway = spawn_gateway(triton, GATEWAY_SERVER__RETRY_AFTER_SECONDS="3")
+    # The access log's batches wait up to 10 s: what the log holds at the end was written
+    # out when the process stopped, not by the interval.
+    gateway = spawn_gateway(triton, GATEWAY_SERVER__RETRY_AFTER_SECONDS="3", GATEWAY_LOG_FLUSH_SECONDS="10")
     result: list[LoadResult] = []
     load = threading.Thread(
         target=lambda: result.append(run_load(gateway.url, send_batch, 6, 8.0, honor_retry_after=True))
@@ -63,3 +66,8 @@ def test_sigterm_drains_without_losing_a_request(
     assert all(a.slug == "shutting-down" for a in answers.answers if a.status == 503)
     assert all(a.retry_after == "3" for a in answers.answers if a.status == 503)
     assert all(a.content_type == "application/problem+json" for a in answers.answers if a.status == 503)
+    # the access log's batches (gateway.observe.logs) are written before the process exits
+    log = gateway.log.read_text()
+    for status in (200, 503):
+        logged = len(re.findall(rf"gateway\.access: POST /classify {status} ", log))
+        assert logged == statuses.get(status, 0), f"{logged} access lines for {statuses} ({status})"
