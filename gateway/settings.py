@@ -228,6 +228,15 @@ class ServerSettings(BaseModel):
         le=300,
         description="A connection that has not sent a full request head by then is closed.",
     )
+    linger_seconds: float = Field(
+        10.0,
+        gt=0,
+        le=300,
+        description="A request answered before its body was read (a 503 or 413 from its headers) "
+        "is closed gracefully: the answer is sent, and what the client still sends is read and "
+        "discarded for up to this long (and up to the largest body), so the client reads its answer "
+        "instead of meeting a reset.",
+    )
     body_timeout_seconds: float = Field(
         30.0, gt=0, le=3600, description="A request body not fully received by then is answered 408."
     )

@@ -42,20 +42,78 @@ from gateway.settings import Settings
 logger = logging.getLogger("gateway.server")
 
 
+class _LingerOnClose:
+    """A connection's transport as uvicorn sees it: closing it lingers while the request's
+    body is still on its way (:meth:`HeaderTimeoutProtocol.close_lingering`)."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: HeaderTimeoutProtocol) -> None:
+        self._transport = transport
+        self._protocol = protocol
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def close(self) -> None:
+        self._protocol.close_lingering()
+
+    def is_closing(self) -> bool:
+        return self._protocol.lingering or self._transport.is_closing()
+
+
 class HeaderTimeoutProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol, closing a connection whose request head is late.
+    """uvicorn's httptools protocol, closing a connection whose request head is late, and
+    lingering before it closes one whose request body is still coming.
 
     A timer is armed when the connection opens and when the first bytes of a next request
     arrive on a kept-alive connection (the parser's message-begin callback), and disarmed
     once the head is complete; between requests uvicorn's keep-alive timeout applies.
+
+    A request refused before its body was read (503 from its headers, 413 from its
+    length) is answered with ``Connection: close``. Closed at once, the socket would be
+    reset under a client still sending, whose next write fails before it reads the answer
+    (64 of 100 clients uploading 7 MiB never read their 503). So, as nginx's lingering
+    close: the answer goes out, the write side is shut (FIN), and what the client still
+    sends is read and thrown away until it stops (its FIN), for at most
+    ``linger_seconds`` and ``linger_bytes``; then the socket closes.
     """
 
     header_timeout: float = 10.0
+    linger_seconds: float = 10.0
+    linger_bytes: int = 64 * 1024 * 1024
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._head_timer: asyncio.TimerHandle | None = None
-        super().connection_made(transport)
+        self._raw = transport
+        self.lingering = False
+        self._discarded = 0
+        self._linger_timer: asyncio.TimerHandle | None = None
+        super().connection_made(_LingerOnClose(transport, self))  # type: ignore[arg-type]
         self._arm()
+
+    def close_lingering(self) -> None:
+        raw, cycle = self._raw, self.cycle
+        if self.lingering or raw.is_closing():
+            return
+        if cycle is None or not cycle.more_body or cycle.disconnected:
+            raw.close()  # nothing more is coming
+            return
+        self.lingering = True
+        if raw.can_write_eof():
+            raw.write_eof()  # once the answer is out
+        raw.resume_reading()
+        self._linger_timer = self.loop.call_later(self.linger_seconds, raw.close)
+
+    def data_received(self, data: bytes) -> None:
+        if not self.lingering:
+            super().data_received(data)
+            return
+        self._discarded += len(data)
+        if self._discarded > self.linger_bytes:
+            self._raw.close()
+
+    def eof_received(self) -> None:
+        if self.lingering:
+            self._raw.close()  # the client has sent all it will: the answer is read
 
     def _arm(self) -> None:
         if self._head_timer is None:
@@ -81,6 +139,9 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+        self.lingering = False
         super().connection_lost(exc)
 
 
@@ -118,7 +179,11 @@ def server_config(app: FastAPI, settings: Settings, host: str, port: int) -> uvi
     protocol = type(
         "GatewayHttpProtocol",
         (HeaderTimeoutProtocol,),
-        {"header_timeout": settings.server.header_timeout_seconds},
+        {
+            "header_timeout": settings.server.header_timeout_seconds,
+            "linger_seconds": settings.server.linger_seconds,
+            "linger_bytes": settings.max_json_body_bytes,
+        },
     )
     asgi: ASGIApp = app
     if settings.admin_listener_port is not None:

@@ -305,6 +305,10 @@ class InferenceDoor:
         reservation = Reservation(self.budget)
         try:
             async with self._rpc("ModelInfer", rpc) as call:
+                # shed from its metadata, unread, as HTTP sheds from the headers
+                admission = self.dispatcher.plane.admission
+                if admission.refuses_unread(call.tenant):
+                    raise admission.refusal()
 
                 async def work() -> Answered:
                     return await self._answer(call, await self._read(read, reservation))

@@ -128,6 +128,29 @@ class _Waiter:
 
 
 @dataclass
+class Throughput:
+    """Completions a second, averaged over about ``tau`` seconds (an exponentially
+    decaying count: each completion adds one, the count decays by e every ``tau``)."""
+
+    tau: float = 2.0
+    count: float = 0.0
+    stamp: float = field(default_factory=monotonic)
+
+    def _decay(self, now: float) -> None:
+        self.count *= math.exp(-max(0.0, now - self.stamp) / self.tau)
+        self.stamp = now
+
+    def add(self, now: float) -> None:
+        self._decay(now)
+        self.count += 1.0
+
+    def recent(self, now: float) -> float:
+        """The decayed count: about the completions of the last ``tau`` seconds."""
+        self._decay(now)
+        return self.count
+
+
+@dataclass
 class Utilization:
     """The share of the limit in use, averaged over ``tau`` seconds (an exponential
     moving average updated at each change and read at scrape time): what an autoscaler
@@ -181,6 +204,7 @@ class Admission:
         self.waiting = 0
         self._queued_since: float | None = None  # when the queue last stopped being empty
         self.utilization = Utilization()
+        self.throughput = Throughput()
         self.leaving = False  # /readyz says 503; requests are still admitted
         self.draining = False
         self._idle = asyncio.Event()
@@ -257,6 +281,43 @@ class Admission:
         self.utilization.set(min(1.0, self.in_flight / max(1, self.limit)), now)
         favoured = guaranteed is not None and held < guaranteed
         return Ticket(tenant, now, self.in_flight - 1, favoured, saturated, self.admitted)
+
+    def refuses_unread(self, tenant: Tenant = ANONYMOUS) -> bool:
+        """Whether a request for ``tenant`` would be shed if it waited for a slot, judged
+        before its body is read: no slot is free for it, at least a limit's worth of
+        requests already wait for one, and at the rate requests have completed lately
+        they would not all be served within the queue wait. Let in: a request while the
+        queue is shorter than the limit (a burst), a key under its share, and any request
+        while fewer than a limit's worth completed lately (a cold replica or a stalled
+        Triton: nothing says how fast the queue moves; it waits for its slot as before).
+
+        Requests still uploading are not counted ahead: a client that opens a request and
+        sends its body slowly (or never) must not make the gateway refuse others."""
+        if self.draining:
+            return True
+        ahead, limit = self.waiting, self.limit
+        if ahead < limit or self._below_share(tenant):
+            return False
+        completed = self.throughput.recent(self._clock())
+        if completed < limit:
+            return False
+        return ahead + 1 > completed / self.throughput.tau * self._queue_seconds
+
+    def refusal(self) -> OverloadedError | ShuttingDownError:
+        """What :meth:`refuses_unread` turns into (its body is left unread: the
+        connection closes after the answer)."""
+        if self.draining:
+            return ShuttingDownError(
+                "the gateway is shutting down; retry on another replica",
+                retry_after=self._retry_after,
+                headers={"Connection": "close"},
+            )
+        self.shed += 1
+        return OverloadedError(
+            f"over {self.limit} requests are in flight or waiting; retry shortly",
+            retry_after=self._retry_after,
+            headers={"Connection": "close"},
+        )
 
     async def acquire(self, tenant: Tenant = ANONYMOUS) -> Ticket:
         """Take one in-flight slot for a request, or raise a 503 error (then do not release)."""
@@ -365,9 +426,10 @@ class Admission:
         if self.held.get(chosen, 0) / share < (self.held.get(releaser.id, 0) + 1) / releaser.share:
             self._grant_to(chosen, now)
 
-    def release(self, ticket: Ticket, cost: Hashable | None = None) -> None:
+    def release(self, ticket: Ticket, cost: Hashable | None = None, served: bool = True) -> None:
         """Give back the slot taken by :meth:`acquire`; with ``cost``, the request's
-        latency (admission to now) feeds the adaptive limit under that cost class."""
+        latency (admission to now) feeds the adaptive limit under that cost class.
+        ``served`` False: the slot did no work (a probe), and is no completion."""
         now = self._clock()
         if cost is not None:
             # the others it shared Triton with: in flight when it came, and admitted since
@@ -375,6 +437,8 @@ class Admission:
             others = ticket.in_flight + self.admitted - ticket.seq
             self.limiter.observe(cost, now - ticket.admitted_at, ticket.admitted_at, others, ticket.saturated)
         self.in_flight -= 1
+        if served:
+            self.throughput.add(now)
         tenant = ticket.tenant
         held = self.held[tenant.id] - 1
         if held:

@@ -76,22 +76,28 @@ class Dispatcher:
     # -- admission before the body ------------------------------------------------------
     @asynccontextmanager
     async def admission_before_body(self, call: Call, expects_continue: bool) -> AsyncIterator[None]:
-        """A request that declared ``Expect: 100-continue`` is refused before its body when
-        the gateway could not admit it now (no slot within the queue wait, or draining):
-        the 503 goes out before the body is sent (the server sends ``100 Continue`` only
-        when the body is first read), with ``Connection: close``, as HTTP/1.1 asks of a
-        server that leaves a body unread. It does not keep the slot while it uploads: a
-        client that asks politely and then sends nothing would hold it for the whole body
-        timeout (max_in_flight such clients starved everyone). Like any other request, it
-        takes its slot once its body is in."""
+        """Every request that would be shed is refused from its headers, before a byte of
+        its body is read, with ``Connection: close`` (the server lingers to read the body
+        away, so the client reads its answer: gateway.http.server): draining, or no slot
+        free and more requests queued ahead of it than complete within the queue wait
+        (Admission.refuses_unread).
+
+        A request that declared ``Expect: 100-continue`` waits for a slot first (the queue
+        wait), and is refused if none comes: the 503 goes out before the body is sent (the
+        server sends ``100 Continue`` only when the body is first read). It does not keep
+        the slot while it uploads: a client that asks politely and then sends nothing
+        would hold it for the whole body timeout (max_in_flight such clients starved
+        everyone). Like any other request, it takes its slot once its body is in."""
+        admission = self.plane.admission
+        if admission.refuses_unread(call.tenant):
+            raise admission.refusal()
         if expects_continue:
-            admission = self.plane.admission
             try:
                 ticket = await admission.acquire(call.tenant)
             except ServiceUnavailableError as exc:
                 exc.headers = {**exc.headers, "Connection": "close"}
                 raise
-            admission.release(ticket)
+            admission.release(ticket, served=False)
         yield
 
     # -- /classify and /models/{model}[/versions/{v}]/classify ------------------------

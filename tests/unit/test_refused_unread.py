@@ -1,0 +1,130 @@
+"""Admission decides from the headers whether a request would be shed: a long queue that
+the recent completion rate would not serve within the queue wait; never a cold replica's
+burst, a short queue, or a key under its share."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from gateway.errors import OverloadedError, ShuttingDownError
+from gateway.serving.admission import Admission, Tenant, Ticket
+
+LIMIT = 4
+
+
+def run(test: Callable[[], Coroutine[Any, Any, None]]) -> Callable[[], None]:
+    @functools.wraps(test)
+    def sync() -> None:
+        asyncio.run(test())
+
+    return sync
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _full(
+    admission: Admission, queued: int, tenant: Tenant = Tenant()
+) -> tuple[list[Ticket], list[asyncio.Task[Ticket]]]:
+    """Every slot held, ``queued`` more waiting."""
+    held = [await admission.acquire(tenant) for _ in range(LIMIT)]
+    waiting = [asyncio.create_task(admission.acquire(tenant)) for _ in range(queued)]
+    await asyncio.sleep(0)
+    assert admission.waiting == queued
+    return held, waiting
+
+
+async def _cancel(tasks: list[asyncio.Task[Ticket]]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _complete(admission: Admission, clock: Clock, count: int, seconds: float) -> None:
+    """``count`` requests served over ``seconds`` (slots taken and given back)."""
+    for _ in range(count):
+        clock.now += seconds / count
+        admission.in_flight += 1
+        admission.held[""] = admission.held.get("", 0) + 1
+        admission.held_by_tier["standard"] = admission.held_by_tier.get("standard", 0) + 1
+        admission._enter(Tenant())
+        admission.release(Ticket(Tenant(), clock.now))
+
+
+@run
+async def test_a_cold_replica_lets_a_burst_wait_for_its_slot() -> None:
+    clock = Clock()
+    admission = Admission(LIMIT, queue_seconds=0.5, retry_after=1, clock=clock)
+    held, waiting = await _full(admission, queued=3 * LIMIT)
+    # nothing completed yet: how fast the queue moves is unknown
+    assert not admission.refuses_unread()
+    await _cancel(waiting)
+
+
+@run
+async def test_a_queue_the_recent_rate_cannot_serve_in_time_is_refused_unread() -> None:
+    clock = Clock()
+    admission = Admission(LIMIT, queue_seconds=0.5, retry_after=1, clock=clock)
+    _complete(admission, clock, count=8, seconds=2.0)  # about 4 a second lately
+    held, waiting = await _full(admission, queued=LIMIT - 1)
+    assert not admission.refuses_unread()  # a queue shorter than the limit: a burst
+    more = [asyncio.create_task(admission.acquire()) for _ in range(2)]
+    await asyncio.sleep(0)
+    # 5 queued, about 2 served in the 0.5 s wait: this one would be shed
+    assert admission.refuses_unread()
+    refusal = admission.refusal()
+    assert isinstance(refusal, OverloadedError)
+    assert refusal.headers.get("Connection") == "close"
+    await _cancel(waiting + more)
+
+
+@run
+async def test_a_fast_queue_is_waited_in() -> None:
+    clock = Clock()
+    admission = Admission(LIMIT, queue_seconds=0.5, retry_after=1, clock=clock)
+    _complete(admission, clock, count=400, seconds=2.0)  # about 200 a second: 100 in the wait
+    held, waiting = await _full(admission, queued=3 * LIMIT)
+    assert not admission.refuses_unread()
+    await _cancel(waiting)
+
+
+@run
+async def test_a_key_under_its_share_is_let_in_past_a_flood() -> None:
+    clock = Clock()
+    admission = Admission(LIMIT * 16, queue_seconds=0.5, retry_after=1, clock=clock)
+    flood, quiet = Tenant("flood"), Tenant("quiet")
+    _complete(admission, clock, count=400, seconds=2.0)  # about 130 a second: 65 in the wait
+    held = [await admission.acquire(flood) for _ in range(admission.limit - admission.reserve)]
+    waiting = [asyncio.create_task(admission.acquire(flood)) for _ in range(3 * admission.limit)]
+    await asyncio.sleep(0)
+    assert admission.refuses_unread(flood)
+    assert not admission.refuses_unread(quiet)
+    await _cancel(waiting)
+    del held
+
+
+@run
+async def test_a_draining_gateway_refuses_every_request_unread() -> None:
+    admission = Admission(LIMIT, queue_seconds=0.5, retry_after=1)
+    admission.start_draining()
+    assert admission.refuses_unread()
+    assert isinstance(admission.refusal(), ShuttingDownError)
+
+
+@run
+async def test_a_probe_of_a_slot_is_no_completion() -> None:
+    clock = Clock()
+    admission = Admission(LIMIT, queue_seconds=0.5, retry_after=1, clock=clock)
+    for _ in range(10):
+        admission.release(await admission.acquire(), served=False)
+    assert admission.throughput.recent(clock()) == 0.0
+    admission.release(await admission.acquire())
+    assert admission.throughput.recent(clock()) == 1.0
