@@ -10,7 +10,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from gateway.errors import OverloadedError, ShuttingDownError
-from gateway.serving.admission import Admission, Tenant, Ticket
+from gateway.serving.admission import ANONYMOUS, Admission, Tenant, Ticket
 
 LIMIT = 4
 
@@ -32,7 +32,7 @@ class Clock:
 
 
 async def _full(
-    admission: Admission, queued: int, tenant: Tenant = Tenant()
+    admission: Admission, queued: int, tenant: Tenant = ANONYMOUS
 ) -> tuple[list[Ticket], list[asyncio.Task[Ticket]]]:
     """Every slot held, ``queued`` more waiting."""
     held = [await admission.acquire(tenant) for _ in range(LIMIT)]
@@ -63,7 +63,7 @@ def _complete(admission: Admission, clock: Clock, count: int, seconds: float) ->
 async def test_a_cold_replica_lets_a_burst_wait_for_its_slot() -> None:
     clock = Clock()
     admission = Admission(LIMIT, queue_seconds=0.5, retry_after=1, clock=clock)
-    held, waiting = await _full(admission, queued=3 * LIMIT)
+    _held, waiting = await _full(admission, queued=3 * LIMIT)
     # nothing completed yet: how fast the queue moves is unknown
     assert not admission.refuses_unread()
     await _cancel(waiting)
@@ -74,7 +74,7 @@ async def test_a_queue_the_recent_rate_cannot_serve_in_time_is_refused_unread() 
     clock = Clock()
     admission = Admission(LIMIT, queue_seconds=0.5, retry_after=1, clock=clock)
     _complete(admission, clock, count=8, seconds=2.0)  # about 4 a second lately
-    held, waiting = await _full(admission, queued=LIMIT - 1)
+    _held, waiting = await _full(admission, queued=LIMIT - 1)
     assert not admission.refuses_unread()  # a queue shorter than the limit: a burst
     more = [asyncio.create_task(admission.acquire()) for _ in range(2)]
     await asyncio.sleep(0)
@@ -91,7 +91,7 @@ async def test_a_fast_queue_is_waited_in() -> None:
     clock = Clock()
     admission = Admission(LIMIT, queue_seconds=0.5, retry_after=1, clock=clock)
     _complete(admission, clock, count=400, seconds=2.0)  # about 200 a second: 100 in the wait
-    held, waiting = await _full(admission, queued=3 * LIMIT)
+    _held, waiting = await _full(admission, queued=3 * LIMIT)
     assert not admission.refuses_unread()
     await _cancel(waiting)
 
