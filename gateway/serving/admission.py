@@ -184,11 +184,13 @@ class Admission:
         queue_seconds: float,
         retry_after: int,
         clock: Any = monotonic,
+        shed_unread: bool = True,
     ) -> None:
         self.limiter: ConcurrencyLimit = StaticLimit(limit) if isinstance(limit, int) else limit
         self._queue_seconds = queue_seconds
         self._retry_after = retry_after
         self._clock = clock
+        self._shed_unread = shed_unread  # off: only a draining gateway refuses unread
         # the slots under the ceiling a key over its share may not take (1 in 16: none
         # under 16), so a key arriving beside one that holds the ceiling is admitted at
         # once instead of waiting for a completion that may be 100s of ms away
@@ -295,6 +297,8 @@ class Admission:
         sends its body slowly (or never) must not make the gateway refuse others."""
         if self.draining:
             return True
+        if not self._shed_unread:
+            return False
         ahead, limit = self.waiting, self.limit
         if ahead < limit or self._below_share(tenant):
             return False
@@ -525,7 +529,9 @@ def build_admission(server: ServerSettings) -> Admission:
                 probe_samples=adaptive.probe_samples,
             )
         )
-    return Admission(limit, server.queue_seconds, server.retry_after_seconds)
+    return Admission(
+        limit, server.queue_seconds, server.retry_after_seconds, shed_unread=server.shed_from_headers
+    )
 
 
 def tenant_of(key: ApiKey, tiers: Mapping[str, TierSettings]) -> Tenant:
