@@ -254,9 +254,9 @@ class InferenceDoor:
 
     async def model_ready(self, rpc: Rpc, name: str, version: str) -> bool:
         """As Triton answers: a model it does not know is not ready (no error)."""
-        async with self._rpc("ModelReady", rpc, name):
+        async with self._rpc("ModelReady", rpc, name) as call:
             try:
-                return await self.exposure.model_ready(name, version)
+                return await self.exposure.model_ready(name, version, call.caller)
             except UnknownModelError:
                 return False
 
@@ -267,17 +267,17 @@ class InferenceDoor:
             return SERVER_NAME, triton.version or "", list(EXTENSIONS)
 
     async def model_metadata(self, rpc: Rpc, name: str, version: str) -> dict[str, Any]:
-        async with self._rpc("ModelMetadata", rpc, name):
-            self.exposure.target(name, version)  # 404 for a model that is not exposed
+        async with self._rpc("ModelMetadata", rpc, name) as call:
+            self.exposure.target(name, version, caller=call.caller)  # 404 for a model not exposed
             return (await self.backend.model_signature(name, version)).as_json()
 
     async def model_config(self, rpc: Rpc, name: str, version: str) -> dict[str, Any]:
-        async with self._rpc("ModelConfig", rpc, name):
-            return await self.exposure.configuration(name, version)
+        async with self._rpc("ModelConfig", rpc, name) as call:
+            return await self.exposure.configuration(name, version, call.caller)
 
     async def model_statistics(self, rpc: Rpc, name: str, version: str) -> dict[str, Any]:
-        async with self._rpc("ModelStatistics", rpc, name):
-            return await self.exposure.statistics(name or None, version)
+        async with self._rpc("ModelStatistics", rpc, name) as call:
+            return await self.exposure.statistics(name or None, version, call.caller)
 
     async def not_served(self, rpc: Rpc, method: str, detail: str) -> None:
         """A method of Triton's service the gateway does not serve: refused, counted (the
@@ -322,7 +322,7 @@ class InferenceDoor:
         call.labels["body_bytes"] = message.size
         call.model = self._label(message.name) or None
         # the pin applies to an unversioned call
-        target = self.exposure.target(message.name, message.version)
+        target = self.exposure.target(message.name, message.version, caller=call.caller)
         _, answer, served = await self.dispatcher.infer_request(
             target, message.header, message.binary, len(message.binary), call, self.settings
         )

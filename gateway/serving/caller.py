@@ -99,6 +99,14 @@ class Caller:
         return merge_limits(self.limits, quota_headers(self.quota))
 
 
+def may_use(caller: Caller | None, model: str) -> bool:
+    """Whether ``caller`` may call or see ``model`` (its key's ``models=`` list; no key
+    or no list: every exposed model). A model it may not use is refused exactly as one
+    that does not exist (404), so nothing says which models exist."""
+    key = None if caller is None else caller.key
+    return key is None or key.may_use(model)
+
+
 class CallerGate:
     """Identity, tenant, rate and request quota; built once, used by every door."""
 

@@ -23,10 +23,16 @@ from dataclasses import replace
 from time import perf_counter
 from typing import Any
 
-from gateway.errors import GatewayError, NotFoundError, ServiceUnavailableError, WrongInputKindError
+from gateway.errors import (
+    GatewayError,
+    InvalidInputError,
+    NotFoundError,
+    ServiceUnavailableError,
+    WrongInputKindError,
+)
 from gateway.names import is_version
 from gateway.serving.call import Answer, Call
-from gateway.serving.caller import CallerGate
+from gateway.serving.caller import Caller, CallerGate, may_use
 from gateway.serving.catalog import Catalog, CatalogEntry
 from gateway.serving.exposure import Exposure, OipTarget
 from gateway.serving.kinds import Kind, kind_of
@@ -101,14 +107,19 @@ class Dispatcher:
         yield
 
     # -- /classify and /models/{model}[/versions/{v}]/classify ------------------------
-    def check_model(self, model: str | None, version: str | None = None) -> None:
+    def check_model(
+        self, model: str | None, version: str | None = None, caller: Caller | None = None
+    ) -> None:
         """Refuse an unknown model or version before its body is read (404): a version is
         one Triton has ready for that model, as the catalog last read it, so no invented
-        version reaches Triton (or becomes a metric label)."""
+        version reaches Triton (or becomes a metric label). A model ``caller`` may not use
+        is refused as one that does not exist."""
         if version is not None and not is_version(version):
             raise NotFoundError("there is no such model version")
         if model is not None:
             entry = self.catalog.get(model)
+            if not may_use(caller, model):
+                raise NotFoundError("there is no such model")
             if version is not None and version not in entry.versions:
                 raise NotFoundError("there is no such model version")
 
@@ -130,6 +141,10 @@ class Dispatcher:
         if call.logged is not None:
             call.logged.payload = payload
         entry = self.catalog.default(kind) if model is None else self.catalog.get(model)
+        if not may_use(call.caller, entry.name):  # as if the gateway had no such model
+            if model is None:
+                raise InvalidInputError(f"this gateway serves no {kind.noun} model")
+            raise NotFoundError("there is no such model")
         if entry.kind is not kind:
             raise WrongInputKindError(
                 f"{entry.name} takes {entry.kind.noun}s ({entry.task}), not {kind.noun}s"

@@ -19,6 +19,7 @@ from typing import Any
 from gateway.errors import BadVersionError, UnknownModelError
 from gateway.names import is_version
 from gateway.serving.call import Call
+from gateway.serving.caller import Caller, may_use
 from gateway.serving.catalog import Catalog, CatalogEntry
 from gateway.triton.backend import InferenceBackend, ModelSignature
 
@@ -68,13 +69,18 @@ class Exposure:
         self.backend = backend
         self.allow_listed = frozenset(allow_listed)
 
-    def target(self, name: str, version: str = "", call: Call | None = None) -> OipTarget:
+    def target(
+        self, name: str, version: str = "", call: Call | None = None, caller: Caller | None = None
+    ) -> OipTarget:
         """The model and version an OIP call goes to; 404, exactly as an unknown model,
-        for a model neither catalogued nor allow-listed or a version that is not one.
-        With ``call``, the model becomes its label (a known name only)."""
+        for a model neither catalogued nor allow-listed, one the caller (``caller``, or
+        ``call``'s) may not use, or a version that is not one. With ``call``, the model
+        becomes its label (a known name only)."""
         entry = self.catalog.find(name)
         if entry is None and name not in self.allow_listed:
             raise UnknownModelError(name)
+        if not may_use(caller if call is None else call.caller, name):
+            raise UnknownModelError(name)  # nothing says the model exists
         if call is not None:
             call.model = name  # an exposed name, whatever becomes of its version
         if version and not is_version(version):
@@ -83,10 +89,10 @@ class Exposure:
             raise UnknownModelError(name, version)
         return OipTarget(name, version or self.catalog.version(name), entry, bool(version))
 
-    async def model_ready(self, name: str, version: str = "") -> bool:
+    async def model_ready(self, name: str, version: str = "", caller: Caller | None = None) -> bool:
         """An exposed model's readiness (unversioned: the pinned version's); an unknown
         model or version is 404, not "not ready"."""
-        target = self.target(name, version)
+        target = self.target(name, version, caller=caller)
         if target.version:
             await self.backend.model_signature(name, target.version)
         return (await self.backend.model_status(name, target.version)).ready
@@ -96,25 +102,30 @@ class Exposure:
         allow-list: ``GATEWAY_V2_MODELS`` and the embedding models)."""
         return name in self.allow_listed
 
-    def exposed(self) -> set[str]:
-        """The models /v2 shows: the catalog's classifiers and GATEWAY_V2_MODELS."""
-        return {entry.name for entry in self.catalog.entries()} | set(self.allow_listed)
+    def exposed(self, caller: Caller | None = None) -> set[str]:
+        """The models /v2 shows: the catalog's classifiers and GATEWAY_V2_MODELS (those
+        ``caller`` may use)."""
+        names = {entry.name for entry in self.catalog.entries()} | set(self.allow_listed)
+        return {name for name in names if may_use(caller, name)}
 
-    async def configuration(self, name: str, version: str) -> dict[str, Any]:
+    async def configuration(self, name: str, version: str, caller: Caller | None = None) -> dict[str, Any]:
         """A model's configuration as Triton's JSON, less what stays private: an ensemble's
         steps and their wiring, file names, and parameters naming files or other models
         (an ensemble then looks like one model, which is what its clients call)."""
-        self.target(name, version)
+        self.target(name, version, caller=caller)
         document = await self.backend.model_config_document(name, version)
         return public_configuration(document)
 
-    async def statistics(self, name: str | None, version: str = "") -> dict[str, Any]:
+    async def statistics(
+        self, name: str | None, version: str = "", caller: Caller | None = None
+    ) -> dict[str, Any]:
         """Triton's inference statistics of one exposed model (all its versions unless one
-        is named), or of every exposed model (``name`` None); hidden steps never appear."""
+        is named), or of every exposed model ``caller`` may use (``name`` None); hidden
+        steps never appear."""
         if name is not None:
-            self.target(name, version)
+            self.target(name, version, caller=caller)
         document = await self.backend.statistics(name or "", version)
-        shown = self.exposed()
+        shown = self.exposed(caller)
         return {"model_stats": [s for s in document.get("model_stats", []) if s.get("name") in shown]}
 
     async def signature(self, target: OipTarget) -> ModelSignature:

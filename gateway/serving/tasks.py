@@ -18,6 +18,7 @@ import numpy as np
 
 from gateway.errors import InvalidInputError, NotFoundError
 from gateway.serving.call import Answer, Call
+from gateway.serving.caller import may_use
 from gateway.serving.dispatch import Dispatcher
 from gateway.serving.payload import ClassifyInput
 from gateway.settings import OpenAISettings
@@ -38,6 +39,8 @@ async def classify_every_class(
 ) -> tuple[Answer, list[ClassRow]]:
     catalog = dispatcher.catalog
     entry = catalog.get(model)  # 404 for a model the catalog does not serve
+    if not may_use(call.caller, entry.name):
+        raise NotFoundError("there is no such model")
     labels = await catalog.label_count(entry) if entry.kind.noun == "text" else None
     if labels is not None and labels > entry.caps.max_top_k:
         raise InvalidInputError(
@@ -62,7 +65,11 @@ async def embed(
     dispatcher: Dispatcher, settings: OpenAISettings, model: str, texts: list[str], call: Call
 ) -> np.ndarray:
     """The texts' embeddings (little-endian float32, one row a text)."""
-    if model not in settings.embedding_models or not dispatcher.exposure.non_classifier(model):
+    if (
+        model not in settings.embedding_models
+        or not dispatcher.exposure.non_classifier(model)
+        or not may_use(call.caller, model)
+    ):
         raise NotFoundError("there is no such embedding model")
     call.model = model  # an allow-listed name: the metrics' model label
     rows = np.array([[text.encode()] for text in texts], dtype=np.object_)

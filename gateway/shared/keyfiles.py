@@ -25,6 +25,7 @@ import re
 import secrets
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 from gateway.errors import ConfigurationError
@@ -56,29 +57,46 @@ class ApiKey:
     burst: float | None = None
     tier: str = "standard"
     quotas: tuple[Quota, ...] = ()
+    # the models it may use, as shell-style patterns (``models=text_*,image_classifier``);
+    # empty: every model the gateway exposes
+    models: tuple[str, ...] = ()
+
+    def may_use(self, model: str) -> bool:
+        """Whether this key may call (or see) ``model``."""
+        return not self.models or any(fnmatchcase(model, pattern) for pattern in self.models)
 
 
 # A key id is a metric label and a log field: short and plain.
 _KEY_ID = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 _TIER = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 _QUOTA = re.compile(r"([0-9]{1,15})/(day|month)")
-_OPTIONS = {"tier", "quota", "image-quota"}
+_MODEL_PATTERN = re.compile(r"[A-Za-z0-9_.*?\-]{1,128}")
+_OPTIONS = {"tier", "quota", "image-quota", "models"}
 _USAGE = (
     "expected '<id> <sha256 hex> [<rate per second> [<burst>]] [tier=<name>] "
-    "[quota=<requests>/<day|month>] [image-quota=<images>/<day|month>]' (id: letters, digits, "
-    "'_.-', at most 64; rate and burst: finite, positive, burst >= 1; quotas: whole numbers >= 1)"
+    "[quota=<requests>/<day|month>] [image-quota=<images>/<day|month>] [models=<pattern>,...]' "
+    "(id: letters, digits, '_.-', at most 64; rate and burst: finite, positive, burst >= 1; "
+    "quotas: whole numbers >= 1; models: model names or shell patterns with * and ?)"
 )
 
 
-def _options(words: list[str], known_tiers: Collection[str] | None) -> tuple[str, tuple[Quota, ...]]:
+def _options(
+    words: list[str], known_tiers: Collection[str] | None
+) -> tuple[str, tuple[Quota, ...], tuple[str, ...]]:
     tier = "standard"
     quotas: list[Quota] = []
+    models: tuple[str, ...] = ()
     seen: set[str] = set()
     for word in words:
         name, _, value = word.partition("=")
         if name not in _OPTIONS or name in seen:
             raise ValueError
         seen.add(name)
+        if name == "models":
+            models = tuple(value.split(","))
+            if not all(_MODEL_PATTERN.fullmatch(pattern) for pattern in models):
+                raise ValueError
+            continue
         if name == "tier":
             if not _TIER.fullmatch(value):
                 raise ValueError
@@ -91,7 +109,7 @@ def _options(words: list[str], known_tiers: Collection[str] | None) -> tuple[str
             raise ValueError
         unit = "requests" if name == "quota" else "images"
         quotas.append(Quota(unit, int(match.group(1)), match.group(2)))
-    return tier, tuple(quotas)
+    return tier, tuple(quotas), models
 
 
 def parse_keys(text: str, path: Path, known_tiers: Collection[str] | None = None) -> list[ApiKey]:
@@ -116,7 +134,7 @@ def parse_keys(text: str, path: Path, known_tiers: Collection[str] | None = None
                 raise ValueError
             if rate is not None and not (burst is not None and math.isfinite(burst) and burst >= 1):
                 raise ValueError
-            tier, quotas = _options(words[len(parts) :], known_tiers)
+            tier, quotas, models = _options(words[len(parts) :], known_tiers)
         except LookupError as exc:
             raise ConfigurationError(
                 f"{path}:{number}: tier {exc.args[0]!r} is not one of the gateway's tiers "
@@ -124,7 +142,7 @@ def parse_keys(text: str, path: Path, known_tiers: Collection[str] | None = None
             ) from None
         except ValueError:
             raise ConfigurationError(f"{path}:{number}: {_USAGE}") from None
-        keys.append(ApiKey(parts[0], digest, rate, burst, tier, quotas))
+        keys.append(ApiKey(parts[0], digest, rate, burst, tier, quotas, models))
     if not keys:
         raise ConfigurationError(f"{path} holds no API keys")
     if len({k.id for k in keys}) != len(keys):

@@ -36,7 +36,10 @@ def door(
 ) -> tuple[str, httpx.Client]:
     """A gateway with keys (one limited to 2 requests/s) and its gRPC door: (door address, HTTP client)."""
     keys = tmp_path / "keys"
-    keys.write_text(f"app {hash_key('client-secret')}\nslow {hash_key('slow-secret')} 1 2\n")
+    keys.write_text(
+        f"app {hash_key('client-secret')}\nslow {hash_key('slow-secret')} 1 2\n"
+        f"texts {hash_key('text-secret')} models=text_*\n"
+    )
     port = free_port()
     settings = gateway_settings(
         triton, auth={"keys_file": keys, "protect_metrics": False}, grpc={"port": port, "host": "127.0.0.1"}
@@ -151,6 +154,25 @@ def test_refusals_are_grpc_status_codes(door: tuple[str, httpx.Client]) -> None:
             codes.append(str(exc.status()))
     assert codes[:2] == ["OK", "OK"]
     assert "StatusCode.RESOURCE_EXHAUSTED" in codes[2:]
+
+
+def test_a_model_outside_the_keys_list_is_a_model_that_does_not_exist(door: tuple[str, httpx.Client]) -> None:
+    address, _ = door
+    client = tritongrpc.InferenceServerClient(address)
+    texts = {"x-api-key": "text-secret"}
+    assert client.infer("text_classifier", _text_inputs(), headers=texts).as_numpy("LABELS").shape[0] == 2
+    for name in ("image_classifier", "no_such_model"):
+        with pytest.raises(InferenceServerException) as refused:
+            client.infer(name, _image_inputs(b"\xff\xd8\xff"), headers=texts)
+        assert str(refused.value.status()) == "StatusCode.NOT_FOUND"
+        assert refused.value.message() == f"Request for unknown model: '{name}' is not found"
+        assert not client.is_model_ready(name, headers=texts)
+        with pytest.raises(InferenceServerException) as metadata:
+            client.get_model_metadata(name, headers=texts)
+        assert str(metadata.value.status()) == "StatusCode.NOT_FOUND"
+    everything = client.get_inference_statistics(headers=texts, as_json=True)["model_stats"]
+    assert all(s["name"].startswith("text_") for s in everything), everything  # text_* only
+    assert client.is_model_ready("image_classifier", headers=KEY)  # a key with no list sees it
 
 
 def test_a_client_deadline_shorter_than_the_call_is_deadline_exceeded(door: tuple[str, httpx.Client]) -> None:

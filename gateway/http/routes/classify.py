@@ -161,7 +161,8 @@ async def classify_request(
     call = new_call(request, state)
     dispatcher = state["dispatcher"]
     async with logged(state["prediction_log"], call, template(model, version)):
-        dispatcher.check_model(model, version)  # an unknown model is refused before its body is read
+        # an unknown model (or one the caller may not use) is refused before its body is read
+        dispatcher.check_model(model, version, call.caller)
         # The body is read before admission: a slot bounds work (checks, Triton), and a slow
         # upload, bounded by the body timeout, never holds one. Refusing only once the body is
         # in also spares a client still writing it a connection reset instead of the 503. A

@@ -8,8 +8,15 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import JSONResponse, Response
 
-from gateway.errors import NotReadyError
-from gateway.http.dependencies import BackendDep, CatalogDep, DriftDep, ReadinessDep, SettingsDep
+from gateway.errors import NotFoundError, NotReadyError
+from gateway.http.dependencies import (
+    BackendDep,
+    CallerDep,
+    CatalogDep,
+    DriftDep,
+    ReadinessDep,
+    SettingsDep,
+)
 from gateway.http.drift import drift_state
 from gateway.http.problems import problem_response, problem_responses
 from gateway.http.schemas import (
@@ -21,6 +28,7 @@ from gateway.http.schemas import (
     TritonInfo,
 )
 from gateway.observe.drift import DriftMonitor
+from gateway.serving.caller import may_use
 from gateway.serving.catalog import Catalog, CatalogEntry
 
 router = APIRouter(tags=["health"])
@@ -89,12 +97,13 @@ async def _info(
 
 
 @router.get("/models", summary="The catalog: every classifier the gateway exposes, as Triton reports it")
-async def models(catalog: CatalogDep, backend: BackendDep, drift: DriftDep) -> ModelsResponse:
+async def models(
+    catalog: CatalogDep, backend: BackendDep, drift: DriftDep, caller: CallerDep
+) -> ModelsResponse:
     defaults = set(catalog.defaults().values())
     server = await backend.server_status()
-    infos = await asyncio.gather(
-        *(_info(catalog, drift, entry, defaults, server.live) for entry in catalog.entries())
-    )
+    shown = [entry for entry in catalog.entries() if may_use(caller, entry.name)]  # the key's models
+    infos = await asyncio.gather(*(_info(catalog, drift, entry, defaults, server.live) for entry in shown))
     return ModelsResponse(triton=TritonInfo(live=server.live, version=server.version), models=list(infos))
 
 
@@ -108,7 +117,10 @@ async def model(
     catalog: CatalogDep,
     backend: BackendDep,
     drift: DriftDep,
+    caller: CallerDep,
 ) -> ModelInfo:
     entry = catalog.get(model)  # 404 when the catalog has no such classifier
+    if not may_use(caller, entry.name):
+        raise NotFoundError("there is no such model")  # as if the catalog had none
     server = await backend.server_status()
     return await _info(catalog, drift, entry, set(catalog.defaults().values()), server.live)

@@ -24,6 +24,7 @@ from gateway.errors import ControlNotServedError, NotServedError, ShuttingDownEr
 from gateway.http.bodies import byte_count, expects_continue, read_json
 from gateway.http.dependencies import (
     BackendDep,
+    CallerDep,
     ExposureDep,
     ReadinessDep,
     SettingsDep,
@@ -31,6 +32,7 @@ from gateway.http.dependencies import (
     new_call,
 )
 from gateway.http.problems import problem_responses as _problem_responses
+from gateway.serving.caller import Caller
 from gateway.serving.exposure import Exposure
 from gateway.serving.oip import (
     EXTENSIONS,
@@ -101,8 +103,8 @@ async def health_ready(readiness: ReadinessDep, settings: SettingsDep) -> dict[s
     summary="Inference statistics of every exposed model (OIP statistics extension)",
     responses=problem_responses(503),
 )
-async def all_statistics(exposure: ExposureDep) -> dict[str, Any]:
-    return await exposure.statistics(None)
+async def all_statistics(exposure: ExposureDep, caller: CallerDep) -> dict[str, Any]:
+    return await exposure.statistics(None, caller=caller)
 
 
 @router.get(
@@ -111,8 +113,10 @@ async def all_statistics(exposure: ExposureDep) -> dict[str, Any]:
     "what stays private (an ensemble's steps, file names)",
     responses=problem_responses(404, 503),
 )
-async def model_configuration(model_name: ModelName, exposure: ExposureDep) -> dict[str, Any]:
-    return await exposure.configuration(model_name, "")
+async def model_configuration(
+    model_name: ModelName, exposure: ExposureDep, caller: CallerDep
+) -> dict[str, Any]:
+    return await exposure.configuration(model_name, "", caller)
 
 
 @router.get(
@@ -121,9 +125,9 @@ async def model_configuration(model_name: ModelName, exposure: ExposureDep) -> d
     responses=problem_responses(404, 503),
 )
 async def model_version_configuration(
-    model_name: ModelName, model_version: ModelVersion, exposure: ExposureDep
+    model_name: ModelName, model_version: ModelVersion, exposure: ExposureDep, caller: CallerDep
 ) -> dict[str, Any]:
-    return await exposure.configuration(model_name, model_version)
+    return await exposure.configuration(model_name, model_version, caller)
 
 
 @router.get(
@@ -131,8 +135,8 @@ async def model_version_configuration(
     summary="Inference statistics of a model, every version (OIP statistics extension)",
     responses=problem_responses(404, 503),
 )
-async def model_statistics(model_name: ModelName, exposure: ExposureDep) -> dict[str, Any]:
-    return await exposure.statistics(model_name)
+async def model_statistics(model_name: ModelName, exposure: ExposureDep, caller: CallerDep) -> dict[str, Any]:
+    return await exposure.statistics(model_name, caller=caller)
 
 
 @router.get(
@@ -141,14 +145,16 @@ async def model_statistics(model_name: ModelName, exposure: ExposureDep) -> dict
     responses=problem_responses(404, 503),
 )
 async def model_version_statistics(
-    model_name: ModelName, model_version: ModelVersion, exposure: ExposureDep
+    model_name: ModelName, model_version: ModelVersion, exposure: ExposureDep, caller: CallerDep
 ) -> dict[str, Any]:
-    return await exposure.statistics(model_name, model_version)
+    return await exposure.statistics(model_name, model_version, caller)
 
 
 @router.get("/models/{model_name}", summary="Model metadata (OIP)", responses=problem_responses(404, 503))
-async def model_metadata(model_name: ModelName, exposure: ExposureDep, backend: BackendDep) -> dict[str, Any]:
-    exposure.target(model_name)  # 404 for a model that is not exposed
+async def model_metadata(
+    model_name: ModelName, exposure: ExposureDep, backend: BackendDep, caller: CallerDep
+) -> dict[str, Any]:
+    exposure.target(model_name, caller=caller)  # 404 for a model that is not exposed
     return (await backend.model_signature(model_name, "")).as_json()
 
 
@@ -158,14 +164,20 @@ async def model_metadata(model_name: ModelName, exposure: ExposureDep, backend: 
     responses=problem_responses(404, 503),
 )
 async def model_version_metadata(
-    model_name: ModelName, model_version: ModelVersion, exposure: ExposureDep, backend: BackendDep
+    model_name: ModelName,
+    model_version: ModelVersion,
+    exposure: ExposureDep,
+    backend: BackendDep,
+    caller: CallerDep,
 ) -> dict[str, Any]:
-    exposure.target(model_name, model_version)
+    exposure.target(model_name, model_version, caller=caller)
     return (await backend.model_signature(model_name, model_version)).as_json()
 
 
-async def _ready(exposure: Exposure, settings: Settings, name: str, version: str) -> dict[str, bool]:
-    if not await exposure.model_ready(name, version):
+async def _ready(
+    exposure: Exposure, settings: Settings, name: str, version: str, caller: Caller
+) -> dict[str, bool]:
+    if not await exposure.model_ready(name, version, caller):
         raise TritonUnavailableError(
             "the model is not ready", retry_after=settings.triton.retry_after_seconds
         )
@@ -176,9 +188,9 @@ async def _ready(exposure: Exposure, settings: Settings, name: str, version: str
     "/models/{model_name}/ready", summary="Model readiness (OIP)", responses=problem_responses(404, 503)
 )
 async def model_ready(
-    model_name: ModelName, exposure: ExposureDep, backend: BackendDep, settings: SettingsDep
+    model_name: ModelName, exposure: ExposureDep, settings: SettingsDep, caller: CallerDep
 ) -> dict[str, bool]:
-    return await _ready(exposure, settings, model_name, "")
+    return await _ready(exposure, settings, model_name, "", caller)
 
 
 @router.get(
@@ -190,10 +202,10 @@ async def model_version_ready(
     model_name: ModelName,
     model_version: ModelVersion,
     exposure: ExposureDep,
-    backend: BackendDep,
     settings: SettingsDep,
+    caller: CallerDep,
 ) -> dict[str, bool]:
-    return await _ready(exposure, settings, model_name, model_version)
+    return await _ready(exposure, settings, model_name, model_version, caller)
 
 
 async def _infer(request: Request, name: str, version: str) -> Response:

@@ -31,6 +31,7 @@ from gateway.http.dependencies import GatewayState, gateway_state, new_call
 from gateway.http.problems import problem_responses
 from gateway.http.tasks import ClassifyTaskResponse, Usage, task_response
 from gateway.names import TEXT_TASK
+from gateway.serving.caller import may_use
 from gateway.serving.jsonguard import JsonBounds
 from gateway.serving.predictions import logged
 from gateway.serving.tasks import classify_every_class, embed
@@ -185,4 +186,6 @@ async def models(request: Request) -> Response:
     names = [entry.name for entry in state["catalog"].entries() if entry.task == TEXT_TASK]
     exposure = state["exposure"]
     names += [name for name in state["settings"].openai.embedding_models if exposure.non_classifier(name)]
-    return _json(ModelList(data=[ModelCard(id=name) for name in dict.fromkeys(names)]))
+    caller = state["caller"]
+    shown = [name for name in dict.fromkeys(names) if may_use(caller, name)]  # the key's models
+    return _json(ModelList(data=[ModelCard(id=name) for name in shown]))
