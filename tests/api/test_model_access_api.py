@@ -59,7 +59,7 @@ def test_a_key_uses_the_models_of_its_list(client: TestClient) -> None:
 
 
 def test_a_model_outside_the_list_is_a_model_that_does_not_exist(client: TestClient) -> None:
-    for method, path, kwargs in [
+    cases: list[tuple[str, str, dict[str, Any]]] = [
         ("POST", "/models/{}/classify", {"content": small_png(), "headers": PNG}),
         ("GET", "/models/{}", {}),
         ("GET", "/v2/models/{}", {}),
@@ -67,7 +67,8 @@ def test_a_model_outside_the_list_is_a_model_that_does_not_exist(client: TestCli
         ("GET", "/v2/models/{}/config", {}),
         ("GET", "/v2/models/{}/stats", {}),
         ("POST", "/v2/models/{}/infer", {"json": TEXT_INFER}),
-    ]:
+    ]
+    for method, path, kwargs in cases:
         headers = {**kwargs.pop("headers", {}), **TEXT_ONLY}
         refused = client.request(method, path.format("image_classifier"), headers=headers, **kwargs)
         missing = client.request(method, path.format("no_such_model"), headers=headers, **kwargs)
