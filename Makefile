@@ -7,6 +7,7 @@ VENV := .venv
 TRITON_ENV := .venv-triton
 BUILD_ENV := .venv-build
 SCHEMA_CHECK := deploy/grafana/schema-check
+OIDC_PROVIDER := tests/oidc-provider
 PORT ?= 8080
 PIP := --disable-pip-version-check --quiet
 # Every environment installs from its lock (hashes, every package pinned: nothing resolves
@@ -113,6 +114,11 @@ $(SCHEMA_CHECK)/node_modules/.installed: $(SCHEMA_CHECK)/package-lock.json
 	npm ci --prefix $(SCHEMA_CHECK) --no-audit --no-fund --loglevel=error
 	touch $@
 
+# A certified OpenID Provider (node-oidc-provider) for the token tests (tests/helpers/oidc.py).
+$(OIDC_PROVIDER)/node_modules/.installed: $(OIDC_PROVIDER)/package-lock.json | test-system-deps
+	npm ci --prefix $(OIDC_PROVIDER) --no-audit --no-fund --loglevel=error
+	touch $@
+
 # What `make run` serves (model_repository/); the tutorials' example networks are
 # `make models-examples` (the suite builds them). build.py skips what is up to date; the
 # marker skips even the build environment while none of its inputs changed.
@@ -141,7 +147,8 @@ lint: $(VENV)/.dev-installed
 	$(VENV)/bin/ruff format --check gateway tests deploy model_repository
 	$(VENV)/bin/mypy
 
-test: test-system-deps install $(VENV)/.dev-installed models-examples lint $(SCHEMA_CHECK)/node_modules/.installed
+test: test-system-deps install $(VENV)/.dev-installed models-examples lint $(SCHEMA_CHECK)/node_modules/.installed \
+  $(OIDC_PROVIDER)/node_modules/.installed
 	TRITON_GATEWAY_TRITON_ENV=$(TRITON_ENV) $(VENV)/bin/pytest -m "not containers"
 
 # The images in deploy/ built with podman from the locks, and run as compose and Kubernetes

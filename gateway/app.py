@@ -86,14 +86,14 @@ def create_app(
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     metrics, admission = runtime.metrics, runtime.admission
-    api_keys, admin_keys = runtime.api_keys, runtime.admin_keys
+    admin_keys = runtime.admin_keys
     # The server drains through it at SIGTERM (gateway.http.server).
     app.state.admission = admission
     # Added last = outermost: the request id and telemetry wrap everything else.
     # Innermost: the classify routes answered beneath the framework (gateway.http.fastlane).
     app.add_middleware(FastLane, routes=classify.router.routes)
     app.add_middleware(OipCompression)  # compresses /v2 answers only
-    if api_keys is not None:
+    if runtime.gate.enabled:
         # The caller pipeline, inside the request id and telemetry layer, so refusals are
         # counted and logged.
         app.add_middleware(

@@ -46,6 +46,7 @@ from gateway.shared.keyfiles import KeyRing
 from gateway.shared.quota import QuotaKeeper
 from gateway.shared.ratelimit import RateLimiter
 from gateway.shared.routing import Routing
+from gateway.shared.tokens import TokenVerifier
 from gateway.triton.backend import InferenceBackend
 
 if TYPE_CHECKING:
@@ -169,7 +170,20 @@ class Runtime:
         self.limiter = RateLimiter(None, settings.redis, self.metrics)
         self.quotas = QuotaKeeper(None, settings.redis, self.metrics)
         self.routing = Routing(settings.default_pins())
-        self.gate = CallerGate(self.api_keys, self.limiter, self.quotas, self.metrics, settings.tiers)
+        # OpenID Connect providers' tokens beside the keys (their key sets read when running)
+        self.tokens = (
+            TokenVerifier(
+                settings.auth.oidc,
+                settings.tiers,
+                settings.auth.jwks_refresh_seconds,
+                settings.auth.jwks_min_refresh_seconds,
+            )
+            if settings.auth.oidc
+            else None
+        )
+        self.gate = CallerGate(
+            self.api_keys, self.limiter, self.quotas, self.metrics, settings.tiers, self.tokens
+        )
         self.services: Services | None = None  # while running
 
     @asynccontextmanager
@@ -205,6 +219,10 @@ class Runtime:
                 if ring is not None:
                     ring.start(settings.auth.reload_seconds)
                     stack.push_async_callback(ring.stop)
+            if self.tokens is not None:
+                # the providers' key sets before the first request: never read on its path
+                await self.tokens.start()
+                stack.push_async_callback(self.tokens.stop)
             catalog = Catalog(
                 settings, backend, self.routing, on_refresh=metrics.catalog_refreshed.set_to_current_time
             )

@@ -300,8 +300,69 @@ class ServerSettings(BaseModel):
     )
 
 
+# Asymmetric JWS algorithms only: an HMAC one would take a provider's public key as its
+# secret (algorithm confusion), and "none" signs nothing.
+TOKEN_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
+
+
+class OidcIssuerSettings(BaseModel):
+    """One OpenID Connect provider whose access tokens (JWTs) the gateway takes."""
+
+    issuer: str = Field(description="The provider's issuer URL, exactly as its tokens' `iss` claim says.")
+    audience: str = Field(description="The `aud` a token must carry to be taken (the gateway's resource).")
+    algorithms: list[str] = Field(
+        default_factory=lambda: ["RS256", "ES256", "PS256"],
+        description=f"Signature algorithms taken, of {', '.join(TOKEN_ALGORITHMS)} (never HMAC, never none).",
+    )
+    jwks_uri: str = Field("", description="The provider's key set; empty: read from its discovery document.")
+    tenant_claim: str = Field(
+        "azp",
+        description="The claim naming the tenant (metrics, logs, shares, quotas); `client_id`, then "
+        "`sub` when it is absent. Use a claim with few values (a client id, not a user's id).",
+    )
+    tier_claim: str = Field(
+        "", description="The claim naming the tier (one of GATEWAY_TIERS); empty: standard."
+    )
+    models_claim: str = Field(
+        "",
+        description="The claim listing the models the token may use (a list, or names separated by "
+        "spaces; shell patterns allowed); empty or absent: every model.",
+    )
+    rate: float | None = Field(
+        None, gt=0, description="Requests a second each tenant may send; unset: no rate."
+    )
+    burst: float | None = Field(None, ge=1, description="Its burst; unset: the rate.")
+    leeway_seconds: float = Field(30.0, ge=0, le=300, description="Clock skew allowed on exp and nbf.")
+
+    @model_validator(mode="after")
+    def _asymmetric(self) -> OidcIssuerSettings:
+        unknown = [a for a in self.algorithms if a not in TOKEN_ALGORITHMS]
+        if unknown or not self.algorithms:
+            raise ValueError(f"algorithms must be some of {', '.join(TOKEN_ALGORITHMS)}; not {unknown}")
+        return self
+
+
 class AuthSettings(BaseModel):
-    """Who may call the gateway (off unless a keys file is given)."""
+    """Who may call the gateway (off unless a keys file or a token issuer is given)."""
+
+    oidc: list[OidcIssuerSettings] = Field(
+        default_factory=list,
+        description="OpenID Connect providers whose access tokens (`Authorization: Bearer <JWT>`) "
+        "are taken beside API keys (JSON list of {issuer, audience, ...}).",
+    )
+    jwks_refresh_seconds: float = Field(
+        300.0,
+        ge=10,
+        le=86400,
+        description="How often each provider's key set is read again (a key it dropped stops working then).",
+    )
+    jwks_min_refresh_seconds: float = Field(
+        10.0,
+        ge=1,
+        le=3600,
+        description="A token naming a key id the gateway does not hold reads the provider's key set "
+        "at once (a rotation), at most this often (a flood of invented ids costs one read).",
+    )
 
     keys_file: Path | None = Field(
         None,
@@ -755,7 +816,12 @@ class Settings(BaseSettings):
         """Why serving on ``host`` as configured would be open to anyone who reaches it, or
         None: a non-loopback address with no keys file is refused unless the operator
         wrote the choice down (auth.allow_anonymous)."""
-        if self.auth.keys_file is not None or self.auth.allow_anonymous or is_loopback(host):
+        if (
+            self.auth.keys_file is not None
+            or self.auth.oidc
+            or self.auth.allow_anonymous
+            or is_loopback(host)
+        ):
             return None
         return (
             f"refusing to serve on {host} with no API keys: anyone who reaches the port could classify. "

@@ -198,7 +198,7 @@ class InferenceDoor:
                 caller = (
                     await self.gate.admit(request_id, headers)
                     if admit
-                    else Caller(request_id, self.gate.identify(headers))
+                    else Caller(request_id, await self.gate.identify(headers))
                 )
                 rpc.answer.update({k.lower(): v for k, v in caller.limits.items()})
                 call.caller, call.tenant = caller, caller.tenant

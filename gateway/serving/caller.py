@@ -5,8 +5,9 @@ hands over the request's headers as lower-case byte pairs (HTTP headers or gRPC 
 and gets a :class:`Caller` back, or the refusal as a GatewayError:
 
 1. the request id: the client's ``x-request-id`` when well-formed, else a new one;
-2. the API key (``authorization: Bearer <key>`` or ``x-api-key``), when keys are on:
-   none, or an unknown one, is 401;
+2. the API key (``authorization: Bearer <key>`` or ``x-api-key``), or an OpenID Connect
+   access token (``authorization: Bearer <JWT>``, gateway.shared.tokens), when keys or
+   token issuers are configured: none, an unknown key or a token not taken is 401;
 3. the key's tenant (its tier's share and priority of the in-flight limit);
 4. its rate (429 with ``Retry-After`` past it) and its request quota (429 once spent);
 5. the ``RateLimit`` / ``RateLimit-Policy`` standing every answer to a limited key carries.
@@ -29,6 +30,7 @@ from gateway.errors import GatewayError, RateLimitedError, UnauthorizedError
 from gateway.serving.admission import ANONYMOUS, Tenant, tenant_of
 from gateway.shared.keyfiles import ApiKey, find_key
 from gateway.shared.quota import Usage, quota_headers
+from gateway.shared.tokens import bearer_token
 
 if TYPE_CHECKING:
     from gateway.observe.metrics import GatewayMetrics
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
     from gateway.shared.keyfiles import KeyRing
     from gateway.shared.quota import QuotaKeeper
     from gateway.shared.ratelimit import RateLimiter
+    from gateway.shared.tokens import TokenVerifier
 
 Headers = Iterable[tuple[bytes, bytes]]
 REQUEST_ID = b"x-request-id"
@@ -117,19 +120,33 @@ class CallerGate:
         quotas: QuotaKeeper,
         metrics: GatewayMetrics,
         tiers: Mapping[str, TierSettings],
+        tokens: TokenVerifier | None = None,
     ) -> None:
         self.keys = keys
         self.limiter = limiter
         self.quotas = quotas
         self.metrics = metrics
         self.tiers = tiers
+        self.tokens = tokens
 
-    def identify(self, headers: Headers) -> ApiKey | None:
-        """The key alone (None: keys are off), or 401: what a stream's opening checks
-        before a message of it is read (each message is then admitted as a call)."""
-        if self.keys is None:
+    @property
+    def enabled(self) -> bool:
+        """Whether callers must identify themselves (API keys, tokens, or both)."""
+        return self.keys is not None or self.tokens is not None
+
+    async def identify(self, headers: Headers) -> ApiKey | None:
+        """The caller's key, or its token's identity (None: authentication is off), or
+        401: what a stream's opening checks before a message of it is read (each message
+        is then admitted as a call). An API key is looked up first; a bearer value that is
+        no known key but has a JWT's shape is verified as an OpenID Connect token."""
+        if not self.enabled:
             return None
-        key = find_key(self.keys.keys, headers)
+        pairs = headers if isinstance(headers, list) else list(headers)
+        key = find_key(self.keys.keys, pairs) if self.keys is not None else None
+        if key is None and self.tokens is not None:
+            token = bearer_token(pairs)
+            if token is not None:
+                return await self.tokens.identify(token)  # or its 401
         if key is None:
             raise missing_key_error()
         return key
@@ -138,11 +155,9 @@ class CallerGate:
         """The caller of a request with these headers (``request_id``: its
         :func:`request_id_of`), or its refusal (whose headers carry the rate standing)."""
         caller = Caller(request_id)
-        if self.keys is None:
-            return caller
-        key = find_key(self.keys.keys, headers)
+        key = await self.identify(headers)
         if key is None:
-            raise missing_key_error()
+            return caller
         caller.key = key
         caller.tenant = tenant_of(key, self.tiers)
         try:

@@ -66,6 +66,7 @@ BOUNDARIES = {
     "google": ("gateway.triton", "gateway.rpc"),
     "redis": ("gateway.shared",),
     "orjson": ("gateway.jsoncodec",),
+    "jwt": ("gateway.shared",),  # PyJWT: OpenID Connect tokens (gateway.shared.tokens)
 }
 TOOLS = {"gateway.dev", "gateway.bench"}
 

@@ -1,0 +1,49 @@
+"""What a verified token's claims make of its caller: the tenant, tier, rate and models an
+API key line gives."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.settings import OidcIssuerSettings
+from gateway.shared.tokens import TokenVerifier, bearer_token
+
+ISSUER = OidcIssuerSettings(
+    issuer="https://id.example", audience="gw", tier_claim="tier", models_claim="models", rate=5
+)
+
+
+def _identity(claims: dict[str, object]) -> object:
+    verifier = TokenVerifier([ISSUER], tiers={"standard", "gold"}, refresh_seconds=300)
+    try:
+        return verifier._identity(ISSUER, claims)
+    finally:
+        asyncio.run(verifier.stop())
+
+
+def test_the_claims_name_the_tenant_tier_rate_and_models() -> None:
+    key = _identity({"azp": "partner-a", "tier": "gold", "models": ["text_*", "sentiment"]})
+    assert (key.id, key.tier, key.rate, key.burst, key.models) == (  # type: ignore[attr-defined]
+        "partner-a", "gold", 5, 5, ("text_*", "sentiment"),
+    )  # fmt: skip
+    assert key.may_use("text_classifier")  # type: ignore[attr-defined]
+    assert not key.may_use("image_classifier")  # type: ignore[attr-defined]
+    spaced = _identity({"client_id": "b", "models": "text_classifier image_classifier"})
+    assert spaced.models == ("text_classifier", "image_classifier")  # type: ignore[attr-defined]
+
+
+def test_unknown_tiers_and_odd_tenants_fall_back_safely() -> None:
+    key = _identity({"sub": "user@example.com with spaces", "tier": "platinum"})
+    assert key.tier == "standard"  # type: ignore[attr-defined]
+    assert key.id.startswith("token-")  # type: ignore[attr-defined]
+    assert len(key.id) == 22  # type: ignore[attr-defined]
+    # a models claim that names nothing usable gives no model, not every model
+    nothing = _identity({"azp": "c", "models": ["bad/name"]})
+    assert not nothing.may_use("text_classifier")  # type: ignore[attr-defined]
+    assert _identity({"azp": "d"}).may_use("anything")  # type: ignore[attr-defined]
+
+
+def test_only_a_jwt_shaped_bearer_value_is_taken_for_a_token() -> None:
+    assert bearer_token([(b"authorization", b"Bearer aaa.bbb.ccc")]) == b"aaa.bbb.ccc"
+    assert bearer_token([(b"authorization", b"Bearer an-api-key")]) is None
+    assert bearer_token([(b"x-api-key", b"aaa.bbb.ccc")]) is None
