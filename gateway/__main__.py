@@ -232,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         # the gRPC door listens there too (serve's --host, or local's loopback address)
         settings = settings.model_copy(update={"host": host})
     problem = settings.exposure_problem(host)
-    if problem is None and settings.grpc.port:
+    if problem is None and settings.grpc.port and settings.grpc.client_ca_file is None:
+        # (with client certificates required, the door authenticates every call itself)
         problem = settings.exposure_problem(settings.grpc_host)
     if problem is not None:
         print(f"triton-gateway: {problem}", file=sys.stderr)

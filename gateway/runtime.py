@@ -316,4 +316,14 @@ class Runtime:
             door.max_message_bytes,
             settings.grpc.max_concurrent_calls,
             settings.grpc.max_streams_per_connection,
+            tls=_door_tls(settings),
         )
+
+
+def _door_tls(settings: Settings) -> tuple[bytes, bytes, bytes | None] | None:
+    """The gRPC door's TLS material (PEM), read at start: a missing file refuses to start."""
+    grpc = settings.grpc
+    if grpc.tls_cert_file is None or grpc.tls_key_file is None:
+        return None
+    client_ca = grpc.client_ca_file.read_bytes() if grpc.client_ca_file is not None else None
+    return grpc.tls_cert_file.read_bytes(), grpc.tls_key_file.read_bytes(), client_ca

@@ -654,6 +654,27 @@ class GrpcSettings(BaseModel):
         description="HTTP/2 streams one client connection may have open at once (gRPC's "
         "max_concurrent_streams): one connection cannot take every call slot by itself.",
     )
+    tls_cert_file: Path | None = Field(
+        None, description="The door's certificate chain (PEM): the door speaks TLS. Unset: plaintext."
+    )
+    tls_key_file: Path | None = Field(None, description="The private key of tls_cert_file (PEM).")
+    client_ca_file: Path | None = Field(
+        None,
+        description="CA certificates (PEM) the door requires client certificates from: a call "
+        "without one signed by them never starts. The certificate's subject common name (else "
+        "its first DNS or URI SAN) names the tenant; a keys-file line with that id gives its "
+        "tier, rate, quotas and models (no key needed).",
+    )
+
+    @model_validator(mode="after")
+    def _tls_pairs(self) -> GrpcSettings:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together")
+        if self.client_ca_file is not None and self.tls_cert_file is None:
+            raise ValueError(
+                "client_ca_file needs tls_cert_file and tls_key_file (client certificates need TLS)"
+            )
+        return self
 
 
 class OpenAISettings(BaseModel):

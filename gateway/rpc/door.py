@@ -94,6 +94,7 @@ class Rpc:
 
     metadata: Metadata
     answer: dict[str, str] = field(default_factory=dict)
+    certified: str | None = None  # the name of the client's verified TLS certificate
 
 
 class Door(Protocol):
@@ -196,9 +197,9 @@ class InferenceDoor:
         with self.tracing.server_span("GRPC", route, headers) as span:
             try:
                 caller = (
-                    await self.gate.admit(request_id, headers)
+                    await self.gate.admit(request_id, headers, rpc.certified)
                     if admit
-                    else Caller(request_id, await self.gate.identify(headers))
+                    else Caller(request_id, await self.gate.identify(headers, rpc.certified))
                 )
                 rpc.answer.update({k.lower(): v for k, v in caller.limits.items()})
                 call.caller, call.tenant = caller, caller.tenant
@@ -353,7 +354,7 @@ class InferenceDoor:
                     continue
                 if message is None:
                     return
-                each = Rpc(rpc.metadata)
+                each = Rpc(rpc.metadata, certified=rpc.certified)
                 try:
                     async with (
                         self._rpc("ModelStreamInfer", each) as call,

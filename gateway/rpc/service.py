@@ -202,7 +202,10 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         gives back (the request id, the rate standing) goes in the trailing metadata, with
         the status, on an answer as on a refusal: initial metadata would cost a send of
         its own on every call (about 0.1 ms of the door's CPU)."""
-        rpc = Rpc(tuple((item.key, item.value) for item in context.invocation_metadata() or ()))
+        rpc = Rpc(
+            tuple((item.key, item.value) for item in context.invocation_metadata() or ()),
+            certified=certified_name(context.auth_context()),
+        )
         try:
             result = await work(rpc)
         except GatewayError as error:
@@ -329,6 +332,19 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
     RepositoryModelUnload = _refusal("RepositoryModelUnload", NOT_SERVED_CONTROL)
 
 
+def certified_name(auth: dict[str, list[bytes]] | None) -> str | None:
+    """The name a verified client certificate gives (its subject's common name, else its
+    first SAN), when the call came over TLS with one (gRPC checked it against the CA)."""
+    if not auth or auth.get("transport_security_type") != [b"ssl"]:
+        return None
+    for field in ("x509_common_name", "x509_subject_alternative_name"):
+        for value in auth.get(field) or ():
+            name = value.decode("utf-8", "replace").strip()
+            if name:
+                return name
+    return None
+
+
 def _handlers(servicer: InferenceService) -> dict[str, Any]:
     """The service's method handlers as Triton's protos generate them, but ``ModelInfer``
     registered as client-streaming: a unary handler gets its message read in full by gRPC
@@ -392,10 +408,12 @@ async def serve(
     max_calls: int,
     max_streams: int,
     health_seconds: float = 2.0,
+    tls: tuple[bytes, bytes, bytes | None] | None = None,
 ) -> FrontDoor:
     """Start the gRPC door on ``host:port`` (an aio server, on the running loop), with the
     health service; at most ``max_calls`` calls at once (more: RESOURCE_EXHAUSTED at once)
-    and ``max_streams`` per connection."""
+    and ``max_streams`` per connection; over TLS with ``tls`` (PEM: chain, key, and the
+    CAs client certificates must come from, or None)."""
     from grpc_health.v1 import health, health_pb2_grpc
 
     server = grpc.aio.server(
@@ -415,7 +433,14 @@ async def serve(
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
     servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    if tls is None:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    else:  # (certificate chain, key, client CAs: when given, a client certificate is required)
+        chain, key, client_ca = tls
+        credentials = grpc.ssl_server_credentials(
+            [(key, chain)], root_certificates=client_ca, require_client_auth=client_ca is not None
+        )
+        bound = server.add_secure_port(f"{host}:{port}", credentials)
     if bound == 0:
         raise OSError(f"the gRPC door cannot listen on {host}:{port}")
     await _health(door, servicer)  # a status before the first call

@@ -19,6 +19,7 @@ quotas are charged by :meth:`CallerGate.charge_images` once the images are count
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import re
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from gateway.shared.tokens import TokenVerifier
 
 Headers = Iterable[tuple[bytes, bytes]]
+_CERT_ID = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 REQUEST_ID = b"x-request-id"
 # Safe to log and to pass to Triton: no spaces, quotes or control characters.
 _VALID_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}")
@@ -134,11 +136,16 @@ class CallerGate:
         """Whether callers must identify themselves (API keys, tokens, or both)."""
         return self.keys is not None or self.tokens is not None
 
-    async def identify(self, headers: Headers) -> ApiKey | None:
+    async def identify(self, headers: Headers, certified: str | None = None) -> ApiKey | None:
         """The caller's key, or its token's identity (None: authentication is off), or
         401: what a stream's opening checks before a message of it is read (each message
-        is then admitted as a call). An API key is looked up first; a bearer value that is
-        no known key but has a JWT's shape is verified as an OpenID Connect token."""
+        is then admitted as a call). A verified client certificate (``certified``: the
+        name it gives) names the caller first: the keys file's line of that id gives its
+        tier, rate, quotas and models, else it is a plain tenant of that name. Then an API
+        key; then a bearer value that is no known key but has a JWT's shape, verified as
+        an OpenID Connect token."""
+        if certified is not None:
+            return self._certified(certified)
         if not self.enabled:
             return None
         pairs = headers if isinstance(headers, list) else list(headers)
@@ -151,11 +158,21 @@ class CallerGate:
             raise missing_key_error()
         return key
 
-    async def admit(self, request_id: str, headers: Headers) -> Caller:
+    def _certified(self, name: str) -> ApiKey:
+        if self.keys is not None:
+            for key in self.keys.keys:
+                if key.id == name:
+                    return key
+        if not _CERT_ID.fullmatch(name):  # a label and a log field: plain, or its hash
+            name = "cert-" + hashlib.sha256(name.encode()).hexdigest()[:16]
+        return ApiKey(name, b"")
+
+    async def admit(self, request_id: str, headers: Headers, certified: str | None = None) -> Caller:
         """The caller of a request with these headers (``request_id``: its
-        :func:`request_id_of`), or its refusal (whose headers carry the rate standing)."""
+        :func:`request_id_of`; ``certified``: its verified client certificate's name), or
+        its refusal (whose headers carry the rate standing)."""
         caller = Caller(request_id)
-        key = await self.identify(headers)
+        key = await self.identify(headers, certified)
         if key is None:
             return caller
         caller.key = key
