@@ -14,7 +14,7 @@ from fastapi.openapi.utils import get_openapi
 from prometheus_client import CollectorRegistry
 
 from gateway import __version__
-from gateway.http.auth import AdminGate, AuthMiddleware
+from gateway.http.auth import AdminGate, AuthMiddleware, TrustedProxies
 from gateway.http.budget import BodyBudgetMiddleware
 from gateway.http.compression import OipCompression
 from gateway.http.dependencies import GatewayState
@@ -93,7 +93,8 @@ def create_app(
     # Innermost: the classify routes answered beneath the framework (gateway.http.fastlane).
     app.add_middleware(FastLane, routes=classify.router.routes)
     app.add_middleware(OipCompression)  # compresses /v2 answers only
-    if runtime.gate.enabled:
+    proxies = TrustedProxies(settings.auth.trusted_proxies)
+    if runtime.gate.enabled or settings.auth.trusted_proxies:
         # The caller pipeline, inside the request id and telemetry layer, so refusals are
         # counted and logged.
         app.add_middleware(
@@ -102,6 +103,7 @@ def create_app(
             metrics=metrics,
             protect_metrics=settings.auth.protect_metrics,
             protect_docs=settings.auth.protect_docs,
+            proxies=proxies,
         )
     if admin_keys is not None:
         app.add_middleware(

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr, model_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gateway.names import DEFAULT_IMAGE_MODEL, DEFAULT_TEXT_MODEL, IMAGE_TASK, MODEL_NAME, TEXT_TASK, VERSION
@@ -345,10 +345,24 @@ class OidcIssuerSettings(BaseModel):
 class AuthSettings(BaseModel):
     """Who may call the gateway (off unless a keys file or a token issuer is given)."""
 
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        for network in value:
+            ipaddress.ip_network(network, strict=False)  # ValueError names it
+        return value
+
     oidc: list[OidcIssuerSettings] = Field(
         default_factory=list,
         description="OpenID Connect providers whose access tokens (`Authorization: Bearer <JWT>`) "
         "are taken beside API keys (JSON list of {issuer, audience, ...}).",
+    )
+    trusted_proxies: list[str] = Field(
+        default_factory=list,
+        description="Addresses or networks (CIDR, JSON list) of the proxies that terminate client TLS "
+        "in front of the gateway (Envoy, Istio): from them only, Envoy's x-forwarded-client-cert "
+        "names the caller as a client certificate does on the gRPC door; from anyone else it is "
+        "ignored.",
     )
     jwks_refresh_seconds: float = Field(
         300.0,

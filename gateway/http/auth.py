@@ -18,6 +18,8 @@ opens it, and an admin body has its own small cap and deadline.
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from typing import TYPE_CHECKING
 
 from starlette.datastructures import MutableHeaders
@@ -37,6 +39,68 @@ if TYPE_CHECKING:
 ALWAYS_OPEN = frozenset({"/livez", "/readyz", "/v2/health/live", "/v2/health/ready"})
 DOCS_PREFIXES = ("/docs", "/redoc", "/openapi.json")
 ADMIN_PREFIX = "/admin/"
+
+
+_XFCC = b"x-forwarded-client-cert"
+# CN in an RFC 4514 subject ("CN=a,OU=b") or OpenSSL's one-line form ("/OU=b/CN=a")
+_CN = re.compile(r"(?:^|[,/])\s*CN=((?:\\.|[^,/\\])+)")
+
+
+def _xfcc_pairs(element: str) -> dict[str, str]:
+    """One XFCC element's ``key=value`` pairs (``;``-separated, values maybe quoted)."""
+    pairs: dict[str, str] = {}
+    for match in re.finditer(r'([A-Za-z]+)=("(?:[^"\\]|\\.)*"|[^;]*)', element):
+        key, value = match.group(1), match.group(2)
+        if value.startswith('"'):
+            value = value[1:-1].replace('\\"', '"')
+        pairs.setdefault(key, value)  # the first of a repeated key (URI, DNS: the first SAN)
+    return pairs
+
+
+def forwarded_certificate(value: bytes) -> str | None:
+    """The name Envoy's ``x-forwarded-client-cert`` gives the client's certificate: its
+    subject's common name, else its first URI or DNS SAN; from the first element (the
+    proxy that terminated the client's TLS)."""
+    pairs = _xfcc_pairs(_first_element(value))
+    subject = _CN.search(pairs.get("Subject", ""))
+    for name in (subject.group(1) if subject else None, pairs.get("URI"), pairs.get("DNS")):
+        if name and name.strip():
+            return name.strip()
+    return None
+
+
+def _first_element(value: bytes) -> str:
+    """The first comma-separated element, commas inside quotes kept."""
+    text, quoted = value.decode("latin-1"), False
+    for at, char in enumerate(text):
+        if char == '"' and (at == 0 or text[at - 1] != "\\"):
+            quoted = not quoted
+        elif char == "," and not quoted:
+            return text[:at]
+    return text
+
+
+class TrustedProxies:
+    """The peers whose ``x-forwarded-client-cert`` is believed (auth.trusted_proxies)."""
+
+    def __init__(self, networks: list[str]) -> None:
+        self._networks = [ipaddress.ip_network(n, strict=False) for n in networks]
+
+    def certified(self, scope: Scope) -> str | None:
+        """The forwarded client certificate's name, when a trusted proxy forwarded it."""
+        if not self._networks:
+            return None
+        client = scope.get("client")
+        try:
+            peer = ipaddress.ip_address(client[0]) if client else None
+        except ValueError:
+            return None
+        if peer is None or not any(peer in network for network in self._networks):
+            return None  # from anyone else, the header is ignored
+        for name, value in scope.get("headers", []):
+            if name == _XFCC:
+                return forwarded_certificate(value)
+        return None
 
 
 def identify(keys: list[ApiKey], scope: Scope) -> ApiKey | None:
@@ -67,12 +131,14 @@ class AuthMiddleware:
         metrics: GatewayMetrics,
         protect_metrics: bool,
         protect_docs: bool,
+        proxies: TrustedProxies | None = None,
     ) -> None:
         self.app = app
         self.gate = gate
         self.metrics = metrics
         self.protect_metrics = protect_metrics
         self.protect_docs = protect_docs
+        self.proxies = proxies or TrustedProxies([])
 
     def _protected(self, path: str) -> bool:
         if path in ALWAYS_OPEN or path.startswith(ADMIN_PREFIX):
@@ -89,7 +155,9 @@ class AuthMiddleware:
             return
         state = scope.setdefault("state", {})
         try:
-            caller = await self.gate.admit(state["request_id"], scope.get("headers", []))
+            caller = await self.gate.admit(
+                state["request_id"], scope.get("headers", []), self.proxies.certified(scope)
+            )
         except GatewayError as error:
             await refuse(self.metrics, scope, receive, send, error)
             return
