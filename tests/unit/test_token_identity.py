@@ -47,3 +47,41 @@ def test_only_a_jwt_shaped_bearer_value_is_taken_for_a_token() -> None:
     assert bearer_token([(b"authorization", b"Bearer aaa.bbb.ccc")]) == b"aaa.bbb.ccc"
     assert bearer_token([(b"authorization", b"Bearer an-api-key")]) is None
     assert bearer_token([(b"x-api-key", b"aaa.bbb.ccc")]) is None
+
+
+def test_a_remembered_token_stops_at_its_exp_and_when_its_key_is_dropped() -> None:
+    import json
+    import time
+
+    import jwt
+    import pytest
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from jwt.algorithms import RSAAlgorithm
+
+    from gateway.errors import UnauthorizedError
+
+    private = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    jwk = json.loads(RSAAlgorithm.to_jwk(private.public_key()))
+    jwk.update(kid="k1", use="sig")
+    issuer = OidcIssuerSettings(issuer="https://id.example", audience="gw", leeway_seconds=0)
+
+    async def scenario() -> None:
+        verifier = TokenVerifier([issuer], tiers={"standard"}, refresh_seconds=300)
+        keys = verifier._sets["https://id.example"]
+        keys.keys, keys.read_at = {"k1": jwt.PyJWK(jwk)}, time.monotonic()  # read just now
+        now = int(time.time())
+        claims = {"iss": "https://id.example", "aud": "gw", "client_id": "app"}
+        short = jwt.encode({**claims, "exp": now + 1}, private, algorithm="RS256", headers={"kid": "k1"})
+        long = jwt.encode({**claims, "exp": now + 600}, private, algorithm="RS256", headers={"kid": "k1"})
+        assert (await verifier.identify(short.encode())).id == "app"
+        assert (await verifier.identify(long.encode())).id == "app"
+        await asyncio.sleep(1.2)
+        with pytest.raises(UnauthorizedError, match="expired"):
+            await verifier.identify(short.encode())
+        assert (await verifier.identify(long.encode())).id == "app"  # remembered
+        keys.keys = {}  # the provider dropped the key (and was read since)
+        with pytest.raises(UnauthorizedError, match="key"):
+            await verifier.identify(long.encode())
+        await verifier.stop()
+
+    asyncio.run(scenario())
