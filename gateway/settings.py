@@ -331,6 +331,15 @@ class OidcIssuerSettings(BaseModel):
     rate: float | None = Field(
         None, gt=0, description="Requests a second each tenant may send; unset: no rate."
     )
+    quota: str = Field(
+        "",
+        pattern=r"^([0-9]{1,15}/(day|month))?$",
+        description="Requests each tenant may send per UTC day or month ('2000/day'), as a keys-file "
+        "line's quota=; empty: none.",
+    )
+    image_quota: str = Field(
+        "", pattern=r"^([0-9]{1,15}/(day|month))?$", description="Images per day or month, as image-quota=."
+    )
     burst: float | None = Field(None, ge=1, description="Its burst; unset: the rate.")
     leeway_seconds: float = Field(30.0, ge=0, le=300, description="Clock skew allowed on exp and nbf.")
 

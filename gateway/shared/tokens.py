@@ -38,7 +38,7 @@ import jwt
 from gateway.errors import UnauthorizedError
 from gateway.periodic import Periodic
 from gateway.settings import TOKEN_ALGORITHMS, OidcIssuerSettings
-from gateway.shared.keyfiles import ApiKey
+from gateway.shared.keyfiles import ApiKey, Quota
 
 logger = logging.getLogger("gateway.tokens")
 FETCH_SECONDS = 5.0
@@ -250,4 +250,11 @@ class TokenVerifier:
             if raw is not None and not models:
                 models = ("\0",)  # a claim naming nothing usable: no model at all
         burst = settings.burst if settings.burst is not None else settings.rate
-        return ApiKey(tenant, b"", settings.rate, burst, tier, (), models)
+        quotas = tuple(
+            Quota(unit, int(limit), period)
+            for unit, text in (("requests", settings.quota), ("images", settings.image_quota))
+            if text
+            for limit, period in [text.split("/")]
+            if int(limit) >= 1
+        )
+        return ApiKey(tenant, b"", settings.rate, burst, tier, quotas, models)

@@ -9,7 +9,13 @@ from gateway.settings import OidcIssuerSettings
 from gateway.shared.tokens import TokenVerifier, bearer_token
 
 ISSUER = OidcIssuerSettings(
-    issuer="https://id.example", audience="gw", tier_claim="tier", models_claim="models", rate=5
+    issuer="https://id.example",
+    audience="gw",
+    tier_claim="tier",
+    models_claim="models",
+    rate=5,
+    quota="2000/day",
+    image_quota="500/month",
 )
 
 
@@ -26,6 +32,10 @@ def test_the_claims_name_the_tenant_tier_rate_and_models() -> None:
     assert (key.id, key.tier, key.rate, key.burst, key.models) == (  # type: ignore[attr-defined]
         "partner-a", "gold", 5, 5, ("text_*", "sentiment"),
     )  # fmt: skip
+    assert [(q.unit, q.limit, q.period) for q in key.quotas] == [  # type: ignore[attr-defined]
+        ("requests", 2000, "day"),
+        ("images", 500, "month"),
+    ]
     assert key.may_use("text_classifier")  # type: ignore[attr-defined]
     assert not key.may_use("image_classifier")  # type: ignore[attr-defined]
     spaced = _identity({"client_id": "b", "models": "text_classifier image_classifier"})
