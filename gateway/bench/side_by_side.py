@@ -243,6 +243,8 @@ _LATENCY = re.compile(r"^\s+(50|99)%\s+([\d.]+)(us|ms|s)\s*$", re.MULTILINE)
 # above any rate reached: every request is checked, none refused).
 BENCH_KEY = "bench-key"
 SEND_KEY = False
+# With --token, the variant's requests carry this bearer token instead of the key.
+VARIANT_AUTHORIZATION = ""
 
 
 def _wrk(
@@ -252,12 +254,15 @@ def _wrk(
     seconds: float,
     folder: Path,
     v2: tuple[bytes, int] | None = None,
+    variant: bool = False,
 ) -> tuple[int, int, float, float]:
     """wrk posting the scenario's /classify body (``v2``: that /v2 body and header length)."""
     body = folder / "body.bin"
     body.write_bytes(scenario.http_body if v2 is None else v2[0])
     script = folder / "post.lua"
     key = f'wrk.headers["X-API-Key"] = "{BENCH_KEY}"\n' if SEND_KEY else ""
+    if variant and VARIANT_AUTHORIZATION:
+        key = f'wrk.headers["Authorization"] = "{VARIANT_AUTHORIZATION}"\n'
     if v2 is not None:
         key += f'wrk.headers["Inference-Header-Content-Length"] = "{v2[1]}"\n'
     content_type = scenario.http_type if v2 is None else "application/octet-stream"
@@ -441,10 +446,11 @@ def measure(
             seconds,
             folder,
             (body, header_length),
+            variant=target == "variant-v2",
         )
     else:
         result.requests, result.errors, result.p50_ms, result.p99_ms = _wrk(
-            stack.url(target), scenario, concurrency, seconds, folder
+            stack.url(target), scenario, concurrency, seconds, folder, variant=target == "variant"
         )
     result.seconds = time.perf_counter() - started
     if result.requests:
@@ -711,6 +717,44 @@ def perf_analyzer_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def token_issuer() -> tuple[dict[str, str], str]:
+    """An issuer whose key set is served on a loopback port for the rest of the process
+    (read at the gateway's start only), and an hour's token it signed (RS256)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import jwt
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from jwt.algorithms import RSAAlgorithm
+
+    private = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    jwk = json.loads(RSAAlgorithm.to_jwk(private.public_key()))
+    jwk.update(kid="bench", use="sig", alg="RS256")
+    document = json.dumps({"keys": [jwk]}).encode()
+
+    class KeySet(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(document)))
+            self.end_headers()
+            self.wfile.write(document)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), KeySet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    issuer = {
+        "issuer": "https://bench.invalid",
+        "audience": "triton-gateway-bench",
+        "jwks_uri": f"http://127.0.0.1:{server.server_address[1]}/jwks",
+    }
+    now = int(time.time())
+    claims = {"iss": issuer["issuer"], "aud": issuer["audience"], "client_id": "bench", "exp": now + 3600}
+    return issuer, jwt.encode(claims, private, algorithm="RS256", headers={"kid": "bench"})
+
+
 def _worktree(ref: str, path: Path) -> Path:
     """This checkout's code at ``ref`` in a detached worktree at ``path`` (removed by git
     when the folder goes: `git worktree prune`)."""
@@ -747,6 +791,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the variant: rate limits in a real redis-server (both gateways check an API key "
         "with a limit; the base keeps its buckets in its own memory)",
+    )
+    parser.add_argument(
+        "--token",
+        action="store_true",
+        help="the variant: callers send an OpenID Connect access token (RS256, verified against a "
+        "key set served here) where the base's send an API key",
     )
     parser.add_argument(
         "--against",
@@ -803,6 +853,15 @@ def main(argv: list[str] | None = None) -> int:
             base_env["GATEWAY_AUTH__KEYS_FILE"] = str(keys)
             redis = RedisServer(Path(folder) / "redis").start()
             variant_env["GATEWAY_REDIS__URL"] = redis.url
+        if options.token:
+            global VARIANT_AUTHORIZATION
+            SEND_KEY = True
+            keys = Path(folder) / "keys"
+            keys.write_text(f"bench {hash_key(BENCH_KEY)} 1000000 1000000\n")
+            base_env["GATEWAY_AUTH__KEYS_FILE"] = str(keys)
+            issuer, token = token_issuer()
+            variant_env["GATEWAY_AUTH__OIDC"] = json.dumps([issuer])
+            VARIANT_AUTHORIZATION = f"Bearer {token}"
         if options.grpc:
             door, variant_door = free_ports(2)
             base_env["GATEWAY_GRPC__PORT"] = str(door)
@@ -868,6 +927,8 @@ def main(argv: list[str] | None = None) -> int:
         label = f"the code at {options.against} {label}".strip()
     if options.shared_state:
         label = f"rate limits in Redis (both with an API key) {label}".strip()
+    if options.token:
+        label = "callers with an OpenID Connect token (the base: an API key)"
     print(table(rows, label))
     if options.grpc:
         print(door_table(measures))
