@@ -75,6 +75,28 @@ def test_bench_shared_state_variant_checks_keys_in_redis(tmp_path: Path, triton_
     assert row["variant_cpu_ms"] > 0
 
 
+def test_bench_token_variant_sends_a_verified_token(tmp_path: Path, triton_python_env: Path) -> None:
+    """The short form of `triton-gateway bench --token`: the variant's callers send an
+    OpenID Connect token (verified against a key set the bench serves) where the base's
+    send an API key; none is refused."""
+    out = tmp_path / "bench"
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "gateway", "bench",
+            "--seconds", "1", "--rounds", "1", "--concurrency", "2",
+            "--repositories", "trivial", "--scenarios", "text",
+            "--out", str(out), "--triton-env", str(triton_python_env), "--token", "--no-kserve",
+        ],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Variant: callers with an OpenID Connect token" in result.stdout
+    (row,) = json.loads(out.with_suffix(".json").read_text())["rows"]
+    assert row["errors"] == 0  # no 401: the key and the token were both taken
+    assert row["gateway_rps"] > 0
+    assert row["variant_rps"] > 0
+
+
 def test_bench_measures_the_grpc_door_beside_triton_direct(tmp_path: Path, triton_python_env: Path) -> None:
     """The short form of `triton-gateway bench --grpc`: the door loaded by the same gRPC
     client as Triton direct and the same call on HTTP /v2 (wrk, binary tensors), its table
