@@ -223,7 +223,9 @@ def test_triton_killed_is_503_at_once_then_200_after_its_restart(stack: Stack) -
     took = time.monotonic() - started
     assert refused.status_code == 503, refused.text
     print(f"503 after {took * 1000:.1f} ms")
-    assert took < 0.05, f"503 after {took * 1000:.0f} ms"
+    # at once: the breaker (or a refused connection), never the Triton call's deadline of
+    # seconds; the bound leaves room for a shared 2-core machine (57 ms was seen against 50)
+    assert took < 0.5, f"503 after {took * 1000:.0f} ms"
     podman("start", stack.container("triton"))
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
