@@ -717,6 +717,13 @@ def perf_analyzer_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _bench_keys(folder: Path) -> str:
+    """A keys file holding BENCH_KEY, its limit far above any rate reached."""
+    keys = folder / "keys"
+    keys.write_text(f"bench {hash_key(BENCH_KEY)} 1000000 1000000\n")
+    return str(keys)
+
+
 def token_issuer() -> tuple[dict[str, str], str]:
     """An issuer whose key set is served on a loopback port for the rest of the process
     (read at the gateway's start only), and an hour's token it signed (RS256)."""
@@ -848,17 +855,13 @@ def main(argv: list[str] | None = None) -> int:
         if options.shared_state:
             global SEND_KEY
             SEND_KEY = True
-            keys = Path(folder) / "keys"
-            keys.write_text(f"bench {hash_key(BENCH_KEY)} 1000000 1000000\n")
-            base_env["GATEWAY_AUTH__KEYS_FILE"] = str(keys)
+            base_env["GATEWAY_AUTH__KEYS_FILE"] = _bench_keys(Path(folder))
             redis = RedisServer(Path(folder) / "redis").start()
             variant_env["GATEWAY_REDIS__URL"] = redis.url
         if options.token:
             global VARIANT_AUTHORIZATION
             SEND_KEY = True
-            keys = Path(folder) / "keys"
-            keys.write_text(f"bench {hash_key(BENCH_KEY)} 1000000 1000000\n")
-            base_env["GATEWAY_AUTH__KEYS_FILE"] = str(keys)
+            base_env["GATEWAY_AUTH__KEYS_FILE"] = _bench_keys(Path(folder))
             issuer, token = token_issuer()
             variant_env["GATEWAY_AUTH__OIDC"] = json.dumps([issuer])
             VARIANT_AUTHORIZATION = f"Bearer {token}"

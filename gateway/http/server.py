@@ -49,6 +49,11 @@ class _LingerOnClose:
     def __init__(self, transport: asyncio.Transport, protocol: HeaderTimeoutProtocol) -> None:
         self._transport = transport
         self._protocol = protocol
+        # what uvicorn calls on every request, bound here rather than found by __getattr__
+        self.write = transport.write
+        self.get_extra_info = transport.get_extra_info
+        self.pause_reading = transport.pause_reading
+        self.resume_reading = transport.resume_reading
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)

@@ -220,13 +220,16 @@ class Admission:
     def limit(self) -> int:
         return self.limiter.limit
 
+    def _shutting_down(self) -> ShuttingDownError:
+        return ShuttingDownError(
+            "the gateway is shutting down; retry on another replica",
+            retry_after=self._retry_after,
+            headers={"Connection": "close"},
+        )
+
     def _check_open(self) -> None:
         if self.draining:
-            raise ShuttingDownError(
-                "the gateway is shutting down; retry on another replica",
-                retry_after=self._retry_after,
-                headers={"Connection": "close"},
-            )
+            raise self._shutting_down()
 
     def _enter(self, tenant: Tenant) -> None:
         count = self._present.get(tenant.id, 0)
@@ -311,11 +314,7 @@ class Admission:
         """What :meth:`refuses_unread` turns into (its body is left unread: the
         connection closes after the answer)."""
         if self.draining:
-            return ShuttingDownError(
-                "the gateway is shutting down; retry on another replica",
-                retry_after=self._retry_after,
-                headers={"Connection": "close"},
-            )
+            return self._shutting_down()
         self.shed += 1
         return OverloadedError(
             f"over {self.limit} requests are in flight or waiting; retry shortly",

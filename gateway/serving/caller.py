@@ -19,7 +19,6 @@ quotas are charged by :meth:`CallerGate.charge_images` once the images are count
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import re
@@ -29,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from gateway.errors import GatewayError, RateLimitedError, UnauthorizedError
 from gateway.serving.admission import ANONYMOUS, Tenant, tenant_of
-from gateway.shared.keyfiles import ApiKey, find_key
+from gateway.shared.keyfiles import ApiKey, find_key, plain_id
 from gateway.shared.quota import Usage, quota_headers
 from gateway.shared.tokens import bearer_token
 
@@ -42,7 +41,6 @@ if TYPE_CHECKING:
     from gateway.shared.tokens import TokenVerifier
 
 Headers = Iterable[tuple[bytes, bytes]]
-_CERT_ID = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 REQUEST_ID = b"x-request-id"
 # Safe to log and to pass to Triton: no spaces, quotes or control characters.
 _VALID_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}")
@@ -163,9 +161,7 @@ class CallerGate:
             for key in self.keys.keys:
                 if key.id == name:
                     return key
-        if not _CERT_ID.fullmatch(name):  # a label and a log field: plain, or its hash
-            name = "cert-" + hashlib.sha256(name.encode()).hexdigest()[:16]
-        return ApiKey(name, b"")
+        return ApiKey(plain_id(name, "cert"), b"")
 
     async def admit(self, request_id: str, headers: Headers, certified: str | None = None) -> Caller:
         """The caller of a request with these headers (``request_id``: its

@@ -112,6 +112,19 @@ def _options(
     return tier, tuple(quotas), models
 
 
+def plain_id(name: str, prefix: str) -> str:
+    """``name`` as a caller id (a metric label and a log field): itself when it is a plain
+    key id, else ``prefix`` and a hash of it (a token's subject, a certificate's name)."""
+    if _KEY_ID.fullmatch(name):
+        return name
+    return f"{prefix}-" + hashlib.sha256(name.encode()).hexdigest()[:16]
+
+
+def model_pattern(text: str) -> bool:
+    """Whether ``text`` is a model name or shell pattern a caller may be limited to."""
+    return _MODEL_PATTERN.fullmatch(text) is not None
+
+
 def parse_keys(text: str, path: Path, known_tiers: Collection[str] | None = None) -> list[ApiKey]:
     """The keys of a keys file's text; ConfigurationError names the line that is wrong
     (a rate or burst must be a finite positive number: float() takes nan and inf; a

@@ -24,7 +24,6 @@ fails):
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import re
 import time
@@ -38,16 +37,13 @@ import jwt
 from gateway.errors import UnauthorizedError
 from gateway.periodic import Periodic
 from gateway.settings import TOKEN_ALGORITHMS, OidcIssuerSettings
-from gateway.shared.keyfiles import ApiKey, Quota
+from gateway.shared.keyfiles import ApiKey, Quota, model_pattern, plain_id
 
 logger = logging.getLogger("gateway.tokens")
 FETCH_SECONDS = 5.0
 VERIFIED_TOKENS = 4096  # tokens remembered as verified (the oldest forgotten first)
 # Three base64url parts: what a JWS compact serialisation looks like (an API key does not).
 _JWT = re.compile(rb"[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+")
-_KEY_ID = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
-_TIER = re.compile(r"[a-z][a-z0-9_-]{0,31}")
-_MODEL = re.compile(r"[A-Za-z0-9_.*?\-]{1,128}")
 # The key types each algorithm family signs with.
 _KEY_TYPES = {"RS": "RSA", "PS": "RSA", "ES": "EC", "Ed": "OKP"}
 
@@ -237,16 +233,15 @@ class TokenVerifier:
             or _claim_text(claims, "sub")
             or ""
         )
-        if not _KEY_ID.fullmatch(tenant):  # a label and a log field: plain, or its hash
-            tenant = "token-" + hashlib.sha256(tenant.encode()).hexdigest()[:16]
+        tenant = plain_id(tenant, "token")
         tier = _claim_text(claims, settings.tier_claim) if settings.tier_claim else None
-        if tier is None or not _TIER.fullmatch(tier) or tier not in self._tiers:
+        if tier is None or tier not in self._tiers:
             tier = "standard"
         models: tuple[str, ...] = ()
         if settings.models_claim:
             raw = claims.get(settings.models_claim)
             names = raw.split() if isinstance(raw, str) else raw if isinstance(raw, list) else []
-            models = tuple(n for n in names if isinstance(n, str) and _MODEL.fullmatch(n))
+            models = tuple(n for n in names if isinstance(n, str) and model_pattern(n))
             if raw is not None and not models:
                 models = ("\0",)  # a claim naming nothing usable: no model at all
         burst = settings.burst if settings.burst is not None else settings.rate
