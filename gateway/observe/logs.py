@@ -7,6 +7,11 @@ line (startup, a warning, uvicorn's last words before it exits) is written at on
 every access line before it, so the log keeps its order. A process killed with SIGKILL
 loses at most the last ``flush_seconds`` of its access log; one that exits (SIGTERM's
 drain included) loses nothing.
+
+While that batching handler is the root's only handler and nothing else listens to the
+access logger, an access line skips logging's machinery (:class:`AccessWriter`: the
+record, the logger's and handler's checks, the formatter's calls), which cost about
+three quarters of the line; it is written with the same bytes the formatter would give.
 """
 
 from __future__ import annotations
@@ -17,7 +22,10 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Mapping
+from typing import Any
 
+import orjson
 from pythonjsonlogger.orjson import OrjsonFormatter
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -29,24 +37,40 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 def escape_controls(text: str) -> str:
     """``text`` with every control character written as a ``\\xNN`` escape."""
+    if _CONTROL.search(text) is None:  # nearly every line: a search costs a sixth of a sub
+        return text
     return _CONTROL.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
 
 
-class _StampEachSecond(logging.Formatter):
-    """``asctime`` as logging writes it, the date and time made once a second (not once
-    a line: the access log writes one a call)."""
+class _Stamps:
+    """``asctime`` as logging's default format writes it, the date and time made once a
+    second (not once a line: the access log writes one a call). Callers hold the
+    handler's lock."""
 
-    _second = -1
-    _stamp = ""
+    def __init__(self) -> None:
+        self._second = -1
+        self._stamp = ""
+
+    def __call__(self, created: float) -> str:
+        second = int(created)
+        if second != self._second:
+            self._stamp = time.strftime(logging.Formatter.default_time_format, time.localtime(created))
+            self._second = second
+        # logging's default_msec_format, with the milliseconds a LogRecord computes
+        return f"{self._stamp},{int((created - second) * 1000):03d}"
+
+
+class _StampEachSecond(logging.Formatter):
+    """A formatter whose ``asctime`` is made by :class:`_Stamps`."""
+
+    _stamps: _Stamps | None = None
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
-        if datefmt is not None:
+        if datefmt is not None or self.converter is not time.localtime:
             return super().formatTime(record, datefmt)
-        second = int(record.created)
-        if second != self._second:  # formatting runs under the handler's lock
-            self._stamp = time.strftime(self.default_time_format, self.converter(record.created))
-            self._second = second
-        return f"{self._stamp},{int(record.msecs):03d}"  # logging's default_msec_format
+        if self._stamps is None:
+            self._stamps = _Stamps()
+        return self._stamps(record.created)
 
 
 class EscapingFormatter(_StampEachSecond):
@@ -84,7 +108,8 @@ class Sampler:
             return False, 0
 
 
-BATCHED = frozenset({"gateway.access"})
+ACCESS_LOGGER = "gateway.access"
+BATCHED = frozenset({ACCESS_LOGGER})
 
 
 class BatchingHandler(logging.StreamHandler):  # type: ignore[type-arg]
@@ -122,6 +147,63 @@ class BatchingHandler(logging.StreamHandler):  # type: ignore[type-arg]
             self.flush()
 
 
+class AccessWriter:
+    """Writes access lines into a :class:`BatchingHandler`'s stream without a LogRecord:
+    the line :data:`TEXT_FORMAT` (through :class:`EscapingFormatter`) or the JSON
+    formatter of :func:`configure_logging` would write for the record ``Logger.info``
+    makes, byte for byte. :meth:`applies` says whether logging would write it there alone."""
+
+    def __init__(self, handler: BatchingHandler, json: bool) -> None:
+        self._handler = handler
+        self._json = json
+        self._stamps = _Stamps()
+        self._root = logging.getLogger()
+        self._logger = logging.getLogger(ACCESS_LOGGER)
+
+    def applies(self) -> bool:
+        """Whether the handler is the only one an access line reaches, with no filter on
+        the way (a test's capture, an operator's extra handler: then logging writes it)."""
+        handlers = self._root.handlers
+        logger = self._logger
+        return (
+            len(handlers) == 1
+            and handlers[0] is self._handler
+            and not logger.handlers
+            and not logger.filters
+            and not self._root.filters
+            and not self._handler.filters
+            and logger.propagate
+            and logger.disabled is False
+        )
+
+    def write(self, message: str, fields: Mapping[str, Any]) -> None:
+        """One INFO line with ``message`` and, in JSON, ``fields`` after the standard ones."""
+        handler = self._handler
+        with handler.lock:  # type: ignore[union-attr]  # a Handler's lock exists once created
+            stamp = self._stamps(time.time())
+            if self._json:
+                line = orjson.dumps(
+                    {"time": stamp, "level": "INFO", "logger": ACCESS_LOGGER, "message": message, **fields}
+                ).decode()
+            else:
+                line = f"{stamp} INFO {ACCESS_LOGGER}: {escape_controls(message)}"
+            try:
+                handler.stream.write(line + handler.terminator)
+            except Exception:  # what Handler.handleError would print, without a record
+                if logging.raiseExceptions:
+                    raise
+
+
+_access_writer: AccessWriter | None = None
+
+
+def access_writer() -> AccessWriter | None:
+    """The configured :class:`AccessWriter` when it applies now, else None (then the
+    caller logs through ``logging``)."""
+    writer = _access_writer
+    return writer if writer is not None and writer.applies() else None
+
+
 def flush_logs() -> None:
     """Write out what the root's handlers hold (before a process ends without its exit
     handlers: a signal raised again, ``os._exit``)."""
@@ -140,6 +222,16 @@ def _buffered_stderr() -> io.TextIOWrapper | None:
     return io.TextIOWrapper(raw, encoding="utf-8", errors="backslashreplace", write_through=False)
 
 
+def log_formatter(fmt: str) -> logging.Formatter:
+    """The formatter of the ``json`` or the text format."""
+    if fmt == "json":
+        return JsonFormatter(
+            "%(asctime)s %(levelname)s %(name)s %(message)s",
+            rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
+        )
+    return EscapingFormatter(TEXT_FORMAT)
+
+
 def configure_logging(level: str, fmt: str, flush_seconds: float = 0.0) -> None:
     """Root handler on stderr; uvicorn's loggers propagate to it (its access log is off:
     the gateway writes its own, with the request id, route, model and duration). With
@@ -149,15 +241,7 @@ def configure_logging(level: str, fmt: str, flush_seconds: float = 0.0) -> None:
     handler: logging.StreamHandler = (  # type: ignore[type-arg]
         logging.StreamHandler(sys.stderr) if stream is None else BatchingHandler(stream, flush_seconds)
     )
-    if fmt == "json":
-        handler.setFormatter(
-            JsonFormatter(
-                "%(asctime)s %(levelname)s %(name)s %(message)s",
-                rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
-            )
-        )
-    else:
-        handler.setFormatter(EscapingFormatter(TEXT_FORMAT))
+    handler.setFormatter(log_formatter(fmt))
     # The formats use none of these: a record skips finding its caller's file and line,
     # its thread and its process (the logging HOWTO's "Optimization"; the access log line
     # is written on every request).
@@ -165,6 +249,10 @@ def configure_logging(level: str, fmt: str, flush_seconds: float = 0.0) -> None:
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False
+    global _access_writer
+    _access_writer = (
+        AccessWriter(handler, json=fmt == "json") if isinstance(handler, BatchingHandler) else None
+    )
     root = logging.getLogger()
     for replaced in root.handlers:
         if isinstance(replaced, BatchingHandler):  # its thread stops, its lines are written
