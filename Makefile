@@ -21,13 +21,13 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 LOCAL_TORCH := /opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl
 UV_VERSION := 0.13.8
 LOCK_TOOL := .venv-lock
-APT_TEST_PACKAGES := chromium prometheus docker-compose wrk haproxy redis-server
+APT_TEST_PACKAGES := chromium prometheus docker-compose wrk hey haproxy redis-server
 # The container tests' (make test-containers): podman builds and runs the images, with
 # runc and netavark (../shared/PLATFORM.md, Containers; netavark runs iptables); debootstrap
 # makes their base.
 APT_CONTAINER_PACKAGES := podman runc netavark aardvark-dns iptables debootstrap docker-compose
 
-.PHONY: test-containers lock models-examples keys help run test lint typecheck models install system-deps test-system-deps clean bench bench-ledger bench-shared-state soak gpu-smoke docs docs-serve
+.PHONY: test-containers lock models-examples keys help run test lint typecheck models install system-deps test-system-deps clean bench bench-capacity bench-ledger bench-shared-state soak gpu-smoke docs docs-serve
 
 help:
 	@echo "make run    install, build the models, start Triton (CPU) and the gateway on :$(PORT)"
@@ -37,6 +37,7 @@ help:
 	@echo "make test-containers  build the images in deploy/ with podman and run them as compose and k8s do"
 	@echo "make lint   ruff + mypy"
 	@echo "make bench  the gateway beside Triton direct, a reference gateway and KServe: table, JSON, plot in .reports/"
+	@echo "make bench-capacity  static in-flight limits 1..64 against the adaptive one under overload (hey)"
 	@echo "make bench-ledger  what each stage of the hot path costs (py-spy under load)"
 	@echo "make soak   5 minutes at 80 % of capacity: RSS drift, descriptors, metric series, errors"
 	@echo "make gpu-smoke  on a GPU host: docker compose up, then every check in one report"
@@ -172,6 +173,12 @@ clean:
 BENCH_OPTIONS ?=
 bench: test-system-deps install $(VENV)/.dev-installed models
 	$(VENV)/bin/triton-gateway bench --out .reports/bench $(BENCH_OPTIONS)
+
+# Where the in-flight limit sits: static limits 1, 2, 4 ... 64 and the adaptive limit, each
+# flooded by hey (100 connections that send again at once), at Triton's speed and 5x slower:
+# .reports/capacity.json, and the verdict against the best static limit and the cap of 64.
+bench-capacity: test-system-deps install $(VENV)/.dev-installed
+	$(VENV)/bin/python -m gateway.bench.capacity --out .reports/capacity
 
 # The hot path's cost ledger: each stage's share of the gateway's CPU (py-spy under wrk load,
 # trivial model, c=8): .reports/ledger.json.

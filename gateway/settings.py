@@ -146,9 +146,23 @@ class AdaptiveSettings(BaseModel):
 
     enabled: bool = Field(
         True,
-        description="Adapt the in-flight limit to measured latency (max_in_flight its ceiling); false: "
-        "max_in_flight, always (latency first costs some of the throughput Triton's batcher gains "
-        "from a deep queue: docs/explanation/reliability.md).",
+        description="Adapt the in-flight limit to what Triton delivers (max_in_flight its ceiling); "
+        "false: max_in_flight, always (docs/explanation/reliability.md).",
+    )
+    anchor: Literal["knee", "baseline"] = Field(
+        "knee",
+        description="knee: the fewest requests in flight at which Triton's delivery rate stops rising "
+        "(gateway.serving.knee; with latency_objective_seconds, no more than keeps the p90 under it); "
+        "baseline: the p90 latency kept within 1 + tolerance times a request's latency with nothing "
+        "queued (gateway.serving.limit: lower latency, a third of a batching server's throughput "
+        "given up).",
+    )
+    latency_objective_seconds: float | None = Field(
+        None,
+        gt=0,
+        le=600,
+        description="With the knee: the p90 latency the limit keeps under, giving up throughput for "
+        "it (none: the knee alone).",
     )
     floor: int = Field(
         1,
@@ -162,22 +176,28 @@ class AdaptiveSettings(BaseModel):
         1.0,
         gt=0,
         le=100,
-        description="How far above the baseline the p90 latency may rise before the limit falls "
+        description="With the baseline anchor: how far above the baseline the p90 latency may rise before the limit falls "
         "(1.0: twice what a request costs with nothing queued). Higher trades latency for the "
         "throughput Triton's dynamic batcher gains from a deeper queue (3.0: about 15 % more "
         "text requests a second on CPU, and a key beside a flood waits 3x longer).",
     )
     window_seconds: float = Field(
-        0.1, gt=0, le=60, description="How often the limit moves (and at least 10 requests apart)."
+        0.1,
+        gt=0,
+        le=60,
+        description="How often the limit moves, at least (and at least 10 requests apart; the knee: "
+        "20, and as many as the limit).",
     )
     probe_interval_seconds: float = Field(
         30.0,
         gt=0,
         le=3600,
-        description="How often the baseline is measured again, holding the limit at the floor for "
+        description="With the baseline anchor: how often the baseline is measured again, holding the limit at the floor for "
         "probe_samples requests (also at once when the limit sits at the floor for 5 windows).",
     )
-    probe_samples: int = Field(20, ge=3, le=10_000, description="Requests one baseline measurement takes.")
+    probe_samples: int = Field(
+        20, ge=3, le=10_000, description="With the baseline anchor: requests one baseline measurement takes."
+    )
 
 
 class TierSettings(BaseModel):

@@ -17,7 +17,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -319,3 +322,26 @@ class TritonServer:
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+
+
+@contextmanager
+def throttled(triton: TritonServer, running: float = 0.004, stopped: float = 0.016) -> Iterator[None]:
+    """Triton's process group (server, keeper, Python-backend stubs) runs ``running``
+    seconds of every ``running + stopped``: the defaults make it 5x slower."""
+    stop = threading.Event()
+
+    def cycle() -> None:
+        while not stop.is_set():
+            triton.send_signal(signal.SIGSTOP)
+            time.sleep(stopped)
+            triton.send_signal(signal.SIGCONT)
+            time.sleep(running)
+
+    thread = threading.Thread(target=cycle, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        triton.send_signal(signal.SIGCONT)

@@ -25,8 +25,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import orjson
 from pythonjsonlogger.orjson import OrjsonFormatter
+
+from gateway import jsoncodec
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -182,7 +183,7 @@ class AccessWriter:
         with handler.lock:  # type: ignore[union-attr]  # a Handler's lock exists once created
             stamp = self._stamps(time.time())
             if self._json:
-                line = orjson.dumps(
+                line = jsoncodec.dumps(
                     {"time": stamp, "level": "INFO", "logger": ACCESS_LOGGER, "message": message, **fields}
                 ).decode()
             else:

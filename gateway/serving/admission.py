@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.errors import OverloadedError, ShuttingDownError, TritonTimeoutError
 from gateway.observe.metrics import CapacityReading
+from gateway.serving.knee import KneeLimit, KneeSettings
 from gateway.serving.limit import AdaptiveLimit, LimitSettings
 
 if TYPE_CHECKING:
@@ -513,11 +514,21 @@ class Admission:
 
 
 def build_admission(server: ServerSettings) -> Admission:
-    """The gateway's admission: the adaptive limit under ``max_in_flight`` (or that cap)."""
+    """The gateway's admission: the adaptive limit (at the knee, or anchored to the baseline
+    latency) under ``max_in_flight``, or that cap."""
     ceiling = server.max_in_flight
     adaptive = server.adaptive
     limit: int | ConcurrencyLimit = ceiling
-    if adaptive.enabled:
+    if adaptive.enabled and adaptive.anchor == "knee":
+        limit = KneeLimit(
+            KneeSettings(
+                floor=min(adaptive.floor, ceiling),
+                ceiling=ceiling,
+                window_seconds=adaptive.window_seconds,
+                objective_seconds=adaptive.latency_objective_seconds,
+            )
+        )
+    elif adaptive.enabled:
         limit = AdaptiveLimit(
             LimitSettings(
                 floor=min(adaptive.floor, ceiling),

@@ -11,44 +11,20 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from gateway.dev.gatewayprocess import GatewayProcess
-from gateway.dev.tritonserver import TritonServer
+from gateway.dev.tritonserver import TritonServer, throttled
 from gateway.shared.keyfiles import hash_key
 
 from helpers.rawload import Flow, load, request_bytes
 
 TEXT = json.dumps({"texts": ["the film was a delight from start to finish"]}).encode()
 JSON = {"content-type": "application/json"}
-
-
-@contextmanager
-def throttled(triton: TritonServer, running: float = 0.004, stopped: float = 0.016) -> Iterator[None]:
-    """Triton's process group runs ``running`` seconds of every ``running + stopped``."""
-    stop = threading.Event()
-
-    def cycle() -> None:
-        while not stop.is_set():
-            triton.send_signal(signal.SIGSTOP)
-            time.sleep(stopped)
-            triton.send_signal(signal.SIGCONT)
-            time.sleep(running)
-
-    thread = threading.Thread(target=cycle, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(timeout=5)
-        triton.send_signal(signal.SIGCONT)
 
 
 def text_load(gateway: GatewayProcess, clients: int, seconds: float, name: str) -> Flow:

@@ -1,0 +1,273 @@
+"""Where the in-flight limit sits under steady overload (`make bench-capacity`).
+
+    .venv/bin/python -m gateway.bench.capacity [--seconds 10] [--clients 100]
+        [--limits 1 2 4 8 16 32 64] [--speeds 1 5] [--out .reports/capacity]
+
+A real tritonserver on the trivial repository (a batching Python model: max_batch_size
+64, one instance) and, one after another, a gateway process with each static limit
+(``max_in_flight`` N, the adaptive limit off) and one with the adaptive limit under a
+ceiling of the largest, each flooded by ``hey`` (a Go program: a few % of a core, and
+each of its connections sends again the moment an answer, 503 or not, comes back: the
+retry-at-once client). At Triton's speed and with Triton made ``speed`` times slower (its
+processes stopped most of each 20 ms). Each row: goodput (answers 200 a second), the
+admitted p50 and p99, refusals a second, and the limit the adaptive gateway reports at the
+end (``gateway_inflight_limit``).
+
+The verdict per speed, what issue 42 asks of the adaptive limit: its goodput against the
+best static's (>= 90 %), its p99 against the p99 of the smallest static limit that reaches
+90 % of that goodput (<= 1.5x), and against the static cap of the ceiling (goodput >= 90 %,
+p99 <= half).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import nullcontext, suppress
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+
+from gateway.bench.side_by_side import REPOSITORIES, _cpu_seconds
+from gateway.dev.gatewayprocess import GatewayProcess
+from gateway.dev.tritonserver import TritonServer, throttled
+from gateway.serving.limit import percentile
+
+TEXT = json.dumps({"texts": ["the film was a delight from start to finish"]})
+ADAPTIVE = "adaptive"
+
+
+@dataclass
+class Row:
+    speed: int  # Triton this many times slower
+    limit: str  # "static N" or ADAPTIVE
+    seconds: float
+    goodput: float  # answers 200 a second
+    p50_ms: float
+    p99_ms: float
+    refused_per_second: float
+    other_statuses: dict[str, int]
+    final_limit: int | None = None
+
+
+@dataclass
+class Verdict:
+    speed: int
+    best_static: str
+    best_goodput: float
+    smallest_at_90: str
+    smallest_at_90_p99_ms: float
+    goodput_vs_best: float
+    p99_vs_smallest_at_90: float
+    goodput_vs_ceiling: float
+    p99_vs_ceiling: float
+
+
+def hey(url: str, clients: int, seconds: float) -> list[tuple[float, float, int]]:
+    """(offset, latency, status) of every request ``clients`` connections sent for ``seconds``."""
+    command = [
+        "hey", "-z", f"{seconds}s", "-c", str(clients), "-m", "POST",
+        "-T", "application/json", "-d", TEXT, "-o", "csv", f"{url}/classify",
+    ]  # fmt: skip
+    output = subprocess.run(command, capture_output=True, text=True, check=True, timeout=seconds + 60).stdout
+    answers = []
+    for line in csv.DictReader(output.splitlines()):
+        answers.append((float(line["offset"]), float(line["response-time"]), int(line["status-code"])))
+    return answers
+
+
+def final_limit(url: str) -> int | None:
+    for line in httpx.get(f"{url}/metrics", timeout=5).text.splitlines():
+        if line.startswith("gateway_inflight_limit "):
+            return int(float(line.split()[1]))
+    return None
+
+
+def measure(
+    triton: TritonServer, workdir: Path, limit: str, ceiling: int, speed: int, clients: int, seconds: float
+) -> Row:
+    if limit == ADAPTIVE:
+        env = {"GATEWAY_SERVER__MAX_IN_FLIGHT": str(ceiling), "GATEWAY_SERVER__ADAPTIVE__ENABLED": "true"}
+    else:
+        env = {
+            "GATEWAY_SERVER__MAX_IN_FLIGHT": limit.split()[1],
+            "GATEWAY_SERVER__ADAPTIVE__ENABLED": "false",
+        }
+    env["GATEWAY_LOG_LEVEL"] = "warning"
+    gateway = GatewayProcess.start(triton, workdir, cwd=workdir, env=env).wait("/readyz", timeout=60)
+    try:
+        hey(gateway.url, 2, 1.0)  # a light load first, as a replica has before a flood
+        slow = throttled(triton, 0.004, 0.004 * (speed - 1)) if speed > 1 else nullcontext()
+        with slow:
+            answers = hey(gateway.url, clients, seconds)
+        reported = final_limit(gateway.url) if limit == ADAPTIVE else None
+    finally:
+        gateway.stop()
+    served = sorted(latency for _, latency, status in answers if status == 200)
+    others: dict[str, int] = {}
+    for _, _, status in answers:
+        if status not in (200, 503):
+            others[str(status)] = others.get(str(status), 0) + 1
+    return Row(
+        speed=speed,
+        limit=limit,
+        seconds=seconds,
+        goodput=len(served) / seconds,
+        p50_ms=statistics.median(served) * 1000 if served else float("nan"),
+        p99_ms=percentile(served, 0.99) * 1000 if served else float("nan"),
+        refused_per_second=sum(1 for _, _, status in answers if status == 503) / seconds,
+        other_statuses=others,
+        final_limit=reported,
+    )
+
+
+@dataclass
+class RefusalCost:
+    shed_from_headers: bool
+    refusals: int
+    gateway_cpu_ms_per_refusal: float
+
+
+def _hold(url: str) -> None:
+    with suppress(httpx.HTTPError):
+        httpx.post(f"{url}/classify", content=TEXT, headers={"content-type": "application/json"}, timeout=120)
+
+
+def refusal_cost(
+    triton: TritonServer, workdir: Path, from_headers: bool, clients: int, seconds: float
+) -> RefusalCost:
+    """The gateway's CPU per 503: Triton stopped (SIGSTOP), one request holds the only slot,
+    and ``clients`` connections are refused as fast as they send again."""
+    env = {
+        "GATEWAY_SERVER__MAX_IN_FLIGHT": "1",
+        "GATEWAY_SERVER__ADAPTIVE__ENABLED": "false",
+        "GATEWAY_SERVER__SHED_FROM_HEADERS": str(from_headers).lower(),
+        "GATEWAY_LOG_LEVEL": "warning",
+    }
+    gateway = GatewayProcess.start(triton, workdir, cwd=workdir, env=env).wait("/readyz", timeout=60)
+    triton.send_signal(signal.SIGSTOP)
+    try:
+        holder = threading.Thread(target=_hold, args=(gateway.url,), daemon=True)
+        holder.start()  # the request that holds the slot
+        time.sleep(0.5)
+        before = _cpu_seconds(gateway.process.pid, with_children=False)
+        answers = hey(gateway.url, clients, seconds)
+        spent = _cpu_seconds(gateway.process.pid, with_children=False) - before
+    finally:
+        triton.send_signal(signal.SIGCONT)
+        gateway.stop()
+    refused = sum(1 for _, _, status in answers if status == 503)
+    return RefusalCost(from_headers, refused, spent * 1000 / max(1, refused))
+
+
+def verdict(rows: list[Row], speed: int, ceiling: int) -> Verdict:
+    statics = [row for row in rows if row.speed == speed and row.limit != ADAPTIVE]
+    [adaptive] = [row for row in rows if row.speed == speed and row.limit == ADAPTIVE]
+    best = max(statics, key=lambda row: row.goodput)
+    smallest = min(
+        (row for row in statics if row.goodput >= 0.9 * best.goodput),
+        key=lambda row: int(row.limit.split()[1]),
+    )
+    [cap] = [row for row in statics if row.limit == f"static {ceiling}"] or [best]
+    return Verdict(
+        speed=speed,
+        best_static=best.limit,
+        best_goodput=best.goodput,
+        smallest_at_90=smallest.limit,
+        smallest_at_90_p99_ms=smallest.p99_ms,
+        goodput_vs_best=adaptive.goodput / best.goodput,
+        p99_vs_smallest_at_90=adaptive.p99_ms / smallest.p99_ms,
+        goodput_vs_ceiling=adaptive.goodput / cap.goodput,
+        p99_vs_ceiling=adaptive.p99_ms / cap.p99_ms,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--clients", type=int, default=100)
+    parser.add_argument("--limits", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
+    parser.add_argument("--speeds", type=int, nargs="+", default=[1, 5])
+    parser.add_argument("--triton-env", type=Path, default=Path(".venv-triton"))
+    parser.add_argument(
+        "--refusals",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="measure a refusal's CPU, refused from the headers and after the queue wait",
+    )
+    parser.add_argument("--out", type=Path, default=Path(".reports/capacity"))
+    options = parser.parse_args(argv)
+    if shutil.which("hey") is None:
+        print("hey is not installed (apt-get install hey; `make bench-capacity` does)", file=sys.stderr)
+        return 2
+    ceiling = max(options.limits)
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="bench-capacity-") as folder:
+        workdir = Path(folder)
+        triton = TritonServer.on_free_ports(
+            options.triton_env.resolve(), REPOSITORIES["trivial"], workdir, response_cache_bytes=0
+        )
+        triton.start()
+        try:
+            triton.wait_ready(timeout=180)
+            for speed in options.speeds:
+                for limit in [*(f"static {n}" for n in options.limits), ADAPTIVE]:
+                    started = time.monotonic()
+                    row = measure(triton, workdir, limit, ceiling, speed, options.clients, options.seconds)
+                    rows.append(row)
+                    print(
+                        f"{speed}x slower  {limit:>10}: {row.goodput:7.1f}/s  p50 {row.p50_ms:7.1f} ms  "
+                        f"p99 {row.p99_ms:7.1f} ms  refused {row.refused_per_second:7.1f}/s"
+                        + (f"  limit at the end {row.final_limit}" if row.final_limit is not None else "")
+                        + f"  ({time.monotonic() - started:.0f} s)",
+                        flush=True,
+                    )
+            costs = []
+            if options.refusals:
+                for from_headers in (False, True):
+                    cost = refusal_cost(
+                        triton, workdir, from_headers, options.clients, min(options.seconds, 5.0)
+                    )
+                    costs.append(cost)
+                    print(
+                        f"a refusal {'from the headers' if from_headers else 'after the queue wait'}: "
+                        f"{cost.gateway_cpu_ms_per_refusal:.3f} ms of gateway CPU ({cost.refusals} refused)",
+                        flush=True,
+                    )
+        finally:
+            triton.stop()
+    verdicts = [verdict(rows, speed, ceiling) for speed in options.speeds]
+    for v in verdicts:
+        print(
+            f"{v.speed}x slower: adaptive goodput {v.goodput_vs_best:.0%} of the best static ({v.best_static}, "
+            f"{v.best_goodput:.0f}/s), p99 {v.p99_vs_smallest_at_90:.2f}x that of {v.smallest_at_90} "
+            f"(the smallest at 90 %: {v.smallest_at_90_p99_ms:.0f} ms); against static {ceiling}: goodput "
+            f"{v.goodput_vs_ceiling:.0%}, p99 {v.p99_vs_ceiling:.2f}x"
+        )
+    options.out.parent.mkdir(parents=True, exist_ok=True)
+    report = {
+        "clients": options.clients,
+        "seconds": options.seconds,
+        "load_generator": "hey (each connection sends again at once, 503 or not)",
+        "rows": [asdict(row) for row in rows],
+        "verdicts": [asdict(v) for v in verdicts],
+        "refusal_cost": [asdict(cost) for cost in costs],
+    }
+    options.out.with_suffix(".json").write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

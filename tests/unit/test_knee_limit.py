@@ -1,0 +1,163 @@
+"""The knee limit against a simulated batching Triton: ``instances`` model instances, each
+running a batch of up to ``batch`` queued requests at once in ``fixed + each * size``
+seconds (times a run-time slowdown), the rest queued in Triton's FIFO; a closed loop of
+clients keeps it overloaded. Time is simulated: the numbers are exact, not timed."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+from gateway.serving.knee import KneeLimit, KneeSettings
+from gateway.serving.limit import percentile
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass(frozen=True)
+class Server:
+    instances: int
+    batch: int
+    fixed: float
+    each: float
+
+
+BATCHING = Server(instances=1, batch=16, fixed=0.010, each=0.001)  # the knee at 16
+TWO_INSTANCES = Server(instances=2, batch=8, fixed=0.005, each=0.002)  # at 16
+PARALLEL = Server(instances=4, batch=1, fixed=0.0, each=0.010)  # no batching: at 4
+WIDE = Server(instances=1, batch=64, fixed=0.020, each=0.0002)  # past the ceiling
+
+
+def simulate(
+    limit: KneeLimit | int,
+    clock: Clock,
+    server: Server,
+    until: float,
+    slow: Callable[[float], float] = lambda t: 1.0,
+    clients: Callable[[float], int | None] = lambda t: None,
+) -> list[tuple[float, float]]:
+    """(completion time, latency) of every request; ``clients(t)`` connections (None: always
+    one more than the limit admits: an overload)."""
+    queue: list[tuple[float, int]] = []
+    running: list[tuple[float, int, list[tuple[float, int]]]] = []
+    free, in_flight, batches = server.instances, 0, 0
+    done: list[tuple[float, float]] = []
+    while clock.now < until:
+        ceiling = limit if isinstance(limit, int) else limit.limit
+        offered = clients(clock.now)
+        while in_flight < (ceiling if offered is None else min(ceiling, offered)):
+            queue.append((clock.now, in_flight))
+            in_flight += 1
+        while free and queue:
+            taken, queue = queue[: server.batch], queue[server.batch :]
+            free -= 1
+            batches += 1
+            cost = (server.fixed + server.each * len(taken)) * slow(clock.now)
+            heapq.heappush(running, (clock.now + cost, batches, taken))
+        if not running:
+            clock.now += 0.001
+            continue
+        finish, _, taken = heapq.heappop(running)
+        clock.now = finish
+        free += 1
+        for admitted, others in taken:
+            in_flight -= 1
+            if isinstance(limit, KneeLimit):
+                limit.observe(
+                    "text", finish - admitted, admitted, others, offered is None or offered > ceiling
+                )
+            done.append((finish, finish - admitted))
+    return done
+
+
+def rate_and_p99(done: list[tuple[float, float]], start: float, end: float) -> tuple[float, float]:
+    latencies = [latency for at, latency in done if start <= at < end]
+    return len(latencies) / (end - start), percentile(latencies, 0.99)
+
+
+def knee(clock: Clock, **settings: float) -> KneeLimit:
+    return KneeLimit(KneeSettings(**settings), clock=clock)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("server", [BATCHING, TWO_INSTANCES, PARALLEL, WIDE], ids=str)
+def test_a_steady_overload_is_served_at_the_knee(server: Server) -> None:
+    """Goodput within 10 % of the best static limit's (1, 2, 4 ... 64), and a p99 no worse
+    than the static cap of 64's (half of it or less where that cap queues)."""
+    statics = {
+        cap: rate_and_p99(simulate(cap, Clock(), server, 20.0), 5.0, 20.0) for cap in (1, 2, 4, 8, 16, 32, 64)
+    }
+    best = max(rate for rate, _ in statics.values())
+    clock = Clock()
+    limit = knee(clock)
+    rate, p99 = rate_and_p99(simulate(limit, clock, server, 20.0), 5.0, 20.0)
+    print(f"{server}: knee {rate:.0f}/s p99 {p99 * 1000:.1f} ms at {limit.limit}; statics {statics}")
+    assert rate >= 0.9 * best
+    capped_rate, capped_p99 = statics[64]
+    assert rate >= 0.9 * capped_rate
+    # where the cap of 64 queues in Triton (its p99 over twice the best static's least),
+    # the knee's p99 is half of it or less
+    least_p99 = min(p for r, p in statics.values() if r >= 0.9 * best)
+    if capped_p99 > 2 * least_p99:
+        assert p99 <= capped_p99 / 2
+    else:
+        assert p99 <= capped_p99 * 1.01
+
+
+def test_a_5x_slowdown_and_a_recovery_keep_the_goodput() -> None:
+    def slow(t: float) -> float:
+        return 5.0 if 20.0 <= t < 40.0 else 1.0
+
+    clock = Clock()
+    done = simulate(knee(clock), clock, BATCHING, 60.0, slow=slow)
+    static = simulate(16, Clock(), BATCHING, 60.0, slow=slow)  # the knee, known
+    for start, end in ((22.0, 40.0), (42.0, 60.0)):
+        rate, p99 = rate_and_p99(done, start, end)
+        best, best_p99 = rate_and_p99(static, start, end)
+        print(
+            f"{start}-{end}: {rate:.0f}/s p99 {p99 * 1000:.0f} ms; static 16: {best:.0f}/s {best_p99 * 1000:.0f} ms"
+        )
+        assert rate >= 0.9 * best
+        assert p99 <= 2.5 * best_p99  # not the 4x of the cap of 64
+
+
+@pytest.mark.parametrize("server", [BATCHING, TWO_INSTANCES, PARALLEL], ids=str)
+def test_a_flood_after_a_light_load_is_drained_to_the_knee_at_once(server: Server) -> None:
+    """The whole flood's p99 within 2x the steady p99, though the limit starts it at the
+    ceiling (64: 4-16x the knee)."""
+    clock = Clock()
+    limit = knee(clock)
+    done = simulate(limit, clock, server, 35.0, clients=lambda t: 2 if t < 5.0 else None)
+    assert limit.limit < 32  # from the ceiling of 64 to about the knee
+    _, steady_p99 = rate_and_p99(done, 15.0, 35.0)
+    _, whole_p99 = rate_and_p99(done, 5.0, 35.0)
+    print(f"{server}: whole flood p99 {whole_p99 * 1000:.0f} ms, steady {steady_p99 * 1000:.0f} ms")
+    assert whole_p99 <= 2 * steady_p99
+
+
+def test_a_light_load_never_moves_the_limit() -> None:
+    """A burst that fits must not be shed: under the limit, nothing is learnt about it."""
+    clock = Clock()
+    limit = knee(clock)
+    simulate(limit, clock, BATCHING, 20.0, clients=lambda t: 12)
+    assert limit.limit == 64
+
+
+def test_a_latency_objective_is_kept_at_the_cost_of_goodput() -> None:
+    clock = Clock()
+    limit = knee(clock, objective_seconds=0.015)
+    done = simulate(limit, clock, BATCHING, 20.0)
+    rate, p99 = rate_and_p99(done, 5.0, 20.0)
+    free_rate, free_p99 = rate_and_p99(simulate(knee(Clock()), Clock(), BATCHING, 20.0), 5.0, 20.0)
+    print(f"objective: {rate:.0f}/s p99 {p99 * 1000:.1f} ms; knee {free_rate:.0f}/s {free_p99 * 1000:.1f} ms")
+    latencies = sorted(latency for at, latency in done if 5.0 <= at < 20.0)
+    assert percentile(latencies, 0.9) <= 0.015
+    assert rate < free_rate
