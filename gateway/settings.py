@@ -149,20 +149,20 @@ class AdaptiveSettings(BaseModel):
         description="Adapt the in-flight limit to what Triton delivers (max_in_flight its ceiling); "
         "false: max_in_flight, always (docs/explanation/reliability.md).",
     )
-    anchor: Literal["knee", "baseline"] = Field(
-        "knee",
-        description="knee: the fewest requests in flight at which Triton's delivery rate stops rising "
-        "(gateway.serving.knee; with latency_objective_seconds, no more than keeps the p90 under it); "
-        "baseline: the p90 latency kept within 1 + tolerance times a request's latency with nothing "
-        "queued (gateway.serving.limit: lower latency, a third of a batching server's throughput "
-        "given up).",
+    anchor: Literal["baseline", "knee"] = Field(
+        "baseline",
+        description="baseline: the p90 latency kept within 1 + tolerance times a request's latency with "
+        "nothing queued (gateway.serving.limit); knee (experimental): the fewest requests in flight "
+        "at which Triton's delivery rate stops rising (gateway.serving.knee; with "
+        "latency_objective_seconds, no more than keeps the p90 under it). make bench-capacity "
+        "measures both against static limits (docs/explanation/reliability.md).",
     )
     latency_objective_seconds: float | None = Field(
         None,
         gt=0,
         le=600,
-        description="With the knee: the p90 latency the limit keeps under, giving up throughput for "
-        "it (none: the knee alone).",
+        description="With the knee anchor: the p90 latency the limit keeps under, giving up "
+        "throughput for it (none: the knee alone).",
     )
     floor: int = Field(
         1,

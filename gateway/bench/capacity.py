@@ -3,8 +3,8 @@
     .venv/bin/python -m gateway.bench.capacity [--seconds 10] [--clients 100]
         [--limits 1 2 4 8 16 32 64] [--speeds 1 5] [--out .reports/capacity]
 
-A real tritonserver on the trivial repository (a batching Python model: max_batch_size
-64, one instance) and, one after another, a gateway process with each static limit
+A real tritonserver on the real model repository (the CPU twins: Triton is the bottleneck,
+as in production; ``--repository trivial``: fixed answers, the gateway's own cost is) and, one after another, a gateway process with each static limit
 (``max_in_flight`` N, the adaptive limit off) and one with the adaptive limit under a
 ceiling of the largest, each flooded by ``hey`` (a Go program: a few % of a core, and
 each of its connections sends again the moment an answer, 503 or not, comes back: the
@@ -25,14 +25,12 @@ import argparse
 import csv
 import json
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from contextlib import nullcontext, suppress
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -44,7 +42,10 @@ from gateway.dev.tritonserver import TritonServer, throttled
 from gateway.serving.limit import percentile
 
 TEXT = json.dumps({"texts": ["the film was a delight from start to finish"]})
-ADAPTIVE = "adaptive"
+ADAPTIVE = "adaptive"  # at the knee
+BASELINE = "adaptive, baseline anchor"
+# goodput and p99 are the flood's after this many seconds (the whole flood's p99 too)
+STEADY_AFTER = 2.0
 
 
 @dataclass
@@ -52,9 +53,10 @@ class Row:
     speed: int  # Triton this many times slower
     limit: str  # "static N" or ADAPTIVE
     seconds: float
-    goodput: float  # answers 200 a second
+    goodput: float  # answers 200 a second, after STEADY_AFTER
     p50_ms: float
     p99_ms: float
+    whole_p99_ms: float  # over the whole flood, its first seconds included
     refused_per_second: float
     other_statuses: dict[str, int]
     final_limit: int | None = None
@@ -68,6 +70,7 @@ class Verdict:
     smallest_at_90: str
     smallest_at_90_p99_ms: float
     goodput_vs_best: float
+    whole_p99_vs_steady: float
     p99_vs_smallest_at_90: float
     goodput_vs_ceiling: float
     p99_vs_ceiling: float
@@ -96,8 +99,12 @@ def final_limit(url: str) -> int | None:
 def measure(
     triton: TritonServer, workdir: Path, limit: str, ceiling: int, speed: int, clients: int, seconds: float
 ) -> Row:
-    if limit == ADAPTIVE:
-        env = {"GATEWAY_SERVER__MAX_IN_FLIGHT": str(ceiling), "GATEWAY_SERVER__ADAPTIVE__ENABLED": "true"}
+    if limit in (ADAPTIVE, BASELINE):
+        env = {
+            "GATEWAY_SERVER__MAX_IN_FLIGHT": str(ceiling),
+            "GATEWAY_SERVER__ADAPTIVE__ENABLED": "true",
+            "GATEWAY_SERVER__ADAPTIVE__ANCHOR": "knee" if limit == ADAPTIVE else "baseline",
+        }
     else:
         env = {
             "GATEWAY_SERVER__MAX_IN_FLIGHT": limit.split()[1],
@@ -110,10 +117,12 @@ def measure(
         slow = throttled(triton, 0.004, 0.004 * (speed - 1)) if speed > 1 else nullcontext()
         with slow:
             answers = hey(gateway.url, clients, seconds)
-        reported = final_limit(gateway.url) if limit == ADAPTIVE else None
+        reported = final_limit(gateway.url) if limit in (ADAPTIVE, BASELINE) else None
     finally:
         gateway.stop()
-    served = sorted(latency for _, latency, status in answers if status == 200)
+    served = sorted(latency for at, latency, status in answers if status == 200 and at >= STEADY_AFTER)
+    whole = sorted(latency for _, latency, status in answers if status == 200)
+    steady = seconds - STEADY_AFTER
     others: dict[str, int] = {}
     for _, _, status in answers:
         if status not in (200, 503):
@@ -122,9 +131,10 @@ def measure(
         speed=speed,
         limit=limit,
         seconds=seconds,
-        goodput=len(served) / seconds,
+        goodput=len(served) / steady,
         p50_ms=statistics.median(served) * 1000 if served else float("nan"),
         p99_ms=percentile(served, 0.99) * 1000 if served else float("nan"),
+        whole_p99_ms=percentile(whole, 0.99) * 1000 if whole else float("nan"),
         refused_per_second=sum(1 for _, _, status in answers if status == 503) / seconds,
         other_statuses=others,
         final_limit=reported,
@@ -135,19 +145,17 @@ def measure(
 class RefusalCost:
     shed_from_headers: bool
     refusals: int
+    served: int
     gateway_cpu_ms_per_refusal: float
-
-
-def _hold(url: str) -> None:
-    with suppress(httpx.HTTPError):
-        httpx.post(f"{url}/classify", content=TEXT, headers={"content-type": "application/json"}, timeout=120)
 
 
 def refusal_cost(
     triton: TritonServer, workdir: Path, from_headers: bool, clients: int, seconds: float
 ) -> RefusalCost:
-    """The gateway's CPU per 503: Triton stopped (SIGSTOP), one request holds the only slot,
-    and ``clients`` connections are refused as fast as they send again."""
+    """The gateway's CPU per 503: one slot, Triton made 5x slower (it still answers, so the
+    gateway knows how fast its queue moves and may refuse from the headers), and
+    ``clients`` connections sending again as soon as they are answered. The few answers
+    served (tens a second against thousands refused) are counted in with the refusals."""
     env = {
         "GATEWAY_SERVER__MAX_IN_FLIGHT": "1",
         "GATEWAY_SERVER__ADAPTIVE__ENABLED": "false",
@@ -155,23 +163,20 @@ def refusal_cost(
         "GATEWAY_LOG_LEVEL": "warning",
     }
     gateway = GatewayProcess.start(triton, workdir, cwd=workdir, env=env).wait("/readyz", timeout=60)
-    triton.send_signal(signal.SIGSTOP)
     try:
-        holder = threading.Thread(target=_hold, args=(gateway.url,), daemon=True)
-        holder.start()  # the request that holds the slot
-        time.sleep(0.5)
-        before = _cpu_seconds(gateway.process.pid, with_children=False)
-        answers = hey(gateway.url, clients, seconds)
-        spent = _cpu_seconds(gateway.process.pid, with_children=False) - before
+        with throttled(triton):
+            hey(gateway.url, 2, 1.0)  # completions, so the queue's pace is known
+            before = _cpu_seconds(gateway.process.pid, with_children=False)
+            answers = hey(gateway.url, clients, seconds)
+            spent = _cpu_seconds(gateway.process.pid, with_children=False) - before
     finally:
-        triton.send_signal(signal.SIGCONT)
         gateway.stop()
     refused = sum(1 for _, _, status in answers if status == 503)
-    return RefusalCost(from_headers, refused, spent * 1000 / max(1, refused))
+    return RefusalCost(from_headers, refused, len(answers) - refused, spent * 1000 / max(1, len(answers)))
 
 
 def verdict(rows: list[Row], speed: int, ceiling: int) -> Verdict:
-    statics = [row for row in rows if row.speed == speed and row.limit != ADAPTIVE]
+    statics = [row for row in rows if row.speed == speed and row.limit.startswith("static")]
     [adaptive] = [row for row in rows if row.speed == speed and row.limit == ADAPTIVE]
     best = max(statics, key=lambda row: row.goodput)
     smallest = min(
@@ -186,6 +191,7 @@ def verdict(rows: list[Row], speed: int, ceiling: int) -> Verdict:
         smallest_at_90=smallest.limit,
         smallest_at_90_p99_ms=smallest.p99_ms,
         goodput_vs_best=adaptive.goodput / best.goodput,
+        whole_p99_vs_steady=adaptive.whole_p99_ms / adaptive.p99_ms,
         p99_vs_smallest_at_90=adaptive.p99_ms / smallest.p99_ms,
         goodput_vs_ceiling=adaptive.goodput / cap.goodput,
         p99_vs_ceiling=adaptive.p99_ms / cap.p99_ms,
@@ -200,6 +206,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=100)
     parser.add_argument("--limits", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
     parser.add_argument("--speeds", type=int, nargs="+", default=[1, 5])
+    parser.add_argument(
+        "--repository",
+        choices=sorted(REPOSITORIES),
+        default="real",
+        help="real: model_repository on its CPU twins (Triton the bottleneck, as in production); "
+        "trivial: fixed answers (the gateway's own cost the bottleneck)",
+    )
     parser.add_argument("--triton-env", type=Path, default=Path(".venv-triton"))
     parser.add_argument(
         "--refusals",
@@ -217,19 +230,19 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-capacity-") as folder:
         workdir = Path(folder)
         triton = TritonServer.on_free_ports(
-            options.triton_env.resolve(), REPOSITORIES["trivial"], workdir, response_cache_bytes=0
+            options.triton_env.resolve(), REPOSITORIES[options.repository], workdir, response_cache_bytes=0
         )
         triton.start()
         try:
             triton.wait_ready(timeout=180)
             for speed in options.speeds:
-                for limit in [*(f"static {n}" for n in options.limits), ADAPTIVE]:
+                for limit in [*(f"static {n}" for n in options.limits), ADAPTIVE, BASELINE]:
                     started = time.monotonic()
                     row = measure(triton, workdir, limit, ceiling, speed, options.clients, options.seconds)
                     rows.append(row)
                     print(
                         f"{speed}x slower  {limit:>10}: {row.goodput:7.1f}/s  p50 {row.p50_ms:7.1f} ms  "
-                        f"p99 {row.p99_ms:7.1f} ms  refused {row.refused_per_second:7.1f}/s"
+                        f"p99 {row.p99_ms:7.1f} ms (whole flood {row.whole_p99_ms:7.1f})  refused {row.refused_per_second:7.1f}/s"
                         + (f"  limit at the end {row.final_limit}" if row.final_limit is not None else "")
                         + f"  ({time.monotonic() - started:.0f} s)",
                         flush=True,
@@ -243,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                     costs.append(cost)
                     print(
                         f"a refusal {'from the headers' if from_headers else 'after the queue wait'}: "
-                        f"{cost.gateway_cpu_ms_per_refusal:.3f} ms of gateway CPU ({cost.refusals} refused)",
+                        f"{cost.gateway_cpu_ms_per_refusal:.3f} ms of gateway CPU ({cost.refusals} refused, {cost.served} served)",
                         flush=True,
                     )
         finally:
@@ -254,10 +267,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{v.speed}x slower: adaptive goodput {v.goodput_vs_best:.0%} of the best static ({v.best_static}, "
             f"{v.best_goodput:.0f}/s), p99 {v.p99_vs_smallest_at_90:.2f}x that of {v.smallest_at_90} "
             f"(the smallest at 90 %: {v.smallest_at_90_p99_ms:.0f} ms); against static {ceiling}: goodput "
-            f"{v.goodput_vs_ceiling:.0%}, p99 {v.p99_vs_ceiling:.2f}x"
+            f"{v.goodput_vs_ceiling:.0%}, p99 {v.p99_vs_ceiling:.2f}x; the whole flood's p99 "
+            f"{v.whole_p99_vs_steady:.2f}x the steady p99"
         )
     options.out.parent.mkdir(parents=True, exist_ok=True)
     report = {
+        "repository": options.repository,
         "clients": options.clients,
         "seconds": options.seconds,
         "load_generator": "hey (each connection sends again at once, 503 or not)",

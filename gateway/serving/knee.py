@@ -1,37 +1,42 @@
 """The in-flight limit at the knee: the fewest requests in flight that keep Triton's
-delivery rate at its most.
+delivery rate near its most.
 
 On a batching server, the rate at which answers come back rises with the requests in
 flight until the batches are full; past that point only the latency rises (Little's law:
 in flight = rate x latency). A limit anchored to one request's latency sits below that
 point and gives away throughput; a static cap sits far above it and queues seconds. This
-controller measures the delivery rate itself and climbs to where it stops rising, the way
-TCP BBR finds a path's bottleneck from its delivery rate and least delay together:
+controller measures the delivery rate itself, at a ladder of limits, and keeps the
+smallest one whose rate is within ``tolerance`` of the best measured, the way TCP BBR
+keeps a path's delivery rate at its most with the least in flight:
 
 - **Delivered work.** Each completion counts as its cost class's least latency seen in the
   last ``memory_seconds`` (a model and a bucket of inputs: an 8-image request to a ResNet
-  counts as what it costs, not as one), so the rate is in "requests' worth of Triton
-  time a second": the in-flight count the server sustains at its least latency. A mix
-  of models does not read as a change of speed.
+  counts as what it costs, not as one), so a mix of models does not read as a change of
+  speed; with one class, it is the answers a second.
 - **Windows.** Only windows in which the limit bound (the gateway had more to admit) say
   anything about it. A window starts once the requests admitted under the previous limit
-  have cleared (the first completion admitted under the current one), and lasts at least
-  ``window_seconds`` and ``window_samples`` completions (and as many as the limit).
-- **The climb.** A cycle measures the current limit (cruise), then one step up
-  (``step`` times more): kept when the rate rose by at least ``gain`` of the step's
-  rise (below the knee, more in flight is more delivered). Otherwise one step down:
-  kept when the rate fell by less than ``gain`` of the step's fall (past the knee,
-  fewer in flight lose nothing but queueing). At the knee the limit stays; a slower
-  or faster Triton moves the knee and the next cycles follow it.
-- **Draining a cold start.** The limit starts at the ceiling, as a static cap (a cold
-  replica behind a load balancer must not shed a burst it can serve). The first time it
-  binds, when that limit exceeds four times the delivered work (BBR's drain: requests
-  queued in Triton), it drops to twice the delivered work at once instead of stepping
-  down: within a window of a flood, not a dozen. Only then: later, a rate below the
-  limit may as well be a slower Triton (the least latencies remembered are the fast
-  ones), which the climb follows a step at a time.
+  have cleared (the first completion admitted under the current one), ends at a whole
+  instant (a batch's answers come together), and lasts at least ``window_seconds`` and
+  ``window_samples`` completions, and four times the limit (a window spans several of
+  Triton's batches, whose answers come in bursts) unless ``LONGEST_WINDOW`` has passed.
+- **The ladder.** Limits from the floor to the ceiling, each about ``step`` times the one
+  below (1, 2, 3, 4, 6, 8, 11, 16, 23, 32, 45, 64). Each rung keeps an average of the rates measured there (the last
+  ``memory_seconds``); the noise of one window (a shared machine, a batcher's rhythm)
+  is averaged over visits, not acted on.
+- **The climb.** A cycle measures the current rung (cruise), then one rung up: taken when
+  its rate beats the current one's by more than ``tolerance`` of the step (below the
+  knee, more in flight is more delivered). Otherwise one rung down: taken when its rate
+  is within ``tolerance`` of the best any fresh rung has (past the knee, fewer in flight
+  lose nothing but queueing). A probe that does not pay spaces the next ones out (up to
+  ``MAX_REST`` cruise windows), so sitting at the knee costs little.
+- **Runs down.** A step down that paid is followed at once by the next, without a
+  cruise window between: a cold start at the ceiling reaches a knee four rungs down in
+  four windows. Steps up are one at a time (a lucky window must not run to the ceiling).
+- **Cold start.** The limit starts at the ceiling, as a static cap would (a cold replica
+  behind a load balancer must not shed a burst it can serve), and runs down from there
+  the first time it binds.
 - **A latency objective.** An operator who prefers latency sets ``objective_seconds``:
-  a window whose p90 latency exceeds it takes the limit a step down, and no step up is
+  a window whose p90 latency exceeds it takes the limit a rung down, and no rung up is
   tried above it. Without one, the knee.
 
 The limit is bounded by ``[floor, ceiling]`` (``server.max_in_flight``); the excess waits
@@ -49,14 +54,15 @@ from gateway.serving.limit import LimitState, percentile
 
 # the smallest latency a sample may claim (a clock that did not move is not a latency)
 _TINY = 1e-5
-# a cruise window with more in flight than DRAIN_OVER times its delivered work is
-# queueing inside Triton: drain to DRAIN_GAIN times the delivered work at once
-DRAIN_OVER = 4.0
-DRAIN_GAIN = 2.0
 # cruise windows between probes at the knee, at most (doubling from 1 while none pays)
 MAX_REST = 8
 # of a window's completions, at least this share admitted while the limit bound
 SATURATED_SHARE = 0.75
+# a window lasts at most this long once it has window_samples completions (a slow model
+# at a high limit would otherwise take seconds a window)
+LONGEST_WINDOW = 0.25
+# a rung's average: the weight of its newest window
+NEWEST = 0.5
 
 
 @dataclass
@@ -65,24 +71,37 @@ class KneeSettings:
 
     floor: int = 1
     ceiling: int = 64
-    step: float = 1.25
-    gain: float = 0.25
+    step: float = 2**0.5
+    tolerance: float = 0.05
     window_seconds: float = 0.1
     window_samples: int = 20
-    memory_seconds: float = 30.0
+    memory_seconds: float = 10.0
     objective_seconds: float | None = None
 
 
+def ladder(floor: int, ceiling: int, step: float) -> list[int]:
+    """The limits tried: the floor times the powers of ``step`` (rounded: with the
+    default, every power of two is a rung, as batch sizes often are), then the ceiling."""
+    rungs = [floor]
+    power = 1
+    while rungs[-1] < ceiling:
+        rung = min(ceiling, round(floor * step**power))
+        power += 1
+        if rung > rungs[-1]:
+            rungs.append(rung)
+    return rungs
+
+
 class _Phase(Enum):
-    CRUISE = "cruise"
-    UP = "up"
-    DOWN = "down"
+    CRUISE = 0
+    UP = 1
+    DOWN = -1
 
 
 @dataclass
 class _Least:
     """A cost class's least latency in the last ``memory`` seconds (two halves: the
-    older is dropped when the newer is a memory old)."""
+    older is dropped when the newer is half a memory old)."""
 
     current: float
     older: float
@@ -100,12 +119,25 @@ class _Least:
 
 
 @dataclass
+class _Rung:
+    rate: float = 0.0
+    at: float = float("-inf")  # when last measured
+
+    def add(self, rate: float, now: float, memory: float) -> None:
+        fresh = now - self.at < memory
+        self.rate = NEWEST * rate + (1 - NEWEST) * self.rate if fresh else rate
+        self.at = now
+
+
+@dataclass
 class KneeLimit:
     """The limit; fed a latency per completed request (``observe``); read through ``limit``."""
 
     settings: KneeSettings
     clock: Callable[[], float] = monotonic
-    _limit: float = field(init=False)
+    _rungs: list[int] = field(init=False)
+    _rates: list[_Rung] = field(init=False)
+    _at: int = field(init=False)  # the current rung
     _least: dict[Hashable, _Least] = field(init=False, default_factory=dict)
     _phase: _Phase = field(init=False, default=_Phase.CRUISE)
     _phase_started: float = field(init=False)
@@ -113,12 +145,10 @@ class KneeLimit:
     _work: float = field(init=False, default=0.0)
     _latencies: list[float] = field(init=False, default_factory=list)
     _saturated: int = field(init=False, default=0)
-    _cruise_rate: float = field(init=False, default=0.0)
     _last_at: float = field(init=False, default=0.0)
-    _rest: int = field(init=False, default=0)
-    _measured: bool = field(init=False, default=False)  # a cruise window has measured a limit
-    _rest_after: int = field(init=False, default=0)
     _full: bool = field(init=False, default=False)
+    _rest: int = field(init=False, default=0)
+    _rest_after: int = field(init=False, default=0)
     sample_ratio: float = field(init=False, default=0.0)
 
     def __post_init__(self) -> None:
@@ -127,22 +157,19 @@ class KneeLimit:
             raise ValueError("the floor must be between 1 and the ceiling")
         if s.step <= 1:
             raise ValueError("the step must be above 1")
-        self._limit = float(s.ceiling)
+        self._rungs = ladder(s.floor, s.ceiling, s.step)
+        self._rates = [_Rung() for _ in self._rungs]
+        self._at = len(self._rungs) - 1
         self._phase_started = self.clock()
 
     @property
     def limit(self) -> int:
-        """Requests that may be in flight now (one step up or down while one is tried)."""
-        value = self._limit
-        if self._phase is _Phase.UP:
-            value = max(value + 1, value * self.settings.step)
-        elif self._phase is _Phase.DOWN:
-            value = min(value - 1, value / self.settings.step)
-        return max(self.settings.floor, min(self.settings.ceiling, round(value)))
+        """Requests that may be in flight now (a rung up or down while one is tried)."""
+        return self._rungs[self._at + self._phase.value]
 
     @property
     def probing(self) -> bool:
-        """Whether a step away from the limit is being tried."""
+        """Whether a rung beside the current one is being tried."""
         return self._phase is not _Phase.CRUISE
 
     @property
@@ -151,7 +178,7 @@ class KneeLimit:
 
     def state(self) -> LimitState:
         return LimitState(
-            self.limit, self.probing, self.sample_ratio, {c: l.least for c, l in self._least.items()}
+            self.limit, self.probing, self.sample_ratio, {c: v.least for c, v in self._least.items()}
         )
 
     def observe(
@@ -190,70 +217,71 @@ class KneeLimit:
         self._latencies.append(seconds)
         self._saturated += bound
         self._last_at = now
-        self._full = (
-            len(self._latencies) >= max(s.window_samples, self.limit)
-            and now - self._window_started >= s.window_seconds
+        samples, elapsed = len(self._latencies), now - self._window_started
+        self._full = samples >= s.window_samples and (
+            (samples >= 4 * self.limit and elapsed >= s.window_seconds) or elapsed >= LONGEST_WINDOW
         )
+
+    def _best(self, now: float) -> float:
+        memory = self.settings.memory_seconds
+        return max((rung.rate for rung in self._rates if now - rung.at < memory), default=0.0)
 
     def _end_window(self, now: float) -> None:
         assert self._window_started is not None
         s = self.settings
-        elapsed = max(now - self._window_started, _TINY)
-        rate = self._work / elapsed  # requests' worth of least latency a second: a parallelism
+        rate = self._work / max(now - self._window_started, _TINY)  # the work delivered a second
         p90 = percentile(self._latencies, 0.9)
-        least = min(item.least for item in self._least.values())
-        self.sample_ratio = p90 / least
-        saturated = self._saturated >= SATURATED_SHARE * len(self._latencies)
-        limit, phase = self._limit, self._phase
-        over_objective = s.objective_seconds is not None and p90 > s.objective_seconds
-        if not saturated:
+        self.sample_ratio = p90 / min(item.least for item in self._least.values())
+        if self._saturated < SATURATED_SHARE * len(self._latencies):
             # the limit did not bind: nothing learnt about it; keep it, start over
             self._enter(_Phase.CRUISE, now)
             return
+        phase, at = self._phase, self._at
+        tried = at + phase.value
+        self._rates[tried].add(rate, now, s.memory_seconds)
+        over_objective = s.objective_seconds is not None and p90 > s.objective_seconds
         if phase is _Phase.CRUISE:
-            if over_objective:
-                self._limit = max(float(s.floor), min(limit - 1, limit / s.step))
-                self._enter(_Phase.CRUISE, now)
-            elif limit > DRAIN_OVER * rate and not self._measured:
-                # queued inside Triton: to twice what it delivers, at once
-                self._limit = max(float(s.floor), DRAIN_GAIN * rate)
-                self._enter(_Phase.CRUISE, now)
+            if over_objective and at > 0:
+                self._move(at - 1, now)
             elif self._rest:  # at the knee a while: probes further apart
-                self._measured = True
                 self._rest -= 1
                 self._enter(_Phase.CRUISE, now)
             else:
-                self._measured = True
-                self._cruise_rate = rate
                 up_allowed = s.objective_seconds is None or p90 * s.step <= s.objective_seconds
-                if up_allowed and limit < s.ceiling:
+                if up_allowed and at + 1 < len(self._rungs):
                     self._enter(_Phase.UP, now)
+                elif at > 0:
+                    self._enter(_Phase.DOWN, now)
                 else:
-                    self._enter(_Phase.DOWN if limit > s.floor else _Phase.CRUISE, now)
+                    self._stay(now)
             return
-        tried = self.limit
+        current = self._rates[at].rate
         if phase is _Phase.UP:
-            if rate >= self._cruise_rate * (1 + s.gain * (tried / limit - 1)) and not over_objective:
-                self._moved(tried, now)
-            elif limit > s.floor:
+            rise = self._rungs[tried] / self._rungs[at] - 1
+            if self._rates[tried].rate > current * (1 + s.tolerance * rise) and not over_objective:
+                self._move(tried, now)
+            elif at > 0:
                 self._enter(_Phase.DOWN, now)
             else:
-                self._stayed(now)
+                self._stay(now)
             return
-        # DOWN
-        if rate >= self._cruise_rate * (1 - s.gain * (1 - tried / limit)) or over_objective:
-            self._moved(tried, now)
+        # DOWN: kept when it delivers within the tolerance of the best fresh rung
+        if self._rates[tried].rate >= (1 - s.tolerance) * self._best(now) or over_objective:
+            self._move(tried, now, _Phase.DOWN)
         else:
-            self._stayed(now)
+            self._stay(now)
 
-    def _moved(self, limit: int, now: float) -> None:
-        self._limit = float(limit)
+    def _move(self, rung: int, now: float, onwards: _Phase = _Phase.CRUISE) -> None:
+        # a step down that paid is followed by the next at once (a cold start at the
+        # ceiling reaches the knee in a window a rung); its rate is the new rung's
+        self._at = rung
         self._rest = self._rest_after = 0
-        self._enter(_Phase.CRUISE, now)
+        if not 0 <= rung + onwards.value < len(self._rungs):
+            onwards = _Phase.CRUISE
+        self._enter(onwards, now)
 
-    def _stayed(self, now: float) -> None:
-        # neither step paid: at the knee; the next probes come further apart (up to
-        # MAX_REST cruise windows), so probing costs little latency and throughput
+    def _stay(self, now: float) -> None:
+        # neither rung paid: at the knee; the next probes come further apart
         self._rest = self._rest_after = min(MAX_REST, max(1, 2 * self._rest_after))
         self._enter(_Phase.CRUISE, now)
 
