@@ -28,6 +28,7 @@ from gateway.errors import (
 from gateway.http.budget import reservation_of
 from gateway.http.multipart import FileParts, boundary_of
 from gateway.http.schemas import ClassifyJSONRequest, classify_json_model
+from gateway.serving.call import UnreadBody
 from gateway.serving.jsonguard import WHOLE_BYTES, JsonBounds, JsonScan, parse_scanned
 from gateway.serving.payload import RAW_IMAGE_TYPES, ClassifyInput
 from gateway.serving.validation import (
@@ -50,6 +51,19 @@ _MAX_PARTS = 1000
 def expects_continue(request: Request) -> bool:
     """Whether the client waits for ``100 Continue`` before it sends its body."""
     return request.headers.get("expect", "").strip().lower() == "100-continue"
+
+
+# a body announced this small is read away after a refusal from the headers, keeping the
+# connection (uvicorn drops a body the application did not read once it has answered)
+SMALL_UNREAD_BYTES = 64 * 1024
+
+
+def unread_body(request: Request) -> UnreadBody:
+    """What the request's headers say of its body (gateway.serving.call.UnreadBody)."""
+    length = request.headers.get("content-length")
+    small = length is not None and length.isdigit() and int(length) <= SMALL_UNREAD_BYTES
+    client = request.scope.get("client")  # (host, port): the connection
+    return UnreadBody(expects_continue(request), small, tuple(client) if client else None)
 
 
 def media_type(request: Request) -> str:

@@ -44,19 +44,45 @@ logger = logging.getLogger("gateway.server")
 
 class _LingerOnClose:
     """A connection's transport as uvicorn sees it: closing it lingers while the request's
-    body is still on its way (:meth:`HeaderTimeoutProtocol.close_lingering`)."""
+    body is still on its way (:meth:`HeaderTimeoutProtocol.close_lingering`), and what is
+    written in one turn of the event loop goes out in one write: uvicorn writes an
+    answer's head and its body apart, two system calls and two TCP segments each (a
+    tenth of a refusal's CPU)."""
 
     def __init__(self, transport: asyncio.Transport, protocol: HeaderTimeoutProtocol) -> None:
         self._transport = transport
         self._protocol = protocol
+        self._pending: list[bytes] = []
+        self._loop = protocol.loop
         # what uvicorn calls on every request, bound here rather than found by __getattr__
-        self.write = transport.write
         self.get_extra_info = transport.get_extra_info
         self.pause_reading = transport.pause_reading
         self.resume_reading = transport.resume_reading
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
+
+    def write(self, data: bytes) -> None:
+        if not data:
+            return
+        if not self._pending:
+            self._loop.call_soon(self.flush)
+        self._pending.append(data)
+
+    def flush(self) -> None:
+        """Write what this turn of the loop wrote (before the transport closes or shuts
+        its write side, too)."""
+        pending = self._pending
+        if not pending:
+            return
+        data = pending[0] if len(pending) == 1 else b"".join(pending)
+        pending.clear()
+        if not self._transport.is_closing():
+            self._transport.write(data)
+
+    def write_eof(self) -> None:
+        self.flush()
+        self._transport.write_eof()
 
     def close(self) -> None:
         self._protocol.close_lingering()
@@ -92,10 +118,12 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self.lingering = False
         self._discarded = 0
         self._linger_timer: asyncio.TimerHandle | None = None
-        super().connection_made(_LingerOnClose(transport, self))  # type: ignore[arg-type]
+        self._wrapped = _LingerOnClose(transport, self)
+        super().connection_made(self._wrapped)  # type: ignore[arg-type]
         self._arm()
 
     def close_lingering(self) -> None:
+        self._wrapped.flush()  # the answer first
         raw, cycle = self._raw, self.cycle
         if self.lingering or raw.is_closing():
             return

@@ -34,6 +34,7 @@ from gateway.errors import OverloadedError, ShuttingDownError, TritonTimeoutErro
 from gateway.observe.metrics import CapacityReading
 from gateway.serving.knee import KneeLimit, KneeSettings
 from gateway.serving.limit import AdaptiveLimit, LimitSettings
+from gateway.serving.retries import RetryDamper
 
 if TYPE_CHECKING:
     from gateway.settings import ServerSettings, TierSettings
@@ -216,6 +217,7 @@ class Admission:
         self.shed = 0
         self.admitted = 0
         self.waited_seconds = 0.0
+        self.damper = RetryDamper(longest_seconds=max(0.01, queue_seconds), forget_seconds=float(retry_after))
 
     @property
     def limit(self) -> int:
@@ -311,17 +313,24 @@ class Admission:
             return False
         return ahead + 1 > completed / self.throughput.tau * self._queue_seconds
 
-    def refusal(self) -> OverloadedError | ShuttingDownError:
-        """What :meth:`refuses_unread` turns into (its body is left unread: the
-        connection closes after the answer)."""
+    def refusal(self, close: bool = True) -> OverloadedError | ShuttingDownError:
+        """What :meth:`refuses_unread` turns into. Its body is left unread: with
+        ``close``, the connection closes after the answer (a large body, or one the
+        client waits to send); without, the server reads the small rest away and keeps
+        the connection (a new one for each retry costs twice the refusal)."""
         if self.draining:
             return self._shutting_down()
         self.shed += 1
         return OverloadedError(
             f"over {self.limit} requests are in flight or waiting; retry shortly",
             retry_after=self._retry_after,
-            headers={"Connection": "close"},
+            headers={"Connection": "close"} if close else {},
         )
+
+    def refusal_hold(self, connection: Hashable | None) -> float:
+        """Seconds to hold a refusal to ``connection`` (gateway.serving.retries): none
+        for its first, longer for each retry that comes at once."""
+        return self.damper.hold(connection, self._clock())
 
     async def acquire(self, tenant: Tenant = ANONYMOUS) -> Ticket:
         """Take one in-flight slot for a request, or raise a 503 error (then do not release)."""

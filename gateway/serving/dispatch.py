@@ -17,6 +17,7 @@ on every route.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -31,7 +32,7 @@ from gateway.errors import (
     WrongInputKindError,
 )
 from gateway.names import is_version
-from gateway.serving.call import Answer, Call
+from gateway.serving.call import Answer, Call, UnreadBody
 from gateway.serving.caller import Caller, CallerGate, may_use
 from gateway.serving.catalog import Catalog, CatalogEntry
 from gateway.serving.exposure import Exposure, OipTarget
@@ -81,12 +82,14 @@ class Dispatcher:
 
     # -- admission before the body ------------------------------------------------------
     @asynccontextmanager
-    async def admission_before_body(self, call: Call, expects_continue: bool) -> AsyncIterator[None]:
+    async def admission_before_body(self, call: Call, unread: UnreadBody) -> AsyncIterator[None]:
         """Every request that would be shed is refused from its headers, before a byte of
-        its body is read, with ``Connection: close`` (the server lingers to read the body
-        away, so the client reads its answer: gateway.http.server): draining, or no slot
-        free and more requests queued ahead of it than complete within the queue wait
-        (Admission.refuses_unread).
+        its body is read (Admission.refuses_unread): draining, or no slot free and more
+        requests queued ahead of it than complete within the queue wait. A small body is
+        read away by the server after the answer, which keeps the connection; a large
+        one (or one of unknown length) gets ``Connection: close`` (the server lingers to
+        read it away, so the client reads its answer: gateway.http.server). A refusal to
+        a connection refused moments ago is held a little (gateway.serving.retries).
 
         A request that declared ``Expect: 100-continue`` waits for a slot first (the queue
         wait), and is refused if none comes: the 503 goes out before the body is sent (the
@@ -96,8 +99,11 @@ class Dispatcher:
         everyone). Like any other request, it takes its slot once its body is in."""
         admission = self.plane.admission
         if admission.refuses_unread(call.tenant):
-            raise admission.refusal()
-        if expects_continue:
+            refusal = admission.refusal(close=unread.expects_continue or not unread.small)
+            if not admission.draining and (hold := admission.refusal_hold(unread.connection)):
+                await asyncio.sleep(hold)
+            raise refusal
+        if unread.expects_continue:
             try:
                 ticket = await admission.acquire(call.tenant)
             except ServiceUnavailableError as exc:

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response
 
 from gateway.errors import InvalidInputError
-from gateway.http.bodies import expects_continue, read_classify_input
+from gateway.http.bodies import read_classify_input, unread_body
 from gateway.http.dependencies import gateway_state, new_call
 from gateway.http.problems import problem_responses
 from gateway.http.schemas import EXAMPLE_PNG_BASE64, ClassifyResponse, classify_response_json
@@ -167,7 +167,7 @@ async def classify_request(
         # upload, bounded by the body timeout, never holds one. Refusing only once the body is
         # in also spares a client still writing it a connection reset instead of the 503. A
         # client that asked `Expect: 100-continue` is refused unsent when the gateway is full.
-        async with dispatcher.admission_before_body(call, expects_continue(request)):
+        async with dispatcher.admission_before_body(call, unread_body(request)):
             with state["tracing"].span("read body"):
                 payload = await read_classify_input(request, state["settings"], state["workers"])
             if payload.task_model is not None:  # vLLM's body: vLLM's answer

@@ -21,7 +21,7 @@ from fastapi.responses import Response
 
 from gateway import __version__
 from gateway.errors import ControlNotServedError, NotServedError, ShuttingDownError, TritonUnavailableError
-from gateway.http.bodies import byte_count, expects_continue, read_json
+from gateway.http.bodies import byte_count, read_json, unread_body
 from gateway.http.dependencies import (
     BackendDep,
     CallerDep,
@@ -215,7 +215,7 @@ async def _infer(request: Request, name: str, version: str) -> Response:
     route = INFER_VERSION if version else INFER
     async with logged(state["prediction_log"], call, route):
         target = state["exposure"].target(name, version, call)  # the pin applies to an unversioned call
-        async with dispatcher.admission_before_body(call, expects_continue(request)):
+        async with dispatcher.admission_before_body(call, unread_body(request)):
             json_bytes = byte_count(request.headers.get(HEADER_LENGTH), HEADER_LENGTH)
             with tracing.span("read body"):
                 body = await read_json(

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
 from gateway import jsoncodec
 from gateway.errors import InvalidInputError, summarise_validation_errors
-from gateway.http.bodies import expects_continue, read_json
+from gateway.http.bodies import read_json, unread_body
 from gateway.http.dependencies import GatewayState, gateway_state, new_call
 from gateway.http.problems import problem_responses
 from gateway.http.tasks import ClassifyTaskResponse, Usage, task_response
@@ -142,7 +142,7 @@ async def classify(request: Request) -> Response:
     dispatcher = state["dispatcher"]
     async with (
         logged(state["prediction_log"], call, "/v1/classify"),
-        dispatcher.admission_before_body(call, expects_continue(request)),
+        dispatcher.admission_before_body(call, unread_body(request)),
     ):
         parsed: ClassifyTaskRequest = await _body(request, state, ClassifyTaskRequest)
         texts = _texts(parsed.input, state["settings"])
@@ -160,7 +160,7 @@ async def embeddings(request: Request) -> Response:
     state = gateway_state(request)
     settings, dispatcher = state["settings"], state["dispatcher"]
     call = new_call(request, state)
-    async with dispatcher.admission_before_body(call, expects_continue(request)):
+    async with dispatcher.admission_before_body(call, unread_body(request)):
         parsed: EmbeddingsRequest = await _body(request, state, EmbeddingsRequest)
         texts = _texts(parsed.input, settings)
         vectors = await embed(dispatcher, settings.openai, parsed.model, texts, call)

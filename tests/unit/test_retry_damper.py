@@ -1,0 +1,45 @@
+"""A refusal to a connection refused moments ago waits, twice as long each time, up to the
+queue wait; the first refusal on a connection, and one after a Retry-After's pause, at once."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.serving import retries
+from gateway.serving.retries import RetryDamper
+
+
+def test_retries_at_once_wait_longer_each_time_up_to_the_longest() -> None:
+    damper = RetryDamper(first_seconds=0.01, longest_seconds=0.1, forget_seconds=1.0)
+    now, held = 0.0, []
+    for _ in range(7):
+        hold = damper.hold(("10.0.0.1", 50000), now)
+        held.append(hold)
+        now += hold + 0.001  # the client sends again as soon as it is answered
+    assert held == pytest.approx([0.0, 0.01, 0.02, 0.04, 0.08, 0.1, 0.1])
+
+
+def test_a_client_that_waits_its_retry_after_is_answered_at_once() -> None:
+    damper = RetryDamper(forget_seconds=1.0)
+    assert damper.hold("a", 0.0) == 0.0
+    assert damper.hold("a", 0.1) > 0.0
+    assert damper.hold("a", 1.2) == 0.0  # a second after its last refusal
+
+
+def test_connections_are_held_apart_and_an_unknown_one_never() -> None:
+    damper = RetryDamper()
+    assert damper.hold("a", 0.0) == 0.0
+    assert damper.hold("a", 0.0) > 0.0
+    assert damper.hold("b", 0.0) == 0.0
+    assert damper.hold(None, 0.0) == 0.0
+    assert damper.hold(None, 0.0) == 0.0
+
+
+def test_memory_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(retries, "REMEMBERED", 100)
+    damper = RetryDamper()
+    for port in range(1000):
+        damper.hold(("10.0.0.1", port), 0.0)
+    assert len(damper._seen) == 100
+    assert damper.hold(("10.0.0.1", 0), 0.0) == 0.0  # forgotten: the oldest went first
+    assert damper.hold(("10.0.0.1", 999), 0.0) > 0.0
