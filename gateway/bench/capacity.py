@@ -97,7 +97,14 @@ def final_limit(url: str) -> int | None:
 
 
 def measure(
-    triton: TritonServer, workdir: Path, limit: str, ceiling: int, speed: int, clients: int, seconds: float
+    triton: TritonServer,
+    workdir: Path,
+    limit: str,
+    ceiling: int,
+    speed: int,
+    clients: int,
+    seconds: float,
+    extra: dict[str, str],
 ) -> Row:
     if limit in (ADAPTIVE, BASELINE):
         env = {
@@ -111,6 +118,7 @@ def measure(
             "GATEWAY_SERVER__ADAPTIVE__ENABLED": "false",
         }
     env["GATEWAY_LOG_LEVEL"] = "warning"
+    env.update(extra)
     gateway = GatewayProcess.start(triton, workdir, cwd=workdir, env=env).wait("/readyz", timeout=60)
     try:
         hey(gateway.url, 2, 1.0)  # a light load first, as a replica has before a flood
@@ -220,12 +228,20 @@ def main(argv: list[str] | None = None) -> int:
         default=True,
         help="measure a refusal's CPU, refused from the headers and after the queue wait",
     )
+    parser.add_argument(
+        "--env",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="GATEWAY_* settings for every gateway measured",
+    )
     parser.add_argument("--out", type=Path, default=Path(".reports/capacity"))
     options = parser.parse_args(argv)
     if shutil.which("hey") is None:
         print("hey is not installed (apt-get install hey; `make bench-capacity` does)", file=sys.stderr)
         return 2
     ceiling = max(options.limits)
+    extra = dict(item.split("=", 1) for item in options.env)
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="bench-capacity-") as folder:
         workdir = Path(folder)
@@ -238,7 +254,9 @@ def main(argv: list[str] | None = None) -> int:
             for speed in options.speeds:
                 for limit in [*(f"static {n}" for n in options.limits), ADAPTIVE, BASELINE]:
                     started = time.monotonic()
-                    row = measure(triton, workdir, limit, ceiling, speed, options.clients, options.seconds)
+                    row = measure(
+                        triton, workdir, limit, ceiling, speed, options.clients, options.seconds, extra
+                    )
                     rows.append(row)
                     print(
                         f"{speed}x slower  {limit:>10}: {row.goodput:7.1f}/s  p50 {row.p50_ms:7.1f} ms  "
@@ -273,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     options.out.parent.mkdir(parents=True, exist_ok=True)
     report = {
         "repository": options.repository,
+        "settings": extra,
         "clients": options.clients,
         "seconds": options.seconds,
         "load_generator": "hey (each connection sends again at once, 503 or not)",

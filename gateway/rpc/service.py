@@ -194,8 +194,11 @@ def infer_response(name: str, version: str, request_id: str, outputs: Sequence[T
 class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     """The servicer: each RPC to the door, its refusals to gRPC status codes."""
 
-    def __init__(self, door: Door) -> None:
+    def __init__(self, door: Door, certifies: bool = False) -> None:
         self._door = door
+        # clients present certificates only over TLS with a client CA: without one, the
+        # call's auth context (a dict built per call) has no name to give
+        self._certifies = certifies
 
     async def _run(self, context: Any, work: Callable[[Rpc], Awaitable[T]]) -> T:
         """``work`` on the call's metadata, a refusal aborted with its code. What the door
@@ -204,7 +207,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         its own on every call (about 0.1 ms of the door's CPU)."""
         rpc = Rpc(
             tuple((item.key, item.value) for item in context.invocation_metadata() or ()),
-            certified=certified_name(context.auth_context()),
+            certified=certified_name(context.auth_context()) if self._certifies else None,
         )
         try:
             result = await work(rpc)
@@ -428,7 +431,7 @@ async def serve(
         ],
         maximum_concurrent_rpcs=max_calls,
     )
-    handlers = _handlers(InferenceService(door))
+    handlers = _handlers(InferenceService(door, certifies=tls is not None and tls[2] is not None))
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
     servicer = health.aio.HealthServicer()

@@ -186,3 +186,38 @@ def test_cost_ledger_attributes_a_profile_to_the_stages(tmp_path: Path, triton_p
         assert gateway[stage] > 0, gateway
     assert "metrics" not in reference
     assert "| access log |" in result.stdout
+
+
+def test_bench_capacity_sweeps_static_limits_and_the_adaptive_ones(
+    tmp_path: Path, triton_python_env: Path
+) -> None:
+    """The short form of `make bench-capacity`: two static limits, the knee and the
+    baseline anchor under a hey flood, and a refusal's CPU both ways; well formed, and
+    the flood really overloads (refusals) while the knee moved from its ceiling or held it."""
+    out = tmp_path / "capacity"
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "gateway.bench.capacity",
+            "--seconds", "3", "--clients", "40", "--limits", "2", "16", "--speeds", "1",
+            "--repository", "trivial", "--triton-env", str(triton_python_env), "--out", str(out),
+        ],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads(out.with_suffix(".json").read_text())
+    rows = {row["limit"]: row for row in report["rows"]}
+    assert set(rows) == {"static 2", "static 16", "adaptive", "adaptive, baseline anchor"}
+    for row in rows.values():
+        assert row["goodput"] > 0
+        assert 0 < row["p50_ms"] <= row["p99_ms"]
+        assert row["other_statuses"] == {}  # 200 and 503 only
+    assert rows["static 2"]["refused_per_second"] > 0  # 40 connections on 2 slots
+    assert 1 <= rows["adaptive"]["final_limit"] <= 16
+    [verdict] = report["verdicts"]
+    assert verdict["goodput_vs_best"] > 0
+    costs = {cost["shed_from_headers"]: cost for cost in report["refusal_cost"]}
+    assert set(costs) == {False, True}
+    for cost in costs.values():
+        assert cost["refusals"] > 0
+        assert cost["gateway_cpu_ms_per_refusal"] > 0
+    assert "adaptive goodput" in result.stdout
