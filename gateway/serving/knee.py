@@ -9,10 +9,11 @@ controller measures the delivery rate itself, at a ladder of limits, and keeps t
 smallest one whose rate is within ``tolerance`` of the best measured, the way TCP BBR
 keeps a path's delivery rate at its most with the least in flight:
 
-- **Delivered work.** Each completion counts as its cost class's least latency seen in the
-  last ``memory_seconds`` (a model and a bucket of inputs: an 8-image request to a ResNet
-  counts as what it costs, not as one), so a mix of models does not read as a change of
-  speed; with one class, it is the answers a second.
+- **Delivery rate.** Answers a second. (Counting each answer as its cost class's least
+  latency, so a mix of models would not read as a change of speed, was tried and backed
+  out: the least latency seen keeps falling as a jittery server shows new minima, so rates
+  measured a few seconds apart were in different units and the ceiling always looked
+  best.)
 - **Windows.** Only windows in which the limit bound (the gateway had more to admit) say
   anything about it. A window starts once the requests admitted under the previous limit
   have cleared (the first completion admitted under the current one), ends at a whole
@@ -20,13 +21,14 @@ keeps a path's delivery rate at its most with the least in flight:
   ``window_samples`` completions, and four times the limit (a window spans several of
   Triton's batches, whose answers come in bursts) unless ``LONGEST_WINDOW`` has passed.
 - **The ladder.** Limits from the floor to the ceiling, each about ``step`` times the one
-  below (1, 2, 3, 4, 6, 8, 11, 16, 23, 32, 45, 64). Each rung keeps an average of the rates measured there (the last
-  ``memory_seconds``); the noise of one window (a shared machine, a batcher's rhythm)
-  is averaged over visits, not acted on.
+  below (1, 2, 3, 4, 6, 8, 11, 16, 23, 32, 45, 64). Each rung keeps an average of the
+  rates measured there (the last ``memory_seconds``); the noise of one window (a shared
+  machine, a batcher's rhythm) is averaged over visits, not acted on.
 - **The climb.** A cycle measures the current rung (cruise), then one rung up: taken when
-  its rate beats the current one's by more than ``tolerance`` of the step (below the
-  knee, more in flight is more delivered). Otherwise one rung down: taken when its rate
-  is within ``tolerance`` of the best any fresh rung has (past the knee, fewer in flight
+  its rate beats the current one's by more than ``gain`` of the step (below the knee,
+  more in flight is more delivered: up to the whole step; a window's noise is not).
+  Otherwise one rung down: taken when its rate is within ``tolerance`` of the current
+  one's and within twice that of the best fresh rung's (past the knee, fewer in flight
   lose nothing but queueing). A probe that does not pay spaces the next ones out (up to
   ``MAX_REST`` cruise windows), so sitting at the knee costs little.
 - **Runs down.** A step down that paid is followed at once by the next, without a
@@ -73,8 +75,9 @@ class KneeSettings:
     ceiling: int = 64
     step: float = 2**0.5
     tolerance: float = 0.05
+    gain: float = 0.25
     window_seconds: float = 0.1
-    window_samples: int = 20
+    window_samples: int = 40
     memory_seconds: float = 10.0
     objective_seconds: float | None = None
 
@@ -213,7 +216,7 @@ class KneeLimit:
             self._end_window(self._last_at)
             return
         bound = in_flight + 1 >= self.limit if saturated is None else saturated
-        self._work += least.least
+        self._work += 1.0
         self._latencies.append(seconds)
         self._saturated += bound
         self._last_at = now
@@ -258,7 +261,7 @@ class KneeLimit:
         current = self._rates[at].rate
         if phase is _Phase.UP:
             rise = self._rungs[tried] / self._rungs[at] - 1
-            if self._rates[tried].rate > current * (1 + s.tolerance * rise) and not over_objective:
+            if self._rates[tried].rate > current * (1 + s.gain * rise) and not over_objective:
                 self._move(tried, now)
             elif at > 0:
                 self._enter(_Phase.DOWN, now)
@@ -266,7 +269,10 @@ class KneeLimit:
                 self._stay(now)
             return
         # DOWN: kept when it delivers within the tolerance of the best fresh rung
-        if self._rates[tried].rate >= (1 - s.tolerance) * self._best(now) or over_objective:
+        down = self._rates[tried].rate
+        if (
+            down >= (1 - s.tolerance) * current and down >= (1 - 2 * s.tolerance) * self._best(now)
+        ) or over_objective:
             self._move(tried, now, _Phase.DOWN)
         else:
             self._stay(now)
