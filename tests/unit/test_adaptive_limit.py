@@ -10,13 +10,7 @@ from collections.abc import Callable
 
 from gateway.serving.limit import AdaptiveLimit, LimitSettings, percentile
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from helpers.clock import Clock
 
 
 def simulate(

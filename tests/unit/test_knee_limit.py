@@ -15,13 +15,7 @@ import pytest
 from gateway.serving.knee import KneeLimit, KneeSettings
 from gateway.serving.limit import percentile
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from helpers.clock import Clock
 
 
 @dataclass(frozen=True)
