@@ -186,7 +186,7 @@ class AdaptiveSettings(BaseModel):
         gt=0,
         le=60,
         description="How often the limit moves, at least (and at least 10 requests apart; the knee: "
-        "20, and as many as the limit).",
+        "40, and 4x the limit or 0.25 s).",
     )
     probe_interval_seconds: float = Field(
         30.0,

@@ -46,8 +46,9 @@ class _LingerOnClose:
     """A connection's transport as uvicorn sees it: closing it lingers while the request's
     body is still on its way (:meth:`HeaderTimeoutProtocol.close_lingering`), and what is
     written in one turn of the event loop goes out in one write: uvicorn writes an
-    answer's head and its body apart, two system calls and two TCP segments each (a
-    tenth of a refusal's CPU)."""
+    answer's head and its body apart, two system calls and two TCP segments. (Measured
+    on a refusal flood: 0.310 ms of gateway CPU a refusal with it, 0.301 without, so the
+    saving is below this machine's noise; the segments it saves are the client's.)"""
 
     def __init__(self, transport: asyncio.Transport, protocol: HeaderTimeoutProtocol) -> None:
         self._transport = transport
