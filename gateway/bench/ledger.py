@@ -29,7 +29,7 @@ from gateway.bench import side_by_side as bench
 STAGES: list[tuple[str, re.Pattern[str]]] = [
     (stage, re.compile(pattern))
     for stage, pattern in [
-        ("access log", r"logging/|pythonjsonlogger"),
+        ("access log", r"logging/|pythonjsonlogger|gateway/observe/logs\.py|gateway/observe/outcome\.py"),
         ("metrics", r"prometheus_client|gateway/observe/metrics\.py"),
         ("spans", r"opentelemetry|gateway/observe/tracing\.py"),
         ("gRPC call machinery (grpc.aio)", r"grpc/|grpc\._cython"),

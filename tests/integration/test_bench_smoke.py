@@ -177,9 +177,11 @@ def test_cost_ledger_attributes_a_profile_to_the_stages(tmp_path: Path, triton_p
         assert abs(sum(row.values()) - 1) < 1e-6
         assert row.get("other", 0) < 0.1, row  # the rules name nearly every sample
     # real profiles of the real paths: the gateway's own stages show in its profile only
+    # the access line is about 1 % of a request since it skips logging's machinery: a 3 s
+    # profile may not catch it; it must not be back to what it cost through logging (5 %+)
+    assert gateway.get("access log", 0.0) < 0.05, gateway
     for stage in (
         "gRPC call machinery (grpc.aio)",
-        "access log",
         "metrics",
         "HTTP server (uvicorn, httptools)",
     ):
