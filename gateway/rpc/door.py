@@ -25,8 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any, Protocol, TypeVar
@@ -181,49 +180,11 @@ class InferenceDoor:
             settings.server.max_body_bytes_in_flight // MESSAGE_COPIES,
         )
 
-    @asynccontextmanager
-    async def _rpc(self, name: str, rpc: Rpc, model: str = "", admit: bool = True) -> AsyncIterator[Call]:
+    def _rpc(self, name: str, rpc: Rpc, model: str = "", admit: bool = True) -> _Scope:
         """One RPC: its caller admitted (``admit`` False: its key checked, no rate or quota
         taken: a stream's opening), traced, its outcome recorded; its GatewayError
         propagates (the servicer maps it to a status code)."""
-        route = SERVICE + name
-        headers = _headers(rpc.metadata)
-        started = perf_counter()
-        status = 500  # until it ends otherwise: a bug is not a success
-        labels: dict[str, Any] = {"model": self._label(model)}
-        request_id = request_id_of(headers)
-        rpc.answer["x-request-id"] = request_id
-        call = Call(request_id, started, labels=labels)
-        with self.tracing.server_span("GRPC", route, headers) as span:
-            try:
-                caller = (
-                    await self.gate.admit(request_id, headers, rpc.certified)
-                    if admit
-                    else Caller(request_id, await self.gate.identify(headers, rpc.certified))
-                )
-                rpc.answer.update({k.lower(): v for k, v in caller.limits.items()})
-                call.caller, call.tenant = caller, caller.tenant
-                call.client = caller.client or _value(headers, b"x-rollout-key")
-                yield call
-                status = 200
-            except asyncio.CancelledError:
-                status = CLIENT_GONE
-                raise
-            except GatewayError as error:
-                status = error.status
-                self.metrics.rejections.labels(reason=error.slug).inc()
-                if status >= 500:
-                    logger.warning("gRPC %s failed: %s (%s)", name, error.slug, error.detail)
-                raise
-            finally:
-                if call.caller is not None and call.caller.quota:
-                    rpc.answer.update({k.lower(): v for k, v in call.caller.standing().items()})
-                describe_server_span(span, "GRPC", route, status)
-                outcome = Outcome(
-                    route, "GRPC", status, perf_counter() - started, request_id,
-                    labels["model"], route, labels.get("body_bytes", 0),
-                )  # fmt: skip
-                record(self.metrics, outcome)
+        return _Scope(self, name, rpc, model, admit)
 
     def _label(self, model: str) -> str:
         """A catalogued or allow-listed name only (looked up, not a set built per call)."""
@@ -367,6 +328,74 @@ class InferenceDoor:
                     await write(answered)
             finally:
                 reservation.release()
+
+
+class _Scope:
+    """What :meth:`InferenceDoor._rpc` opens and closes around a call (a class: the
+    generator a context-manager decorator makes cost the door's every call a few us)."""
+
+    __slots__ = ("admit", "call", "door", "model", "name", "rpc", "span", "span_scope", "started")
+
+    def __init__(self, door: InferenceDoor, name: str, rpc: Rpc, model: str, admit: bool) -> None:
+        self.door, self.name, self.rpc, self.model, self.admit = door, name, rpc, model, admit
+
+    async def __aenter__(self) -> Call:
+        door, rpc = self.door, self.rpc
+        route = SERVICE + self.name
+        headers = _headers(rpc.metadata)
+        self.started = perf_counter()
+        request_id = request_id_of(headers)
+        rpc.answer["x-request-id"] = request_id
+        call = self.call = Call(request_id, self.started, labels={"model": door._label(self.model)})
+        self.span_scope = door.tracing.server_span("GRPC", route, headers)
+        self.span = self.span_scope.__enter__()
+        try:
+            caller = (
+                await door.gate.admit(request_id, headers, rpc.certified)
+                if self.admit
+                else Caller(request_id, await door.gate.identify(headers, rpc.certified))
+            )
+        except BaseException as error:
+            self._close(error)
+            raise
+        rpc.answer.update({k.lower(): v for k, v in caller.limits.items()})
+        call.caller, call.tenant = caller, caller.tenant
+        call.client = caller.client or _value(headers, b"x-rollout-key")
+        return call
+
+    async def __aexit__(self, kind: Any, error: BaseException | None, traceback: Any) -> None:
+        self._close(error)
+
+    def _close(self, error: BaseException | None) -> None:
+        """The outcome: 200, the refusal's status, 499 for a caller gone, 500 for a bug
+        (never a success)."""
+        door, call, route = self.door, self.call, SERVICE + self.name
+        if error is None:
+            status = 200
+        elif isinstance(error, asyncio.CancelledError):
+            status = CLIENT_GONE
+        elif isinstance(error, GatewayError):
+            status = error.status
+            door.metrics.rejections.labels(reason=error.slug).inc()
+            if status >= 500:
+                logger.warning("gRPC %s failed: %s (%s)", self.name, error.slug, error.detail)
+        else:
+            status = 500
+        try:
+            if call.caller is not None and call.caller.quota:
+                self.rpc.answer.update({k.lower(): v for k, v in call.caller.standing().items()})
+            describe_server_span(self.span, "GRPC", route, status)
+            labels = call.labels
+            outcome = Outcome(
+                route, "GRPC", status, perf_counter() - self.started, call.request_id,
+                labels["model"], route, labels.get("body_bytes", 0),
+            )  # fmt: skip
+            record(door.metrics, outcome)
+        finally:
+            if error is None:
+                self.span_scope.__exit__(None, None, None)
+            else:
+                self.span_scope.__exit__(type(error), error, error.__traceback__)
 
 
 def _value(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -47,15 +47,21 @@ class TensorDataError(ValueError):
 
 @dataclass
 class Tensor:
-    """A named tensor with its data (BYTES: an object array of ``bytes``)."""
+    """A named tensor with its data (BYTES: an object array of ``bytes``). ``wire``: the
+    raw contents it was decoded from (:func:`from_raw`), given back as they came by
+    :meth:`raw` and :meth:`raw_parts` instead of being encoded again (an answer passed
+    through a door unchanged is not re-encoded). A tensor made from another's array is a
+    new Tensor without it; nothing changes an array in place."""
 
     name: str
     datatype: str
     array: np.ndarray[Any, Any]
+    wire: bytes | memoryview | None = field(default=None, repr=False, compare=False)
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(int(d) for d in self.array.shape)
+        shape: tuple[int, ...] = self.array.shape  # a tuple of Python ints already
+        return shape
 
     @property
     def nbytes(self) -> int:
@@ -66,6 +72,8 @@ class Tensor:
     def raw_parts(self) -> list[bytes | memoryview]:
         """The tensor's contents on the wire, in pieces that join to :meth:`raw` without
         copying the elements first (a BYTES element is its own bytes object)."""
+        if self.wire is not None:
+            return [self.wire] if len(self.wire) else []
         if self.datatype == "BYTES":
             parts: list[bytes | memoryview] = []
             for item in self.array.reshape(-1):
@@ -78,6 +86,8 @@ class Tensor:
 
     def raw(self) -> bytes:
         """The tensor's contents on the wire."""
+        if self.wire is not None:
+            return bytes(self.wire)  # the same object when it is bytes
         if self.datatype == "BYTES":
             return encode_bytes([as_bytes(item) for item in self.array.reshape(-1)])
         return np.ascontiguousarray(self.array, dtype=_WIRE[self.datatype]).tobytes()
@@ -121,7 +131,7 @@ def decode_bytes(raw: bytes | memoryview, count: int | None = None) -> list[byte
 def from_raw(name: str, datatype: str, raw: bytes | memoryview, shape: Sequence[int]) -> Tensor:
     """A tensor from its raw contents and shape (TensorDataError when they disagree); a
     numeric one is a view of ``raw``, not a copy."""
-    dims = tuple(int(d) for d in shape)
+    dims = tuple(map(int, shape))
     count = math.prod(dims)
     if datatype == "BYTES":
         array = np.array(decode_bytes(raw, count), dtype=np.object_)
@@ -134,7 +144,7 @@ def from_raw(name: str, datatype: str, raw: bytes | memoryview, shape: Sequence[
         array = np.frombuffer(raw, dtype=dtype)
         if not dtype.isnative:  # a big-endian host: to native order
             array = array.astype(dtype.newbyteorder("="))
-    return Tensor(name, datatype, array.reshape(dims))
+    return Tensor(name, datatype, array.reshape(dims), raw)
 
 
 def strings(items: Sequence[Any]) -> list[str]:

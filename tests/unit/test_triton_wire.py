@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2
 
 from gateway.triton.client import infer_request_bytes
-from gateway.triton.tensors import Tensor
+from gateway.triton.tensors import Tensor, from_raw
 from gateway.triton.wire import WireError, split_raw_inputs
 
 
@@ -60,6 +60,26 @@ def test_the_wire_request_parses_as_protobufs_own(priority: int, image_bytes: in
 def test_raw_parts_join_to_the_raw_contents(datatype: str, array: np.ndarray) -> None:
     tensor = Tensor("X", datatype, np.asarray(array))
     assert b"".join(tensor.raw_parts()) == tensor.raw()
+
+
+@pytest.mark.parametrize(
+    ("datatype", "array"),
+    [
+        ("FP32", np.arange(6, dtype=np.float32).reshape(2, 3)),
+        ("BYTES", np.array([[b"cat", b""], [b"dog", b"\xff"]], dtype=np.object_)),
+        ("INT64", np.zeros((0, 3), np.int64)),
+    ],
+)
+def test_a_decoded_tensor_gives_back_the_contents_it_came_in(datatype: str, array: np.ndarray) -> None:
+    """An answer passed through unchanged is not encoded again; one made from it is."""
+    contents = Tensor("X", datatype, array).raw()
+    decoded = from_raw("X", datatype, contents, array.shape)
+    assert decoded.raw() is contents
+    assert b"".join(decoded.raw_parts()) == contents
+    assert decoded.shape == array.shape
+    assert all(isinstance(d, int) for d in decoded.shape)
+    first = Tensor("X", datatype, decoded.array[:1])  # e.g. TOP_K's rows: encoded anew
+    assert first.raw() == Tensor("X", datatype, array[:1]).raw()
 
 
 @pytest.mark.parametrize("image_bytes", [0, 5, 127, 128, 300, 70_000])
