@@ -76,13 +76,27 @@ class Verdict:
     p99_vs_ceiling: float
 
 
-def hey(url: str, clients: int, seconds: float) -> list[tuple[float, float, int]]:
-    """(offset, latency, status) of every request ``clients`` connections sent for ``seconds``."""
+def hey(
+    url: str,
+    clients: int,
+    seconds: float,
+    headers: dict[str, str] | None = None,
+    rate: float | None = None,
+) -> list[tuple[float, float, int]]:
+    """(offset, latency, status) of every request ``clients`` connections sent for
+    ``seconds`` (``rate``: each connection at most that many a second, not back to back;
+    ``headers``: sent with each)."""
     command = [
         "hey", "-z", f"{seconds}s", "-c", str(clients), "-m", "POST",
-        "-T", "application/json", "-d", TEXT, "-o", "csv", f"{url}/classify",
+        "-T", "application/json", "-d", TEXT, "-o", "csv",
     ]  # fmt: skip
-    output = subprocess.run(command, capture_output=True, text=True, check=True, timeout=seconds + 60).stdout
+    for name, value in (headers or {}).items():
+        command += ["-H", f"{name}: {value}"]
+    if rate is not None:
+        command += ["-q", f"{rate:g}"]
+    output = subprocess.run(
+        [*command, f"{url}/classify"], capture_output=True, text=True, check=True, timeout=seconds + 60
+    ).stdout
     answers = []
     for line in csv.DictReader(output.splitlines()):
         answers.append((float(line["offset"]), float(line["response-time"]), int(line["status-code"])))

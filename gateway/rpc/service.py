@@ -44,7 +44,13 @@ from gateway.serving.oip import (
     NOT_SERVED_SHARED_MEMORY,
 )
 from gateway.triton.tensors import DTYPES, Tensor, encode_bytes
-from gateway.triton.wire import WireError, split_raw_inputs
+from gateway.triton.wire import (
+    RAW_OUTPUT_TAG,
+    STREAM_INFER_RESPONSE_TAG,
+    WireError,
+    split_raw_inputs,
+    varint,
+)
 
 logger = logging.getLogger("gateway.grpc")
 SERVICE_NAME = "inference.GRPCInferenceService"
@@ -181,14 +187,26 @@ def infer_message(raw: bytes) -> InferMessage:
     return InferMessage(request.model_name, request.model_version, request.id, header, binary, len(raw))
 
 
-def infer_response(name: str, version: str, request_id: str, outputs: Sequence[Tensor]) -> Any:
+def infer_response(name: str, version: str, request_id: str, outputs: Sequence[Tensor]) -> bytes:
+    """A serialised ModelInferResponse. Protobuf builds everything but the raw contents;
+    those are appended on the wire (field 6, one entry per output, in order), as Triton
+    sent them when passed through unchanged (Tensor.wire): not copied into a message and
+    out of it again (tests/unit/test_grpc_wire_answer.py holds it against protobuf's own)."""
     response = service_pb2.ModelInferResponse(model_name=name, model_version=version, id=request_id)
+    pieces: list[bytes | memoryview] = []
     for tensor in outputs:
         entry = response.outputs.add()
         entry.name, entry.datatype = tensor.name, tensor.datatype
         entry.shape.extend(tensor.shape)
-        response.raw_output_contents.append(tensor.raw())
-    return response
+        parts = tensor.raw_parts()
+        pieces.append(RAW_OUTPUT_TAG + varint(sum(len(part) for part in parts)))
+        pieces.extend(parts)
+    return b"".join([response.SerializeToString(), *pieces])
+
+
+def stream_response(answer: bytes) -> bytes:
+    """A serialised ModelStreamInferResponse carrying a serialised ModelInferResponse."""
+    return STREAM_INFER_RESPONSE_TAG + varint(len(answer)) + answer
 
 
 class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
@@ -303,12 +321,12 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
 
         async def write(result: Answered | GatewayError) -> None:
             if isinstance(result, GatewayError):
-                response = service_pb2.ModelStreamInferResponse(error_message=result.detail)
+                response = service_pb2.ModelStreamInferResponse(
+                    error_message=result.detail
+                ).SerializeToString()
             else:
                 message, model, version, outputs = result
-                response = service_pb2.ModelStreamInferResponse(
-                    infer_response=infer_response(model, version, message.request_id, outputs)
-                )
+                response = stream_response(infer_response(model, version, message.request_id, outputs))
             await context.write(response)
 
         async def work(rpc: Rpc) -> None:
@@ -366,12 +384,12 @@ def _handlers(servicer: InferenceService) -> dict[str, Any]:
     collected["ModelInfer"] = grpc.stream_unary_rpc_method_handler(
         servicer.ModelInfer,
         request_deserializer=None,  # the raw message: parsed once room is reserved
-        response_serializer=service_pb2.ModelInferResponse.SerializeToString,
+        response_serializer=None,  # serialised by infer_response
     )
     collected["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
         servicer.ModelStreamInfer,
         request_deserializer=None,  # each raw message: parsed once room is reserved
-        response_serializer=service_pb2.ModelStreamInferResponse.SerializeToString,
+        response_serializer=None,  # each serialised by ModelStreamInfer's write
     )
     return collected
 

@@ -1,6 +1,8 @@
 """ModelInferRequest's ``raw_input_contents`` (field 7) on the wire, both ways, so large
 inputs are never copied by protobuf: written after the serialised rest of the message
-(gateway.triton.client) and read as views into the received message (the gRPC door).
+(gateway.triton.client) and read as views into the received message (the gRPC door); and
+ModelInferResponse's ``raw_output_contents`` (field 6), written after the rest of the
+door's answer as Triton sent them.
 
 A repeated field may come in any position and protobuf merges the rest, so what is left
 once field 7 is taken out parses as the same message without its raw contents
@@ -11,6 +13,9 @@ from __future__ import annotations
 
 RAW_INPUT_FIELD = 7
 RAW_INPUT_TAG = bytes([(RAW_INPUT_FIELD << 3) | 2])
+# ModelInferResponse's raw_output_contents, and ModelStreamInferResponse's infer_response
+RAW_OUTPUT_TAG = bytes([(6 << 3) | 2])
+STREAM_INFER_RESPONSE_TAG = bytes([(2 << 3) | 2])
 
 
 class WireError(ValueError):
