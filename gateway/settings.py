@@ -237,14 +237,15 @@ class ServerSettings(BaseModel):
         1, ge=1, le=3600, description="Retry-After sent with 503 overloaded and shutting-down."
     )
     shed_from_headers: bool = Field(
-        False,
+        True,
         description="Refuse a request that would be shed (a queue at least the limit deep that the "
         "recent completion rate cannot serve within queue_seconds) from its headers, before its body "
         "is read, on every door: its 503 comes in milliseconds instead of after its upload and the "
-        "queue wait. Off by default: clients that retry at once without reading Retry-After then come "
-        "back 8x as often and still send their whole bodies (measured: 2.4x the gateway's CPU and half "
-        "the goodput on a 2-core host shared with Triton). Requests with Expect: 100-continue and a "
-        "draining gateway are always refused unread.",
+        "queue wait. A small body is read away after the answer and the connection kept; a retry that "
+        "comes at once on the same connection is held, twice as long each time, up to "
+        "retry_after_seconds (gateway.serving.retries). false: requests wait for a slot up to "
+        "queue_seconds, bodies read. Requests with Expect: 100-continue and a draining gateway are "
+        "always refused unread.",
     )
     max_connections: int = Field(
         2048,

@@ -44,6 +44,9 @@ from gateway.serving.limit import percentile
 TEXT = json.dumps({"texts": ["the film was a delight from start to finish"]})
 ADAPTIVE = "adaptive"  # at the knee
 BASELINE = "adaptive, baseline anchor"
+# the best static limit loaded by as many clients as it has slots: its goodput without a
+# retry storm, against which the adaptive limit's under the storm is read
+CALM = "no storm, static"
 # goodput and p99 are the flood's after this many seconds (the whole flood's p99 too)
 STEADY_AFTER = 2.0
 
@@ -74,6 +77,7 @@ class Verdict:
     p99_vs_smallest_at_90: float
     goodput_vs_ceiling: float
     p99_vs_ceiling: float
+    storm_goodput_vs_calm: float | None  # the adaptive limit under the storm / no storm
 
 
 def hey(
@@ -82,13 +86,14 @@ def hey(
     seconds: float,
     headers: dict[str, str] | None = None,
     rate: float | None = None,
+    requests: int | None = None,
 ) -> list[tuple[float, float, int]]:
     """(offset, latency, status) of every request ``clients`` connections sent for
-    ``seconds`` (``rate``: each connection at most that many a second, not back to back;
-    ``headers``: sent with each)."""
+    ``seconds`` (``requests``: that many in all instead; ``rate``: each connection at
+    most that many a second, not back to back; ``headers``: sent with each)."""
     command = [
-        "hey", "-z", f"{seconds}s", "-c", str(clients), "-m", "POST",
-        "-T", "application/json", "-d", TEXT, "-o", "csv",
+        "hey", *(["-n", str(requests)] if requests else ["-z", f"{seconds}s"]), "-c", str(clients),
+        "-m", "POST", "-T", "application/json", "-d", TEXT, "-o", "csv",
     ]  # fmt: skip
     for name, value in (headers or {}).items():
         command += ["-H", f"{name}: {value}"]
@@ -206,6 +211,7 @@ def verdict(rows: list[Row], speed: int, ceiling: int) -> Verdict:
         key=lambda row: int(row.limit.split()[1]),
     )
     [cap] = [row for row in statics if row.limit == f"static {ceiling}"] or [best]
+    calm = [row for row in rows if row.speed == speed and row.limit.startswith(CALM)]
     return Verdict(
         speed=speed,
         best_static=best.limit,
@@ -217,6 +223,7 @@ def verdict(rows: list[Row], speed: int, ceiling: int) -> Verdict:
         p99_vs_smallest_at_90=adaptive.p99_ms / smallest.p99_ms,
         goodput_vs_ceiling=adaptive.goodput / cap.goodput,
         p99_vs_ceiling=adaptive.p99_ms / cap.p99_ms,
+        storm_goodput_vs_calm=adaptive.goodput / calm[0].goodput if calm else None,
     )
 
 
@@ -279,6 +286,20 @@ def main(argv: list[str] | None = None) -> int:
                         + f"  ({time.monotonic() - started:.0f} s)",
                         flush=True,
                     )
+                # no storm: the best static limit with as many clients as slots (none refused)
+                best = max(
+                    (r for r in rows if r.speed == speed and r.limit.startswith("static")),
+                    key=lambda r: r.goodput,
+                )
+                slots = int(best.limit.split()[1])
+                calm = measure(triton, workdir, best.limit, ceiling, speed, slots, options.seconds, extra)
+                calm.limit = f"{CALM} {slots}"
+                rows.append(calm)
+                print(
+                    f"{speed}x slower  {calm.limit}: {calm.goodput:7.1f}/s  p50 {calm.p50_ms:7.1f} ms  "
+                    f"p99 {calm.p99_ms:7.1f} ms  refused {calm.refused_per_second:7.1f}/s",
+                    flush=True,
+                )
             costs = []
             if options.refusals:
                 for from_headers in (False, True):
@@ -301,6 +322,11 @@ def main(argv: list[str] | None = None) -> int:
             f"(the smallest at 90 %: {v.smallest_at_90_p99_ms:.0f} ms); against static {ceiling}: goodput "
             f"{v.goodput_vs_ceiling:.0%}, p99 {v.p99_vs_ceiling:.2f}x; the whole flood's p99 "
             f"{v.whole_p99_vs_steady:.2f}x the steady p99"
+            + (
+                f"; its goodput under the storm {v.storm_goodput_vs_calm:.0%} of the best static's without one"
+                if v.storm_goodput_vs_calm is not None
+                else ""
+            )
         )
     options.out.parent.mkdir(parents=True, exist_ok=True)
     report = {

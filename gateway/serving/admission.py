@@ -217,7 +217,8 @@ class Admission:
         self.shed = 0
         self.admitted = 0
         self.waited_seconds = 0.0
-        self.damper = RetryDamper(longest_seconds=max(0.01, queue_seconds), forget_seconds=float(retry_after))
+        # a retry that comes at once waits at most the Retry-After it was told to wait
+        self.damper = RetryDamper(longest_seconds=float(retry_after), forget_seconds=float(retry_after))
 
     @property
     def limit(self) -> int:

@@ -27,9 +27,11 @@ keeps a path's delivery rate at its most with the least in flight:
 - **The climb.** A cycle measures the current rung (cruise), then one rung up: taken when
   its rate beats the current one's by more than ``gain`` of the step (below the knee,
   more in flight is more delivered: up to the whole step; a window's noise is not).
-  Otherwise one rung down: taken when its rate is within ``tolerance`` of the current
-  one's and within twice that of the best fresh rung's (past the knee, fewer in flight
-  lose nothing but queueing). A probe that does not pay spaces the next ones out (up to
+  Otherwise one rung down: taken when its rate is within ``tolerance`` (7.5 %) of the
+  best fresh rung's (past the knee, fewer in flight lose nothing but queueing; judged
+  against the best, not the current rung, so the flat past the knee, where windows
+  differ by their noise alone, is run down to its start, and a run down never compounds
+  below the tolerance). A probe that does not pay spaces the next ones out (up to
   ``MAX_REST`` cruise windows), so sitting at the knee costs little.
 - **Runs down.** A step down that paid is followed at once by the next, without a
   cruise window between: a cold start at the ceiling reaches a knee four rungs down in
@@ -74,7 +76,7 @@ class KneeSettings:
     floor: int = 1
     ceiling: int = 64
     step: float = 2**0.5
-    tolerance: float = 0.05
+    tolerance: float = 0.075
     gain: float = 0.25
     window_seconds: float = 0.1
     window_samples: int = 40
@@ -268,11 +270,11 @@ class KneeLimit:
             else:
                 self._stay(now)
             return
-        # DOWN: kept when it delivers within the tolerance of the best fresh rung
+        # DOWN: kept when it delivers within the tolerance of the best fresh rung (not of
+        # the current one: in the flat past the knee, a window's noise would otherwise
+        # stop the run down at a rung that only queues)
         down = self._rates[tried].rate
-        if (
-            down >= (1 - s.tolerance) * current and down >= (1 - 2 * s.tolerance) * self._best(now)
-        ) or over_objective:
+        if down >= (1 - s.tolerance) * self._best(now) or over_objective:
             self._move(tried, now, _Phase.DOWN)
         else:
             self._stay(now)

@@ -8,9 +8,10 @@ with, and learning nothing. So the first refusal on a connection is answered at 
 well-behaved client hears it within milliseconds), and each next one on the same
 connection, while it comes within ``forget_seconds`` of the previous (the Retry-After
 the gateway gives), waits twice as long as the last, from ``first_seconds`` up to
-``longest_seconds`` (the queue wait: never later than a refusal after waiting for a
-slot would come). Waiting costs a timer, not CPU: 100 connections retrying at once are
-refused about ``100 / longest_seconds`` times a second, not 10,000.
+``longest_seconds`` (the Retry-After too: a client told to wait that long and coming back
+at once waits no longer than it was told). Waiting costs a timer, not CPU: 100
+connections retrying at once are refused about ``100 / longest_seconds`` times a second,
+not 10,000. A client that waits as told is never held (its streak is forgotten).
 """
 
 from __future__ import annotations
@@ -34,15 +35,16 @@ class RetryDamper:
 
     def hold(self, connection: Hashable | None, now: float) -> float:
         """Seconds to wait before refusing a request of ``connection`` (None: unknown,
-        not held) refused at ``now``."""
+        not held) refused at ``now``. The streak is judged from when the last refusal was
+        sent (its hold included), so a client held the longest that retries at once is held
+        as long again, not forgotten."""
         if connection is None:
             return 0.0
         streak, last = self._seen.pop(connection, (0, float("-inf")))
         if now - last > self.forget_seconds:
             streak = 0
-        self._seen[connection] = (streak + 1, now)
+        held = 0.0 if streak == 0 else min(self.longest_seconds, self.first_seconds * 2.0 ** (streak - 1))
+        self._seen[connection] = (streak + 1, now + held)
         if len(self._seen) > REMEMBERED:
             self._seen.popitem(last=False)
-        if streak == 0:
-            return 0.0
-        return min(self.longest_seconds, self.first_seconds * 2.0 ** (streak - 1))
+        return held

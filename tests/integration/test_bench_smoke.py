@@ -208,15 +208,18 @@ def test_bench_capacity_sweeps_static_limits_and_the_adaptive_ones(
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads(out.with_suffix(".json").read_text())
     rows = {row["limit"]: row for row in report["rows"]}
-    assert set(rows) == {"static 2", "static 16", "adaptive", "adaptive, baseline anchor"}
+    [calm] = [name for name in rows if name.startswith("no storm, static ")]
+    assert set(rows) == {"static 2", "static 16", "adaptive", "adaptive, baseline anchor", calm}
     for row in rows.values():
         assert row["goodput"] > 0
         assert 0 < row["p50_ms"] <= row["p99_ms"]
         assert row["other_statuses"] == {}  # 200 and 503 only
     assert rows["static 2"]["refused_per_second"] > 0  # 40 connections on 2 slots
+    assert rows[calm]["refused_per_second"] == 0  # as many clients as slots
     assert 1 <= rows["adaptive"]["final_limit"] <= 16
     [verdict] = report["verdicts"]
     assert verdict["goodput_vs_best"] > 0
+    assert verdict["storm_goodput_vs_calm"] > 0
     costs = {cost["shed_from_headers"]: cost for cost in report["refusal_cost"]}
     assert set(costs) == {False, True}
     for cost in costs.values():

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shutil
-import subprocess
+import statistics
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from gateway.bench.capacity import hey
 from gateway.dev.gatewayprocess import GatewayProcess
 from gateway.dev.tritonserver import TritonServer, throttled
 from gateway.shared.keyfiles import hash_key
@@ -42,7 +42,8 @@ def test_a_5x_slowdown_is_followed_by_the_limit_and_a_recovery_too(
 ) -> None:
     """Before (static cap 64, today's code): 100 clients on a 5x slower Triton queue 64
     deep inside it; the admitted p99 runs to seconds. With the adaptive limit it stays
-    within 3x one client's p99 on the same slow Triton, and the excess hears a fast 503."""
+    within 3x one client's p99 on the same slow Triton, and the excess hears a 503 (at once,
+    or held up to its Retry-After when it retries at once)."""
     adaptive = spawn_gateway(triton, GATEWAY_SERVER__ADAPTIVE__ENABLED="true")
     static = spawn_gateway(triton, GATEWAY_SERVER__ADAPTIVE__ENABLED="false")
     text_load(adaptive, 8, 6, "warm-up")  # past its first baseline (within 5 s of start)
@@ -83,7 +84,10 @@ def test_a_5x_slowdown_is_followed_by_the_limit_and_a_recovery_too(
     shed = [a for a in slow.answers if a.status == 503]
     assert shed, "nothing was shed at 100 clients on a slowed Triton"
     assert all(a.retry_after for a in shed)
-    assert percentile_of([a.seconds for a in shed], 0.99) < 0.5  # fast 503s
+    # a refusal comes at once, and a retry sent the moment it came is held, twice as long
+    # each time, never longer than the Retry-After it was told (gateway.serving.retries)
+    assert all(a.seconds <= float(a.retry_after or 0) + 0.3 for a in shed)
+    assert min(a.seconds for a in shed) < 0.05
     # back toward what it served before the slowdown, within a second of the recovery:
     # 0.66-1.6x of it over 7 runs of this machine (the next probe finishes the climb)
     assert recovered.rate(200, 1.0, 4.0) > 0.5 * ahead.rate(200, 0.0, 4.0)
@@ -97,71 +101,58 @@ def percentile_of(values: list[float], q: float) -> float:
 def test_a_flooding_key_leaves_another_its_latency(
     triton: TritonServer, spawn_gateway: Callable[..., GatewayProcess], tmp_path: Path
 ) -> None:
-    """Before (one shared cap, first come first served): a second key at 2 requests a
-    second saw its median go from 41 to 401 ms beside 150 connections of a first, and
-    got 503s. Now each freed slot goes to the key holding fewer, and the limit keeps
-    Triton's queue short: the quiet key keeps its latency and gets no 503."""
+    """Issue 42's fairness row, measured with hey (a Go program: neither load costs the
+    CPU being measured) on a Triton 2x slower: 150 connections of one key that send again
+    the moment an answer comes (503 or not), beside a key at 4 requests a second. Filed
+    on 3de95b9: the quiet key got 11 of 36 requests refused, median 293 ms against 74 ms
+    alone. Now each freed slot goes to the key holding fewer, the limit keeps Triton's
+    queue short, and the flood's retries are refused from their headers and held (a few
+    hundred refusals a second, not thousands, on the cores Triton uses): no 503, within 3x."""
     keys = tmp_path / "api-keys"
     keys.write_text(f"flood {hash_key('flood-key')}\nquiet {hash_key('quiet-key')}\n")
-    gateway = spawn_gateway(
-        triton, GATEWAY_AUTH__KEYS_FILE=str(keys), GATEWAY_SERVER__ADAPTIVE__ENABLED="true"
-    )
-    flood_request = request_bytes(
-        gateway.url, "/classify", TEXT, {**JSON, "authorization": "Bearer flood-key"}
-    )
-    quiet_request = request_bytes(
-        gateway.url, "/classify", TEXT, {**JSON, "authorization": "Bearer quiet-key"}
-    )
-    warm, alone = Flow("warm-up"), Flow("quiet alone")
-    load(6, (warm, gateway.url, flood_request, 8, 0.0))
-    load(5, (alone, gateway.url, quiet_request, 1, 0.5))
-    quiet = Flow("quiet beside the flood")
-    with flooding(gateway.url, "flood-key", connections=150, seconds=9, folder=tmp_path) as flood:
-        load(8, (quiet, gateway.url, quiet_request, 1, 0.5))
+    gateway = spawn_gateway(triton, GATEWAY_AUTH__KEYS_FILE=str(keys))  # the defaults
+    flood_key = {"authorization": "Bearer flood-key"}
+    quiet_key = {"authorization": "Bearer quiet-key"}
+    hey(gateway.url, 8, 3, flood_key)  # warm
+    with throttled(triton, 0.010, 0.010), ThreadPoolExecutor(1) as pool:
+        alone = hey(gateway.url, 1, 5, quiet_key, rate=4)
+        flood = pool.submit(hey, gateway.url, 150, 10, flood_key)
+        time.sleep(1.5)  # the flood under way, its limit moved
+        beside = hey(gateway.url, 1, 7, quiet_key, rate=4)
+        flooded = flood.result()
+    median_alone = statistics.median(latency for _, latency, _ in alone)
+    median_beside = statistics.median(latency for _, latency, _ in beside)
+    statuses = Counter(status for _, _, status in beside)
+    flood_statuses = Counter(status for _, _, status in flooded)
     print(
-        f"quiet alone: median {ms(alone.p(0.5))}, p99 {ms(alone.p(0.99))}; beside 150 flood connections: "
-        f"{quiet.statuses()} {quiet.problems()}, median {ms(quiet.p(0.5))}, p99 {ms(quiet.p(0.99))}; flood: {flood}"
+        f"quiet alone: median {ms(median_alone)}; beside 150 flood connections: {dict(statuses)}, "
+        f"median {ms(median_beside)} ({median_beside / median_alone:.1f}x); flood: {dict(flood_statuses)}"
     )
-    # 503s for the quiet key: none over 11 runs since a key over its share leaves the last
-    # 1/16 of the ceiling to the others and hands a slot back to them when the limit has
-    # fallen (0-3 per run before that; 2-8 in ~55 on the code the issue was filed on)
-    assert quiet.statuses() == {200: len(quiet.answers)}, quiet.problems()
-    assert len(quiet.answers) >= 12
-    assert flood["refused"] > flood["requests"] / 2  # the flood was far over capacity
-    # before: 10x (41 -> 401 ms); here 2-7x over 11 runs (its requests go first inside
-    # Triton too; the flood's 1,300 refusals a second share the two cores with Triton)
-    assert quiet.p(0.5) < 8 * alone.p(0.5)
+    assert statuses == {200: len(beside)}, statuses
+    assert len(beside) >= 20  # 4 a second for 7 s
+    assert flood_statuses[503] > flood_statuses[200]  # the flood was far over capacity
+    assert median_beside < 3 * median_alone
 
 
-FLOOD_SCRIPT = """
-wrk.method = "POST"
-wrk.body = '%s'
-wrk.headers["content-type"] = "application/json"
-wrk.headers["authorization"] = "Bearer %s"
-"""
-
-
-@contextmanager
-def flooding(url: str, key: str, connections: int, seconds: int, folder: Path) -> Iterator[dict[str, int]]:
-    """wrk (C, a few percent of a core) sending back to back on ``connections``: the
-    flood's own CPU does not slow the gateway and Triton it is measured against."""
-    script = folder / "flood.lua"
-    script.write_text(FLOOD_SCRIPT % (TEXT.decode(), key))
-    wrk = shutil.which("wrk")
-    assert wrk is not None, "wrk is not installed: `make test` installs it"
-    process = subprocess.Popen(
-        [wrk, "-t2", f"-c{connections}", f"-d{seconds}s", "-s", str(script), f"{url}/classify"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    found: dict[str, int] = {}
-    time.sleep(0.5)
-    try:
-        yield found
-    finally:
-        out, _ = process.communicate(timeout=seconds + 30)
-    requests = re.search(r"(\d+) requests in", out)
-    refused = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    assert requests is not None, out
-    found["requests"] = int(requests.group(1))
-    found["refused"] = int(refused.group(1)) if refused else 0
+def test_a_flood_after_a_light_load_is_learnt_fast_and_a_cold_burst_is_served(
+    triton: TritonServer, spawn_gateway: Callable[..., GatewayProcess]
+) -> None:
+    """Issue 42's third point, with the defaults (the baseline anchor, refusals from the
+    headers, retries at once held). A
+    cold replica takes a burst of 24 requests at once (its limit starts at the ceiling:
+    nothing is shed that it can serve). Then a light load, then 100 connections (hey)
+    that send again the moment an answer comes: the p99 of what is admitted over the
+    whole flood, its first seconds included, is within 2x the p99 once the limit has
+    learnt (after 2 s). Filed on 3de95b9: p99 1.28 s after the first 2 s, 2.2 s over the
+    whole flood (5x slower)."""
+    gateway = spawn_gateway(triton)
+    burst = hey(gateway.url, 24, 0, requests=24)
+    assert Counter(status for _, _, status in burst) == {200: 24}
+    hey(gateway.url, 2, 2)  # the light load
+    flood = hey(gateway.url, 100, 8)
+    admitted = [(offset, latency) for offset, latency, status in flood if status == 200]
+    assert {status for _, _, status in flood} <= {200, 503}
+    whole = percentile_of([latency for _, latency in admitted], 0.99)
+    steady = percentile_of([latency for offset, latency in admitted if offset >= 2.0], 0.99)
+    print(f"the flood's admitted p99 {ms(whole)}, after 2 s {ms(steady)} ({whole / steady:.2f}x)")
+    assert whole <= 2 * steady

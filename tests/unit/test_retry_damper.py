@@ -1,5 +1,5 @@
 """A refusal to a connection refused moments ago waits, twice as long each time, up to the
-queue wait; the first refusal on a connection, and one after a Retry-After's pause, at once."""
+longest (the gateway's Retry-After); the first refusal on a connection, and one after a Retry-After's pause, at once."""
 
 from __future__ import annotations
 
@@ -43,3 +43,17 @@ def test_memory_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(damper._seen) == 100
     assert damper.hold(("10.0.0.1", 0), 0.0) == 0.0  # forgotten: the oldest went first
     assert damper.hold(("10.0.0.1", 999), 0.0) > 0.0
+
+
+def test_a_client_held_the_longest_that_retries_at_once_is_held_as_long_again() -> None:
+    """The streak runs from when the refusal went out: held the whole Retry-After (1 s)
+    and back at once is not a client that waited 1 s (one refusal a second, not a cycle
+    restarting at once every nine)."""
+    damper = RetryDamper(first_seconds=0.01, longest_seconds=1.0, forget_seconds=1.0)
+    now, held = 0.0, []
+    for _ in range(14):
+        hold = damper.hold("a", now)
+        held.append(hold)
+        now += hold + 0.001
+    assert held[-4:] == [1.0, 1.0, 1.0, 1.0]
+    assert held.count(0.0) == 1
