@@ -178,4 +178,28 @@ def test_a_slow_noisy_server_is_not_held_at_the_ceiling(server: Server) -> None:
     rate, p99 = rate_and_p99(simulate(knee(clock), clock, server, 60.0, slow=jitter), 30.0, 60.0)
     print(f"{server}: knee {rate:.1f}/s p99 {p99 * 1000:.0f} ms; statics {statics}")
     assert rate >= 0.9 * best
-    assert p99 <= statics[64][1] / 2
+    assert p99 <= 0.67 * statics[64][1]  # not queueing as the upper rungs do
+
+
+def test_noisy_windows_after_a_light_load_still_settle_near_the_knee() -> None:
+    """Windows whose counts are noise (each batch a lognormal 40 % more or less), after a
+    light load: the limit settles near the knee (16 here) instead of queueing in the upper
+    rungs. The simulation's noise is milder than the real stack's, where the knee still
+    wanders (docs/explanation/reliability.md)."""
+    rng = random.Random(11)
+
+    def jitter(now: float) -> float:
+        return rng.lognormvariate(0, 0.4)
+
+    def clients(t: float) -> int | None:
+        return 2 if t < 5.0 else None
+
+    statics = {
+        cap: rate_and_p99(simulate(cap, Clock(), BATCHING, 30.0, slow=jitter), 15.0, 30.0) for cap in (16, 64)
+    }
+    clock = Clock()
+    limit = knee(clock)
+    rate, p99 = rate_and_p99(simulate(limit, clock, BATCHING, 30.0, slow=jitter, clients=clients), 15.0, 30.0)
+    print(f"knee {rate:.0f}/s p99 {p99 * 1000:.0f} ms at {limit.limit}; statics {statics}")
+    assert rate >= 0.9 * statics[16][0]
+    assert p99 <= 0.67 * statics[64][1]  # not queueing as the upper rungs do
