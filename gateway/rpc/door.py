@@ -334,14 +334,14 @@ class _Scope:
     """What :meth:`InferenceDoor._rpc` opens and closes around a call (a class: the
     generator a context-manager decorator makes cost the door's every call a few us)."""
 
-    __slots__ = ("admit", "call", "door", "model", "name", "rpc", "span", "span_scope", "started")
+    __slots__ = ("admit", "call", "door", "model", "name", "route", "rpc", "span", "span_scope", "started")
 
     def __init__(self, door: InferenceDoor, name: str, rpc: Rpc, model: str, admit: bool) -> None:
         self.door, self.name, self.rpc, self.model, self.admit = door, name, rpc, model, admit
 
     async def __aenter__(self) -> Call:
         door, rpc = self.door, self.rpc
-        route = SERVICE + self.name
+        route = self.route = SERVICE + self.name
         headers = _headers(rpc.metadata)
         self.started = perf_counter()
         request_id = request_id_of(headers)
@@ -369,7 +369,7 @@ class _Scope:
     def _close(self, error: BaseException | None) -> None:
         """The outcome: 200, the refusal's status, 499 for a caller gone, 500 for a bug
         (never a success)."""
-        door, call, route = self.door, self.call, SERVICE + self.name
+        door, call, route = self.door, self.call, self.route
         if error is None:
             status = 200
         elif isinstance(error, asyncio.CancelledError):

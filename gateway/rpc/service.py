@@ -48,8 +48,8 @@ from gateway.triton.wire import (
     RAW_OUTPUT_TAG,
     STREAM_INFER_RESPONSE_TAG,
     WireError,
+    append_field,
     split_raw_inputs,
-    varint,
 )
 
 logger = logging.getLogger("gateway.grpc")
@@ -198,15 +198,15 @@ def infer_response(name: str, version: str, request_id: str, outputs: Sequence[T
         entry = response.outputs.add()
         entry.name, entry.datatype = tensor.name, tensor.datatype
         entry.shape.extend(tensor.shape)
-        parts = tensor.raw_parts()
-        pieces.append(RAW_OUTPUT_TAG + varint(sum(len(part) for part in parts)))
-        pieces.extend(parts)
+        append_field(pieces, RAW_OUTPUT_TAG, tensor.raw_parts())
     return b"".join([response.SerializeToString(), *pieces])
 
 
 def stream_response(answer: bytes) -> bytes:
     """A serialised ModelStreamInferResponse carrying a serialised ModelInferResponse."""
-    return STREAM_INFER_RESPONSE_TAG + varint(len(answer)) + answer
+    pieces: list[bytes | memoryview] = []
+    append_field(pieces, STREAM_INFER_RESPONSE_TAG, [answer])
+    return b"".join(pieces)
 
 
 class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]

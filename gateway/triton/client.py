@@ -47,7 +47,7 @@ from gateway.triton.backend import (
     TensorSpec,
 )
 from gateway.triton.tensors import Tensor, TensorDataError, from_raw
-from gateway.triton.wire import RAW_INPUT_TAG, varint
+from gateway.triton.wire import RAW_INPUT_TAG, append_field
 
 logger = logging.getLogger("gateway.triton")
 
@@ -201,11 +201,7 @@ def infer_request_bytes(
         entry = request.inputs.add()
         entry.name, entry.datatype = tensor.name, tensor.datatype
         entry.shape.extend(tensor.shape)
-        parts = tensor.raw_parts()
-        size = sum(len(part) for part in parts)
-        nbytes += size
-        pieces.append(RAW_INPUT_TAG + varint(size))
-        pieces.extend(parts)
+        nbytes += append_field(pieces, RAW_INPUT_TAG, tensor.raw_parts())
     for name in outputs:
         output = request.outputs.add(name=name)
         if classes and name in classes:

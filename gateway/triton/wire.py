@@ -32,6 +32,15 @@ def varint(value: int) -> bytes:
         out.append(low | 0x80)
 
 
+def append_field(pieces: list[bytes | memoryview], tag: bytes, parts: list[bytes | memoryview]) -> int:
+    """Append a length-delimited field ``tag`` holding ``parts`` (joined, not copied
+    here) to the message being written as ``pieces``; the field's size."""
+    size = sum(len(part) for part in parts)
+    pieces.append(tag + varint(size))
+    pieces.extend(parts)
+    return size
+
+
 def _read_varint(view: memoryview, at: int) -> tuple[int, int]:
     value = shift = 0
     while True:
