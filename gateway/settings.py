@@ -172,6 +172,15 @@ class AdaptiveSettings(BaseModel):
         "is measured (1: what one client sees; raise it to the requests Triton runs in parallel "
         "without queueing, if a probe at 1 costs too much throughput).",
     )
+    idle: int = Field(
+        8,
+        ge=1,
+        le=100_000,
+        description="With the baseline anchor: where a light load (the limit never reached) takes "
+        "the limit: twice the requests in flight, at least this. A burst up to it is admitted at "
+        "once after a quiet spell; a flood after one starts from it, not from max_in_flight "
+        "(where a cold replica starts, untested, so it sheds no burst it can serve).",
+    )
     tolerance: float = Field(
         1.0,
         gt=0,

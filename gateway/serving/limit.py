@@ -6,9 +6,9 @@ AIMD anchored to a measured latency, in the manner of Envoy's adaptive concurren
   of each cost class's last ``probe_samples`` quiet samples (the windows' statistic, so
   latency's own spread never reads as queueing) is the baseline: what a request costs
   Triton with almost nothing queued. When the limit binds and no quiet sample has come
-  for ``probe_interval_seconds`` (jittered; within 5 s of start for the first), the limit
-  is held at its floor until ``probe_samples`` requests admitted during the probe have
-  completed. A gateway below its limit never probes. A probe also starts at once when the
+  for ``probe_interval_seconds`` (jittered), or before the class has 5 quiet samples, the
+  limit is held at its floor until ``probe_samples`` requests admitted during the probe
+  have completed. A gateway below its limit never probes. A probe also starts at once when the
   limit has sat at its floor for ``floor_windows`` windows (Triton slowed down: the old
   baseline makes every latency look congested) and when a window's p90 is under three quarters of
   the baseline (Triton got faster). So the anchor follows Triton both ways in about a
@@ -20,6 +20,11 @@ AIMD anchored to a measured latency, in the manner of Envoy's adaptive concurren
   one); over it, requests queue inside Triton and the limit is multiplied by
   ``(1 + tolerance) / ratio``, at most halved. Bounded by ``[floor, ceiling]``
   (``max_in_flight``). The excess waits in the gateway's short queue, then gets a fast 503.
+- **Light load.** A window in which the limit never bound moves it toward twice the
+  requests in flight, at least ``idle`` (8): down by a fifth a window from a ceiling no
+  load has tested (a cold replica starts there, so it sheds no burst it can serve), up by
+  its square root (while nothing queues) from a floor an overload left. A flood after a
+  quiet spell then starts from a few requests in Triton, not from 64 queued there.
 - **Cost classes.** The gateway fronts many models: an 8-image request to a ResNet is not
   slow next to a text on a MiniLM, it is a different request. Each latency is compared
   with its own class's baseline (model and a bucket of the inputs it carries), so a mix
@@ -43,8 +48,12 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from time import monotonic
 
-# the first baseline is measured this soon after start (a first latency stands in till then)
-FIRST_PROBE_SECONDS = 5.0
+# quiet samples a baseline needs before it judges a window (fewer: a cold first request,
+# a lucky one; the limit binding without one measures one at once)
+TRUSTED_SAMPLES = 5
+# a window in which the limit did not bind moves an untested limit this much toward twice
+# what was in flight (64 to 16 in 0.6 s)
+DECAY = 0.8
 # a window whose p90 is under this share of the baseline (measured at the floor, so faster
 # than anything at a higher concurrency should be): Triton got faster, probe again
 FASTER = 0.75
@@ -65,6 +74,7 @@ class LimitSettings:
     floor: int = 1
     ceiling: int = 64
     initial: int | None = None  # None: the ceiling
+    idle: int = 8  # a light load moves the limit to twice what it holds in flight, at least this
     tolerance: float = 1.0
     window_seconds: float = 0.1
     window_samples: int = 10
@@ -102,6 +112,7 @@ class AdaptiveLimit:
     _fresh_until: float = field(init=False, default=0.0)
     _at_floor: int = field(init=False, default=0)
     _saturated: bool = field(init=False, default=False)  # the window reached the limit
+    _peak: int = field(init=False, default=0)  # the most in flight the window saw
     _measured: bool = field(init=False, default=False)  # a window has moved the limit
     sample_ratio: float = field(init=False, default=0.0)
 
@@ -113,11 +124,10 @@ class AdaptiveLimit:
         now = self.clock()
         self._window_started = now
         # Serving starts at the ceiling, as a static cap would (a cold replica behind a
-        # load balancer must not shed a burst while it learns); a baseline comes from
-        # the first quiet requests, or from a probe if none comes within a few seconds.
-        self._fresh_until = now + min(s.probe_interval_seconds, FIRST_PROBE_SECONDS) * self.rng.uniform(
-            0.85, 1.15
-        )
+        # load balancer must not shed a burst while it learns); a light load then takes it
+        # to ``idle``, and a baseline comes from quiet requests, or from a probe the moment
+        # the limit binds without one.
+        self._fresh_until = now
 
     @property
     def limit(self) -> int:
@@ -162,16 +172,21 @@ class AdaptiveLimit:
                 self._end_probe(now)
             return
         bound = in_flight + 1 >= self.limit if saturated is None else saturated
-        baseline = self._baseline.get(cost)
-        if baseline is None:
-            # no quiet sample of this class yet: it says nothing about queueing; if the
-            # limit binds, it is time to measure one
+        self._saturated = self._saturated or bound
+        self._peak = max(self._peak, in_flight + 1)
+        quiet = self._quiet.get(cost)
+        if quiet is None or len(quiet) < TRUSTED_SAMPLES:
+            # too few quiet samples of this class: they say nothing about queueing; if the
+            # limit binds, it is time to measure them
             if bound and now >= self._fresh_until:
                 self._start_probe(now)
+            elif not self._saturated and now - self._window_started >= s.window_seconds:
+                self._update(now)  # a light load: the limit falls to what it needs
             return
-        self._saturated = self._saturated or bound
-        self._window.append(seconds / baseline)
-        if len(self._window) >= s.window_samples and now - self._window_started >= s.window_seconds:
+        self._window.append(seconds / self._baseline[cost])
+        if now - self._window_started >= s.window_seconds and (
+            len(self._window) >= s.window_samples or not self._saturated
+        ):
             self._update(now)
         elif now >= self._fresh_until and self._saturated:
             self._start_probe(now)
@@ -190,19 +205,35 @@ class AdaptiveLimit:
 
     def _update(self, now: float) -> None:
         s = self.settings
-        ratio = percentile(self._window, 0.9)
-        self.sample_ratio = ratio
+        target = 1 + s.tolerance
+        timed = bool(self._window)  # latencies judged against a baseline (none without one)
+        ratio = percentile(self._window, 0.9) if timed else math.inf
+        if timed:
+            self.sample_ratio = ratio
         self._window = []
         self._window_started = now
         saturated, self._saturated = self._saturated, False
-        self._measured = True
-        target = 1 + s.tolerance
-        if ratio <= target:  # no queueing to speak of: probe upwards
-            moved = self._limit + math.sqrt(self._limit)
-        elif saturated:  # queueing in Triton while the limit binds: back off, at most by half
-            moved = self._limit * max(0.5, target / ratio)
-        else:  # slow, but the limit was not reached: admitting fewer would not help
+        peak, self._peak = self._peak, 0
+        if not saturated:
+            # A light load (the limit never bound): the limit goes to twice what was in
+            # flight, at least ``idle``: down from a ceiling no load has tested (a flood
+            # after a quiet spell would queue it all in Triton before the first window),
+            # up (while nothing queues) from a floor a past overload left.
+            light = min(float(s.ceiling), float(max(s.idle, 2 * peak)))
+            if self._limit > light:
+                moved = max(light, self._limit * DECAY)
+            elif ratio <= target:
+                moved = min(light, self._limit + math.sqrt(self._limit))
+            else:  # slow (or not timed), the limit not reached: admitting fewer would not help
+                moved = self._limit
+        elif not timed:  # bound, but nothing to judge it by (a probe measures a baseline)
             moved = self._limit
+        elif ratio <= target:  # no queueing to speak of: probe upwards
+            self._measured = True
+            moved = self._limit + math.sqrt(self._limit)
+        else:  # queueing in Triton while the limit binds: back off, at most by half
+            self._measured = True
+            moved = self._limit * max(0.5, target / ratio)
         self._limit = max(float(s.floor), min(float(s.ceiling), moved))
         self._at_floor = self._at_floor + 1 if self._limit < s.floor + 1 else 0
         # while the limit binds, a limit stuck at the floor (Triton slowed down), requests
