@@ -177,7 +177,7 @@ class AdaptiveSettings(BaseModel):
         ge=1,
         le=100_000,
         description="With the baseline anchor: where a light load (the limit never reached) takes "
-        "the limit: twice the requests in flight, at least this. A burst up to it is admitted at "
+        "the limit: twice the most requests in flight over the last 10 s, at least this. A burst up to it is admitted at "
         "once after a quiet spell; a flood after one starts from it, not from max_in_flight "
         "(where a cold replica starts, untested, so it sheds no burst it can serve).",
     )

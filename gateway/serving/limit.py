@@ -21,7 +21,7 @@ AIMD anchored to a measured latency, in the manner of Envoy's adaptive concurren
   ``(1 + tolerance) / ratio``, at most halved. Bounded by ``[floor, ceiling]``
   (``max_in_flight``). The excess waits in the gateway's short queue, then gets a fast 503.
 - **Light load.** A window in which the limit never bound moves it toward twice the
-  requests in flight, at least ``idle`` (8): down by a fifth a window from a ceiling no
+  most requests in flight over the last 10 s, at least ``idle`` (8): down by a fifth a window from a ceiling no
   load has tested (a cold replica starts there, so it sheds no burst it can serve), up by
   its square root (while nothing queues) from a floor an overload left. A flood after a
   quiet spell then starts from a few requests in Triton, not from 64 queued there.
@@ -54,6 +54,9 @@ TRUSTED_SAMPLES = 5
 # a window in which the limit did not bind moves an untested limit this much toward twice
 # what was in flight (64 to 16 in 0.6 s)
 DECAY = 0.8
+# what was in flight is the most any window saw this long: a load that comes in waves (10
+# clients, a pause, 10 more) keeps room for its waves
+PEAK_MEMORY_SECONDS = 10.0
 # a window whose p90 is under this share of the baseline (measured at the floor, so faster
 # than anything at a higher concurrency should be): Triton got faster, probe again
 FASTER = 0.75
@@ -113,6 +116,7 @@ class AdaptiveLimit:
     _at_floor: int = field(init=False, default=0)
     _saturated: bool = field(init=False, default=False)  # the window reached the limit
     _peak: int = field(init=False, default=0)  # the most in flight the window saw
+    _peaks: deque[tuple[float, int]] = field(init=False, default_factory=deque)  # (when, peak)
     _measured: bool = field(init=False, default=False)  # a window has moved the limit
     sample_ratio: float = field(init=False, default=0.0)
 
@@ -213,12 +217,12 @@ class AdaptiveLimit:
         self._window = []
         self._window_started = now
         saturated, self._saturated = self._saturated, False
-        peak, self._peak = self._peak, 0
+        peak, self._peak = self._recent_peak(now, self._peak), 0
         if not saturated:
-            # A light load (the limit never bound): the limit goes to twice what was in
-            # flight, at least ``idle``: down from a ceiling no load has tested (a flood
-            # after a quiet spell would queue it all in Triton before the first window),
-            # up (while nothing queues) from a floor a past overload left.
+            # A light load (the limit never bound): the limit goes to twice the most in
+            # flight over the last 10 s, at least ``idle``: down from a ceiling no load
+            # has tested (a flood after a quiet spell would queue it all in Triton before
+            # the first window), up (while nothing queues) from a floor a past overload left.
             light = min(float(s.ceiling), float(max(s.idle, 2 * peak)))
             if self._limit > light:
                 moved = max(light, self._limit * DECAY)
@@ -242,6 +246,17 @@ class AdaptiveLimit:
         # the limit has room for, and the baseline matters only once the limit binds)
         if saturated and (self._at_floor >= s.floor_windows or ratio < FASTER or now >= self._fresh_until):
             self._start_probe(now)
+
+    def _recent_peak(self, now: float, peak: int) -> int:
+        """The most in flight over the last ``PEAK_MEMORY_SECONDS``, this window's ``peak``
+        included (kept as a falling staircase: a peak under a later one is never the max)."""
+        peaks = self._peaks
+        while peaks and (peaks[0][0] <= now - PEAK_MEMORY_SECONDS):
+            peaks.popleft()
+        while peaks and peaks[-1][1] <= peak:
+            peaks.pop()
+        peaks.append((now, peak))
+        return peaks[0][1]
 
     def _start_probe(self, now: float) -> None:
         self._probing = True

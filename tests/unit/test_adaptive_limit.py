@@ -152,7 +152,7 @@ def test_a_gateway_below_its_limit_never_probes() -> None:
 
 def test_a_light_load_takes_the_untested_ceiling_down_and_a_flood_after_it_queues_little() -> None:
     """Issue 42's third point. A cold replica starts at the ceiling (a burst of 24 is all
-    admitted); 2 clients for 2 s, with no quiet sample among them (always another in
+    admitted); 2 clients for 12 s, with no quiet sample among them (always another in
     flight), take the limit to ``idle`` (8), and the flood that follows (100 clients) is
     admitted from there: the first seconds' p99 within 2x the steady p99. Filed against the
     code before it: the limit sat at 64 through the light load, the flood's first wave
@@ -166,8 +166,8 @@ def test_a_light_load_takes_the_untested_ceiling_down_and_a_flood_after_it_queue
         clock.now += 0.0025
         limit.observe("text", clock.now - admitted_at, admitted_at, 23)
     assert limit.limit >= 24
-    # the light load: two always in flight, never alone
-    until = clock.now + 2.0
+    # the light load: two always in flight, never alone, past the 10 s the burst is kept
+    until = clock.now + 12.0
     while clock.now < until:
         clock.now += 0.005
         limit.observe("text", 0.010, clock.now - 0.010, 1)
@@ -187,7 +187,25 @@ def test_a_limit_an_overload_left_low_rises_to_idle_under_a_light_load() -> None
     limit = adaptive(clock)
     simulate(limit, clock, lambda t: 0.010, parallel=4, until=10.0)
     assert limit.limit < limit.settings.idle
-    for _ in range(400):
+    for _ in range(2600):  # 13 s: past the 10 s the flood's peaks are kept
         clock.now += 0.005
         limit.observe("text", 0.010, clock.now - 0.010, 0)
     assert limit.limit == limit.settings.idle
+
+
+def test_a_load_in_waves_keeps_room_for_its_waves() -> None:
+    """10 clients, a second of 1, 10 again (the canary test's groups): the limit stays at
+    twice the 10 the last 10 s saw, so the next wave is not a flood over a fallen limit."""
+    clock = Clock()
+    limit = adaptive(clock)
+    lowest = 64
+    for _wave in range(6):
+        for _ in range(200):  # 10 in flight for 1 s
+            clock.now += 0.005
+            limit.observe("text", 0.050, clock.now - 0.050, 9)
+        for _ in range(50):  # the wave's tail: 1 in flight for 1 s
+            clock.now += 0.02
+            limit.observe("text", 0.010, clock.now - 0.010, 0)
+            lowest = min(lowest, limit.limit)
+    assert lowest == 20
+    assert not limit.probing
