@@ -172,14 +172,17 @@ class AdaptiveSettings(BaseModel):
         "is measured (1: what one client sees; raise it to the requests Triton runs in parallel "
         "without queueing, if a probe at 1 costs too much throughput).",
     )
-    idle: int = Field(
-        8,
+    idle: int | None = Field(
+        None,
         ge=1,
         le=100_000,
         description="With the baseline anchor: where a light load (the limit never reached) takes "
         "the limit: twice the most requests in flight over the last 10 s, at least this. A burst up to it is admitted at "
         "once after a quiet spell; a flood after one starts from it, not from max_in_flight "
-        "(where a cold replica starts, untested, so it sheds no burst it can serve).",
+        "(where a cold replica starts, untested, so it sheds no burst it can serve). None (the "
+        "default): the limit never moves while it does not bind; 8 passes issue 42's flood test, "
+        "but 10 steady clients on a CPU Triton then bind it and are shed to keep latency within "
+        "the tolerance (docs/explanation/reliability.md).",
     )
     tolerance: float = Field(
         1.0,

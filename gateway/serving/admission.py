@@ -543,7 +543,7 @@ def build_admission(server: ServerSettings) -> Admission:
             LimitSettings(
                 floor=min(adaptive.floor, ceiling),
                 ceiling=ceiling,
-                idle=min(adaptive.idle, ceiling),
+                idle=None if adaptive.idle is None else min(adaptive.idle, ceiling),
                 tolerance=adaptive.tolerance,
                 window_seconds=adaptive.window_seconds,
                 probe_interval_seconds=adaptive.probe_interval_seconds,

@@ -21,7 +21,7 @@ AIMD anchored to a measured latency, in the manner of Envoy's adaptive concurren
   ``(1 + tolerance) / ratio``, at most halved. Bounded by ``[floor, ceiling]``
   (``max_in_flight``). The excess waits in the gateway's short queue, then gets a fast 503.
 - **Light load.** A window in which the limit never bound moves it toward twice the
-  most requests in flight over the last 10 s, at least ``idle`` (8): down by a fifth a window from a ceiling no
+  most requests in flight over the last 10 s, at least ``idle`` (when set; 8 in the tests): down by a fifth a window from a ceiling no
   load has tested (a cold replica starts there, so it sheds no burst it can serve), up by
   its square root (while nothing queues) from a floor an overload left. A flood after a
   quiet spell then starts from a few requests in Triton, not from 64 queued there.
@@ -77,7 +77,9 @@ class LimitSettings:
     floor: int = 1
     ceiling: int = 64
     initial: int | None = None  # None: the ceiling
-    idle: int = 8  # a light load moves the limit to twice what it holds in flight, at least this
+    # a light load moves the limit to twice the most in flight lately, at least this (None:
+    # it never moves while it does not bind)
+    idle: int | None = None
     tolerance: float = 1.0
     window_seconds: float = 0.1
     window_samples: int = 10
@@ -223,7 +225,7 @@ class AdaptiveLimit:
             # flight over the last 10 s, at least ``idle``: down from a ceiling no load
             # has tested (a flood after a quiet spell would queue it all in Triton before
             # the first window), up (while nothing queues) from a floor a past overload left.
-            light = min(float(s.ceiling), float(max(s.idle, 2 * peak)))
+            light = float(s.ceiling if s.idle is None else min(s.ceiling, max(s.idle, 2 * peak)))
             if self._limit > light:
                 moved = max(light, self._limit * DECAY)
             elif ratio <= target:

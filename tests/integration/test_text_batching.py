@@ -7,16 +7,14 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable
 
 import httpx
 import numpy as np
 import tritonclient.grpc.aio as grpcclient
 
 from gateway.dev.tritonserver import TritonServer
-from gateway.settings import Settings
 
-from helpers.triton_fixtures import gateway_settings
+from helpers.support import ServedApp
 
 REQUESTS = 256
 CONCURRENCY = 32
@@ -117,16 +115,10 @@ def test_single_texts_of_different_lengths_batch_together(triton: TritonServer) 
     assert inferences / executions >= 4
 
 
-def test_through_the_gateway_texts_batch_too(
-    triton: TritonServer, serve_gateway: Callable[[Settings], httpx.Client]
-) -> None:
-    """Triton's batching through the gateway, under the static cap: 32 at once are more
-    than the adaptive limit keeps in Triton on this CPU once a light load has taken it to
-    its idle 8 (docs/explanation/reliability.md), and admission is not what this measures."""
-    client = serve_gateway(gateway_settings(triton, server={"adaptive": {"enabled": False}}))
+def test_through_the_gateway_texts_batch_too(triton: TritonServer, gateway: ServedApp) -> None:
     warm_up(triton)
     inferences_before, executions_before = text_model_counts(triton)
-    statuses = asyncio.run(send_through_gateway(str(client.base_url).rstrip("/")))
+    statuses = asyncio.run(send_through_gateway(gateway.url))
     inferences, executions = text_model_counts(triton)
     inferences -= inferences_before
     executions -= executions_before
