@@ -20,11 +20,12 @@ AIMD anchored to a measured latency, in the manner of Envoy's adaptive concurren
   one); over it, requests queue inside Triton and the limit is multiplied by
   ``(1 + tolerance) / ratio``, at most halved. Bounded by ``[floor, ceiling]``
   (``max_in_flight``). The excess waits in the gateway's short queue, then gets a fast 503.
-- **Light load.** A window in which the limit never bound moves it toward twice the
-  most requests in flight over the last 10 s, at least ``idle`` (when set; 8 in the tests): down by a fifth a window from a ceiling no
-  load has tested (a cold replica starts there, so it sheds no burst it can serve), up by
-  its square root (while nothing queues) from a floor an overload left. A flood after a
-  quiet spell then starts from a few requests in Triton, not from 64 queued there.
+- **Light load** (with ``idle`` set; off by default). A window in which the limit never
+  bound moves it toward twice the most requests in flight over the last 10 s, at least
+  ``idle``: down by a fifth a window from a ceiling no load has tested (a cold replica
+  starts there, so it sheds no burst it can serve), up by its square root (while nothing
+  queues) from a floor an overload left. A flood after a quiet spell then starts from a
+  few requests in Triton, not from 64 queued there.
 - **Cost classes.** The gateway fronts many models: an 8-image request to a ResNet is not
   slow next to a text on a MiniLM, it is a different request. Each latency is compared
   with its own class's baseline (model and a bucket of the inputs it carries), so a mix
@@ -130,9 +131,9 @@ class AdaptiveLimit:
         now = self.clock()
         self._window_started = now
         # Serving starts at the ceiling, as a static cap would (a cold replica behind a
-        # load balancer must not shed a burst while it learns); a light load then takes it
-        # to ``idle``, and a baseline comes from quiet requests, or from a probe the moment
-        # the limit binds without one.
+        # load balancer must not shed a burst while it learns); with ``idle`` set a light
+        # load then takes it down, and a baseline comes from quiet requests, or from a
+        # probe the moment the limit binds without one.
         self._fresh_until = now
 
     @property
