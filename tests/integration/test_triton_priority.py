@@ -3,10 +3,11 @@
 triton#6055 (Triton 23.05) reports an ensemble's priority lost on the steps after the
 first. On Triton 2.51 (the wheel's and our images' release) it reaches every step: a key
 of a tier above the standard one is sent at priority 1 (the highest of the two levels
-every shipped step declares), and Triton's verbose log shows each step's request
-prepared at 1; a standard key's requests go at the default level. If a Triton release
-drops it again, this test fails: keep tiers in the gateway's queue only
-(docs/explanation/reliability.md, "Tiers and Triton's priority")."""
+the shipped Python steps declare), and Triton's verbose log shows those steps' requests
+prepared at 1; a standard key's requests go at the default level. The model step
+(text_model) declares no levels (test_triton_batcher.py): the priority it is sent with
+is not an error there. If a Triton release drops it again, this test fails: keep tiers in
+the gateway's queue only (docs/explanation/reliability.md, "Tiers and Triton's priority")."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from gateway.shared.keyfiles import hash_key
 
 from helpers.triton_fixtures import REPOSITORY, _servers, triton_env
 
-STEPS = ("text_tokenize", "text_model", "text_postprocess")
+STEPS = ("text_tokenize", "text_postprocess")  # text_model declares no levels
 
 
 def prepared(log: str, request_id: str) -> dict[str, int]:
@@ -69,6 +70,8 @@ def test_a_gold_keys_priority_reaches_every_step_of_the_ensemble(
         _servers.remove(triton)
     gold, plain = prepared(log, "prioritygold"), prepared(log, "priorityplain")
     print(f"gold: {gold}; standard: {plain}")
+    assert "text_model" in gold, gold  # it ran, priority or not
+    assert "text_model" in plain, plain
     assert set(STEPS) <= set(gold), gold
     assert all(gold[step] == 1 for step in ("text_classifier", *STEPS)), gold
     assert set(STEPS) <= set(plain), plain

@@ -35,9 +35,8 @@ class TritonPythonModel:
         options = ort.SessionOptions()
         options.intra_op_num_threads = int(params.get("intra_op_threads", "0"))
         # ONNX Runtime's pool threads spin between runs by default, taking the cores that
-        # Triton, the other models' stubs and the gateway share: on 2 cores one run in
-        # 100-200 then waited about 0.5 s for a thread (none in 800 runs with one thread,
-        # one with spinning off). "1": spin (a host whose cores are this model's alone).
+        # Triton, the other models' stubs and the gateway share. "1": spin (a host whose
+        # cores are this model's alone).
         options.add_session_config_entry(
             "session.intra_op.allow_spinning", params.get("intra_op_spinning", "0")
         )
