@@ -187,12 +187,17 @@ class AdaptiveLimit:
             # limit binds, it is time to measure them
             if bound and now >= self._fresh_until:
                 self._start_probe(now)
-            elif not self._saturated and now - self._window_started >= s.window_seconds:
+            elif (
+                s.idle is not None and not self._saturated and now - self._window_started >= s.window_seconds
+            ):
                 self._update(now)  # a light load: the limit falls to what it needs
             return
         self._window.append(seconds / self._baseline[cost])
+        # with ``idle`` set, a window the limit never bound closes on time, whatever its
+        # count (a light load may bring fewer than ``window_samples``)
+        light_load = s.idle is not None and not self._saturated
         if now - self._window_started >= s.window_seconds and (
-            len(self._window) >= s.window_samples or not self._saturated
+            len(self._window) >= s.window_samples or light_load
         ):
             self._update(now)
         elif now >= self._fresh_until and self._saturated:
@@ -220,13 +225,18 @@ class AdaptiveLimit:
         self._window = []
         self._window_started = now
         saturated, self._saturated = self._saturated, False
-        peak, self._peak = self._recent_peak(now, self._peak), 0
+        peak = self._recent_peak(now, self._peak) if s.idle is not None else 0
+        self._peak = 0
         if not saturated:
             # A light load (the limit never bound): the limit goes to twice the most in
             # flight over the last 10 s, at least ``idle``: down from a ceiling no load
             # has tested (a flood after a quiet spell would queue it all in Triton before
             # the first window), up (while nothing queues) from a floor a past overload left.
             light = float(s.ceiling if s.idle is None else min(s.ceiling, max(s.idle, 2 * peak)))
+            # without ``idle`` a timed window measures the limit, bound or not (a probe
+            # then returns to half of it); with it, only a bound one does (a limit a
+            # light load took down is not a measured one)
+            self._measured = self._measured or (timed and s.idle is None)
             if self._limit > light:
                 moved = max(light, self._limit * DECAY)
             elif ratio <= target:
