@@ -173,17 +173,17 @@ class AdaptiveSettings(BaseModel):
         "without queueing, if a probe at 1 costs too much throughput).",
     )
     idle: int | None = Field(
-        12,
+        None,
         ge=1,
         le=100_000,
         description="With the baseline anchor: where a light load (the limit never reached) takes "
         "the limit: twice the most requests in flight over the last 10 s, at least this. A burst up to it is admitted at "
         "once after a quiet spell; a flood after one starts from it, not from max_in_flight "
-        "(where a cold replica starts, untested, so it sheds no burst it can serve). None: the "
-        "limit never moves while it does not bind (a flood after a light load then queues "
-        "max_in_flight in Triton). Below what steady clients hold at once, they bind it and are "
-        "shed to keep latency within the tolerance: 8 sheds 10 steady clients on a CPU Triton "
-        "(docs/explanation/reliability.md).",
+        "(where a cold replica starts, untested, so it sheds no burst it can serve). None (the "
+        "default): the limit never moves while it does not bind (a flood after a light load then "
+        "queues max_in_flight in Triton). Below what steady clients hold at once, they bind it "
+        "and are shed to keep latency within the tolerance: on a CPU Triton 8 sheds 10 steady "
+        "clients and 12 sheds 32 (docs/explanation/reliability.md).",
     )
     tolerance: float = Field(
         1.0,

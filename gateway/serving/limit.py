@@ -20,7 +20,7 @@ AIMD anchored to a measured latency, in the manner of Envoy's adaptive concurren
   one); over it, requests queue inside Triton and the limit is multiplied by
   ``(1 + tolerance) / ratio``, at most halved. Bounded by ``[floor, ceiling]``
   (``max_in_flight``). The excess waits in the gateway's short queue, then gets a fast 503.
-- **Light load** (with ``idle`` set: the gateway sets 12 by default). A window in which the limit never
+- **Light load** (with ``idle`` set; off by default). A window in which the limit never
   bound moves it toward twice the most requests in flight over the last 10 s, at least
   ``idle``: down by a fifth a window from a ceiling no load has tested (a cold replica
   starts there, so it sheds no burst it can serve), up by its square root (while nothing
