@@ -135,18 +135,25 @@ class ServedApp:
         asyncio.run(serve())
 
     def start(self, timeout: float = 20.0) -> ServedApp:
-        self.port = self.port or free_port()
-        # The gateway's own uvicorn configuration (timeouts, caps, no banner).
-        config = server_config(self.app, self.settings, "127.0.0.1", self.port)
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("the gateway did not start")
-            time.sleep(0.02)
-        return self
+        # A port free_port found can be taken by another process before uvicorn binds it
+        # (a clean-clone run failed so: EADDRINUSE); one we chose is chosen again.
+        chosen = not self.port
+        for attempt in range(3):
+            self.port = self.port or free_port()
+            # The gateway's own uvicorn configuration (timeouts, caps, no banner).
+            config = server_config(self.app, self.settings, "127.0.0.1", self.port)
+            self._server = uvicorn.Server(config)
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+            deadline = time.monotonic() + timeout
+            while not self._server.started and self._thread.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if self._server.started:
+                return self
+            if self._thread.is_alive() or not chosen or attempt == 2:
+                break
+            self.port = 0
+        raise RuntimeError("the gateway did not start")
 
     def call_soon(self, callback: Callable[[], object]) -> None:
         """Run ``callback`` on the server's event loop (for objects bound to it)."""
