@@ -97,7 +97,8 @@ def test_the_prediction_log_records_what_triton_answered(
     answer = client.post("/classify", content=chelsea_jpeg(), headers={"content-type": "image/jpeg"})
     assert answer.status_code == 200
     deadline = time.monotonic() + 10
-    while not target.exists():
+    # the sink opens the file, then writes its line: wait for a whole line, not the file
+    while not (target.exists() and target.read_text().endswith("\n")):
         assert time.monotonic() < deadline, "nothing logged"
         time.sleep(0.05)
     [record] = [json.loads(line) for line in target.read_text().splitlines()]
