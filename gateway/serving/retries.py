@@ -44,7 +44,9 @@ class RetryDamper:
         if now - last > self.forget_seconds:
             streak = 0
         held = 0.0 if streak == 0 else min(self.longest_seconds, self.first_seconds * 2.0 ** (streak - 1))
-        self._seen[connection] = (streak + 1, now + held)
+        # the streak stops counting once it holds the longest (2.0 ** 1024 overflows: a
+        # connection refused a thousand times in a row was answered 500)
+        self._seen[connection] = (streak + 1 if held < self.longest_seconds else streak, now + held)
         if len(self._seen) > REMEMBERED:
             self._seen.popitem(last=False)
         return held

@@ -57,3 +57,16 @@ def test_a_client_held_the_longest_that_retries_at_once_is_held_as_long_again() 
         now += hold + 0.001
     assert held[-4:] == [1.0, 1.0, 1.0, 1.0]
     assert held.count(0.0) == 1
+
+
+def test_a_connection_refused_without_end_is_held_the_longest_for_ever() -> None:
+    """A retry storm on one kept-alive connection for minutes: the thousandth hold is the
+    longest, as the tenth (2.0 ** 1024 overflowed: the refusal was a 500)."""
+    damper = RetryDamper(first_seconds=0.01, longest_seconds=0.1, forget_seconds=1.0)
+    now = 0.0
+    holds = []
+    for _ in range(5000):
+        holds.append(damper.hold(("127.0.0.1", 5555), now))
+        now += holds[-1]
+    assert holds[:6] == [0.0, 0.01, 0.02, 0.04, 0.08, 0.1]
+    assert set(holds[5:]) == {0.1}
