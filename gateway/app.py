@@ -20,6 +20,7 @@ from gateway.http.compression import OipCompression
 from gateway.http.dependencies import GatewayState
 from gateway.http.docs import install_docs
 from gateway.http.fastlane import FastLane
+from gateway.http.headshed import HeadShed
 from gateway.http.problems import install_error_handlers
 from gateway.http.routes import admin as admin_routes
 from gateway.http.routes import classify, health, metrics_route, oip
@@ -118,6 +119,11 @@ def create_app(
         admission=admission,
         # the served routes, to name the one a request refused before the router asked for
         routes=[route for module in SERVED for route in module.router.routes],
+    )
+    # A request the classify lane takes, refused from its head in the HTTP protocol when
+    # its route would (gateway.http.headshed; the server reads it: gateway.http.server).
+    app.state.head_shed = HeadShed.build(
+        settings, admission, runtime.gate, metrics, classify.router.routes, proxies
     )
     if settings.auth.cors_origins:
         app.add_middleware(

@@ -260,6 +260,16 @@ class ServerSettings(BaseModel):
         "queue_seconds, bodies read. Requests with Expect: 100-continue and a draining gateway are "
         "always refused unread.",
     )
+    shed_at_head: bool = Field(
+        True,
+        description="With shed_from_headers, a classify request that would be shed is refused in the "
+        "HTTP protocol once its head is parsed, with the answer its route gives (the same problem, "
+        "headers, hold, metrics and access-log line), before any task, middleware or route runs: about "
+        "a third of the gateway CPU a refusal costs through the route (docs/explanation/reliability.md). "
+        "Callers that need the whole pipeline first (a token, a certificate, a key with a rate or quotas), "
+        "a prediction log, tracing and CORS still go the route's way. false: every refusal goes through "
+        "the route.",
+    )
     max_connections: int = Field(
         2048,
         ge=16,

@@ -2,6 +2,7 @@
 
     .venv/bin/python -m gateway.bench.capacity [--seconds 10] [--clients 100]
         [--limits 1 2 4 8 16 32 64] [--speeds 1 5] [--out .reports/capacity]
+        [--no-sweep] [--refusal-rounds 3] [--refusal-seconds 8]
 
 A real tritonserver on the real model repository (the CPU twins: Triton is the bottleneck,
 as in production; ``--repository trivial``: fixed answers, the gateway's own cost is) and, one after another, a gateway process with each static limit
@@ -168,38 +169,72 @@ def measure(
     )
 
 
+# where a refusal is decided: after the queue wait (bodies read), from the headers in the
+# route, and from the request head in the HTTP protocol (gateway.http.headshed)
+REFUSAL_WAYS = {
+    "after the queue wait": {"GATEWAY_SERVER__SHED_FROM_HEADERS": "false"},
+    "from the headers, in the route": {"GATEWAY_SERVER__SHED_AT_HEAD": "false"},
+    "from the request head": {},
+}
+
+
 @dataclass
 class RefusalCost:
+    way: str  # a key of REFUSAL_WAYS
     shed_from_headers: bool
     refusals: int
     served: int
+    # what the storm added to the gateway's CPU (the same seconds with one client, as many
+    # as slots, subtracted: the served requests and the idle work), per refusal
     gateway_cpu_ms_per_refusal: float
+    # all of the gateway's CPU in the storm, per answer (served ones and idle work included)
+    gateway_cpu_ms_per_answer: float
+    storm_cores: float  # the gateway's CPU in the storm, in cores
+    calm_cores: float  # the same without the storm
+    goodput: float  # answers 200 a second in the storm
+    calm_goodput: float  # the same without the storm
 
 
-def refusal_cost(
-    triton: TritonServer, workdir: Path, from_headers: bool, clients: int, seconds: float
-) -> RefusalCost:
+def refusal_cost(triton: TritonServer, workdir: Path, way: str, clients: int, seconds: float) -> RefusalCost:
     """The gateway's CPU per 503: one slot, Triton made 5x slower (it still answers, so the
     gateway knows how fast its queue moves and may refuse from the headers), and
-    ``clients`` connections sending again as soon as they are answered. The few answers
-    served (tens a second against thousands refused) are counted in with the refusals."""
+    ``clients`` connections sending again as soon as they are answered; against the same
+    seconds with one client (the storm's served answers and the gateway's idle work),
+    whose CPU the storm's is measured above."""
     env = {
         "GATEWAY_SERVER__MAX_IN_FLIGHT": "1",
         "GATEWAY_SERVER__ADAPTIVE__ENABLED": "false",
-        "GATEWAY_SERVER__SHED_FROM_HEADERS": str(from_headers).lower(),
         "GATEWAY_LOG_LEVEL": "warning",
+        **REFUSAL_WAYS[way],
     }
     gateway = GatewayProcess.start(triton, workdir, cwd=workdir, env=env).wait("/readyz", timeout=60)
+    pid = gateway.process.pid
     try:
         with throttled(triton):
             hey(gateway.url, 2, 1.0)  # completions, so the queue's pace is known
-            before = _cpu_seconds(gateway.process.pid, with_children=False)
+            before = _cpu_seconds(pid, with_children=False)
+            calm = hey(gateway.url, 1, seconds)
+            calm_cpu = _cpu_seconds(pid, with_children=False) - before
+            before = _cpu_seconds(pid, with_children=False)
             answers = hey(gateway.url, clients, seconds)
-            spent = _cpu_seconds(gateway.process.pid, with_children=False) - before
+            spent = _cpu_seconds(pid, with_children=False) - before
     finally:
         gateway.stop()
     refused = sum(1 for _, _, status in answers if status == 503)
-    return RefusalCost(from_headers, refused, len(answers) - refused, spent * 1000 / max(1, len(answers)))
+    served = sum(1 for _, _, status in answers if status == 200)
+    calm_served = sum(1 for _, _, status in calm if status == 200)
+    return RefusalCost(
+        way,
+        way != "after the queue wait",
+        refused,
+        served,
+        (spent - calm_cpu) * 1000 / max(1, refused),
+        spent * 1000 / max(1, len(answers)),
+        spent / seconds,
+        calm_cpu / seconds,
+        served / seconds,
+        calm_served / seconds,
+    )
 
 
 def verdict(rows: list[Row], speed: int, ceiling: int) -> Verdict:
@@ -250,6 +285,16 @@ def main(argv: list[str] | None = None) -> int:
         help="measure a refusal's CPU, refused from the headers and after the queue wait",
     )
     parser.add_argument(
+        "--refusal-rounds", type=int, default=1, help="times each way of refusing is measured"
+    )
+    parser.add_argument("--refusal-seconds", type=float, default=5.0, help="each refusal measurement's storm")
+    parser.add_argument(
+        "--sweep",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the sweep of limits (--no-sweep: the refusals' cost only)",
+    )
+    parser.add_argument(
         "--env",
         nargs="*",
         default=[],
@@ -272,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         triton.start()
         try:
             triton.wait_ready(timeout=180)
-            for speed in options.speeds:
+            for speed in options.speeds if options.sweep else []:
                 for limit in [*(f"static {n}" for n in options.limits), ADAPTIVE, BASELINE]:
                     started = time.monotonic()
                     row = measure(
@@ -301,20 +346,22 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
             costs = []
-            if options.refusals:
-                for from_headers in (False, True):
-                    cost = refusal_cost(
-                        triton, workdir, from_headers, options.clients, min(options.seconds, 5.0)
-                    )
+            for turn in range(options.refusal_rounds if options.refusals else 0):
+                # each way in turn, the order reversed every other round
+                for way in list(REFUSAL_WAYS)[:: 1 if turn % 2 == 0 else -1]:
+                    cost = refusal_cost(triton, workdir, way, options.clients, options.refusal_seconds)
                     costs.append(cost)
                     print(
-                        f"a refusal {'from the headers' if from_headers else 'after the queue wait'}: "
-                        f"{cost.gateway_cpu_ms_per_refusal:.3f} ms of gateway CPU ({cost.refusals} refused, {cost.served} served)",
+                        f"a refusal {way}: {cost.gateway_cpu_ms_per_refusal:.3f} ms of gateway CPU "
+                        f"({cost.gateway_cpu_ms_per_answer:.3f} ms an answer, all counted; {cost.refusals} "
+                        f"refused, {cost.served} served); the storm {cost.storm_cores:.2f} cores, "
+                        f"{cost.goodput:.1f}/s served (without it {cost.calm_cores:.2f} cores, "
+                        f"{cost.calm_goodput:.1f}/s)",
                         flush=True,
                     )
         finally:
             triton.stop()
-    verdicts = [verdict(rows, speed, ceiling) for speed in options.speeds]
+    verdicts = [verdict(rows, speed, ceiling) for speed in options.speeds] if options.sweep else []
     for v in verdicts:
         print(
             f"{v.speed}x slower: adaptive goodput {v.goodput_vs_best:.0%} of the best static ({v.best_static}, "

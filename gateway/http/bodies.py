@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 from starlette.requests import ClientDisconnect, Request
-from starlette.types import Message, Receive
+from starlette.types import Message, Receive, Scope
 
 from gateway.errors import (
     InvalidInputError,
@@ -60,10 +60,21 @@ SMALL_UNREAD_BYTES = 64 * 1024
 
 def unread_body(request: Request) -> UnreadBody:
     """What the request's headers say of its body (gateway.serving.call.UnreadBody)."""
-    length = request.headers.get("content-length")
+    return unread_body_of(request.scope)
+
+
+def unread_body_of(scope: Scope) -> UnreadBody:
+    """:func:`unread_body` from the scope's raw headers (before any framework runs)."""
+    length: bytes | None = None
+    waits = False
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            length = value
+        elif name == b"expect":
+            waits = value.strip().lower() == b"100-continue"
     small = length is not None and length.isdigit() and int(length) <= SMALL_UNREAD_BYTES
-    client = request.scope.get("client")  # (host, port): the connection
-    return UnreadBody(expects_continue(request), small, tuple(client) if client else None)
+    client = scope.get("client")  # (host, port): the connection
+    return UnreadBody(waits, small, tuple(client) if client else None)
 
 
 def media_type(request: Request) -> str:

@@ -15,6 +15,7 @@ the reference: the lane never answers differently, only sooner.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from urllib.parse import parse_qsl
 
 from starlette.requests import ClientDisconnect, Request
@@ -77,11 +78,23 @@ def _query(raw: bytes) -> tuple[int | None, float | None] | None:
     return top_k, threshold
 
 
-class FastLane:
-    """Answers the classify routes directly; everything else passes to ``app``."""
+@dataclass(frozen=True)
+class LaneMatch:
+    """A request the lane takes: its route, parameters and path parameters."""
 
-    def __init__(self, app: ASGIApp, routes: list[BaseRoute]) -> None:
-        self.app = app
+    route: BaseRoute
+    top_k: int | None
+    threshold: float | None
+    model: str | None
+    version: str | None
+
+
+class ClassifyRoutes:
+    """Which requests the lane takes (a POST to a classify path, without a ``root_path``,
+    its query in the plain forms): read by the lane and by the refusal from the request
+    head (gateway.http.headshed), which sheds exactly the requests the lane would serve."""
+
+    def __init__(self, routes: list[BaseRoute]) -> None:
         self._routes = routes  # the classify router's (what FastAPI matches for these paths)
         self._by_template: dict[str, BaseRoute] | None = None
 
@@ -95,39 +108,48 @@ class FastLane:
             }
         return self._by_template.get(template)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
-            match = _PATH.fullmatch(scope["path"])
-            if match is not None:
-                query = _query(scope.get("query_string", b""))
-                model, version = match.group(1), match.group(2)
-                route = self._route(template(model, version))
-                if query is not None and route is not None:
-                    top_k, threshold = query
-                    await self._serve(scope, receive, send, route, top_k, threshold, model, version)
-                    return
-        await self.app(scope, receive, send)
+    def match(self, scope: Scope) -> LaneMatch | None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
+            return None
+        match = _PATH.fullmatch(scope["path"])
+        if match is None:
+            return None
+        query = _query(scope.get("query_string", b""))
+        model, version = match.group(1), match.group(2)
+        route = self._route(template(model, version))
+        if query is None or route is None:
+            return None
+        return LaneMatch(route, query[0], query[1], model, version)
 
-    async def _serve(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        route: BaseRoute,
-        top_k: int | None,
-        threshold: float | None,
-        model: str | None,
-        version: str | None,
-    ) -> None:
-        params = {
-            name: value for name, value in (("model", model), ("version", version)) if value is not None
-        }
-        scope["route"] = route
-        scope["endpoint"] = getattr(route, "endpoint", None)
-        scope["path_params"] = params
+
+def enter_route(scope: Scope, lane: LaneMatch) -> None:
+    """Set the scope as the router would (the matched route, the path parameters)."""
+    scope["route"] = lane.route
+    scope["endpoint"] = getattr(lane.route, "endpoint", None)
+    scope["path_params"] = {
+        name: value for name, value in (("model", lane.model), ("version", lane.version)) if value is not None
+    }
+
+
+class FastLane:
+    """Answers the classify routes directly; everything else passes to ``app``."""
+
+    def __init__(self, app: ASGIApp, routes: list[BaseRoute]) -> None:
+        self.app = app
+        self.lane = ClassifyRoutes(routes)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        lane = self.lane.match(scope)
+        if lane is None:
+            await self.app(scope, receive, send)
+            return
+        await self._serve(scope, receive, send, lane)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, lane: LaneMatch) -> None:
+        enter_route(scope, lane)
         request = Request(scope, receive, send)
         try:
-            response = await classify_request(request, top_k, threshold, model, version)
+            response = await classify_request(request, lane.top_k, lane.threshold, lane.model, lane.version)
         except GatewayError as exc:
             # as the framework's handler would (anything else rises to its 500 handler)
             response = await gateway_error_response(request, exc)

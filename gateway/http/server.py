@@ -20,19 +20,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import AbstractAsyncContextManager, contextmanager
 from types import FrameType
 from typing import Any
 
+import httptools
 import uvicorn
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from gateway.errors import NotFoundError
 from gateway.http.auth import ADMIN_PREFIX
+from gateway.http.headshed import HeadRefusal, HeadShed
 from gateway.http.problems import problem_response
 from gateway.observe.logs import flush_logs
 from gateway.serving.admission import Admission
@@ -92,6 +95,24 @@ class _LingerOnClose:
         return self._protocol.lingering or self._transport.is_closing()
 
 
+class _NoEvent:
+    def set(self) -> None:
+        return None
+
+
+class _RefusedCycle:
+    """What uvicorn's callbacks see of a request refused from its head
+    (gateway.http.headshed) until its answer is written: an answer under way (a pipelined
+    next request waits for it), a body read away as it comes, and whether all of it came."""
+
+    def __init__(self, keep_alive: bool) -> None:
+        self.keep_alive = keep_alive
+        self.response_complete = False
+        self.more_body = True
+        self.disconnected = False
+        self.message_event = _NoEvent()
+
+
 class HeaderTimeoutProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, closing a connection whose request head is late, and
     lingering before it closes one whose request body is still coming.
@@ -112,6 +133,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
     header_timeout: float = 10.0
     linger_seconds: float = 10.0
     linger_bytes: int = 64 * 1024 * 1024
+    head_shed: HeadShed | None = None  # refuses from the head what the route would
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._head_timer: asyncio.TimerHandle | None = None
@@ -169,7 +191,77 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._disarm()
+        shed = self.head_shed
+        if shed is not None and shed.armed() and (self.cycle is None or self.cycle.response_complete):
+            refusal = self._head_refusal(shed)
+            if refusal is not None:
+                self._refuse(shed, refusal)
+                return
         super().on_headers_complete()
+
+    def _head_refusal(self, shed: HeadShed) -> HeadRefusal | None:
+        """The head's refusal, its scope filled in as uvicorn fills it (only a POST is
+        ever refused here, so nothing is parsed for the rest)."""
+        if self.parser.get_method() != b"POST":
+            return None
+        scope = self.scope
+        parsed = httptools.parse_url(self.url)
+        path = parsed.path.decode("ascii")
+        if "%" in path:
+            path = urllib.parse.unquote(path)
+        scope["method"] = "POST"
+        scope["path"] = self.root_path + path
+        scope["raw_path"] = self.root_path.encode("ascii") + parsed.path
+        scope["query_string"] = parsed.query or b""
+        try:
+            return shed.refuse(scope)  # type: ignore[arg-type]
+        except Exception:  # a bug here must not cost the request its answer: the route gives it
+            logger.exception("the refusal from the request head failed; the route answers")
+            return None
+
+    def _refuse(self, shed: HeadShed, refusal: HeadRefusal) -> None:
+        """Answer ``refusal`` (after its hold), then go on as uvicorn does after an answer:
+        keep the connection, or close it lingering."""
+        keep_alive = (
+            not refusal.close and self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
+        )
+        cycle = _RefusedCycle(keep_alive)
+        self.cycle = cycle  # type: ignore[assignment]
+        head = [STATUS_LINE[refusal.status]]
+        for name, value in (*self.server_state.default_headers, *refusal.headers):
+            head += [name, b": ", value, b"\r\n"]
+        if not keep_alive and not refusal.close:
+            head.append(b"connection: close\r\n")
+        head += [b"\r\n", refusal.body]
+        data = b"".join(head)
+
+        def write() -> None:
+            cycle.response_complete = True
+            if not self._raw.is_closing():
+                self._raw.write(data)
+            shed.answered(refusal)
+            if cycle.keep_alive:  # (the server's shutdown may have cleared it during the hold)
+                self.on_response_complete()  # resumes reading, the keep-alive timer or the next request
+            else:
+                self.close_lingering()
+
+        if refusal.hold:
+            # reading goes on: the body is read away, and a request pipelined behind waits
+            # for this answer as behind any other (uvicorn's pipeline)
+            self.loop.call_later(refusal.hold, write)
+        else:
+            write()
+
+    def on_body(self, body: bytes) -> None:
+        if isinstance(self.cycle, _RefusedCycle):
+            return  # read away: a refused request's body is never used
+        super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if isinstance(self.cycle, _RefusedCycle):
+            self.cycle.more_body = False
+            return
+        super().on_message_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -217,6 +309,7 @@ def server_config(app: FastAPI, settings: Settings, host: str, port: int) -> uvi
             "header_timeout": settings.server.header_timeout_seconds,
             "linger_seconds": settings.server.linger_seconds,
             "linger_bytes": settings.max_json_body_bytes,
+            "head_shed": getattr(app.state, "head_shed", None),
         },
     )
     asgi: ASGIApp = app

@@ -156,6 +156,28 @@ class CallerGate:
             raise missing_key_error()
         return key
 
+    def plain(self, request_id: str, headers: Headers, certified: str | None = None) -> Caller | None:
+        """The caller of a request whose admission charges nothing and waits for nothing:
+        authentication off, or an API key with neither a rate nor quotas (:meth:`admit`
+        would only name it). None: :meth:`admit` decides (a certificate, a token, no key
+        or an unknown one, a rate, a quota). Not counted: :meth:`count_allowed` does,
+        once the caller is refused without :meth:`admit` (gateway.http.headshed)."""
+        if certified is not None:
+            return None
+        if not self.enabled:
+            return Caller(request_id)
+        if self.keys is None:
+            return None
+        key = find_key(self.keys.keys, headers if isinstance(headers, list) else list(headers))
+        if key is None or (key.rate and key.burst) or key.quotas:
+            return None
+        return Caller(request_id, key, tenant_of(key, self.tiers))
+
+    def count_allowed(self, caller: Caller) -> None:
+        """Count ``caller`` (from :meth:`plain`) as :meth:`admit` would have."""
+        if caller.key is not None:
+            self._count(caller.key, "allowed")
+
     def _certified(self, name: str) -> ApiKey:
         if self.keys is not None:
             for key in self.keys.keys:

@@ -194,7 +194,7 @@ def test_bench_capacity_sweeps_static_limits_and_the_adaptive_ones(
     tmp_path: Path, triton_python_env: Path
 ) -> None:
     """The short form of `make bench-capacity`: two static limits, the knee and the
-    baseline anchor under a hey flood, and a refusal's CPU both ways; well formed, and
+    baseline anchor under a hey flood, and a refusal's CPU three ways; well formed, and
     the flood really overloads (refusals) while the knee moved from its ceiling or held it."""
     out = tmp_path / "capacity"
     result = subprocess.run(
@@ -202,6 +202,7 @@ def test_bench_capacity_sweeps_static_limits_and_the_adaptive_ones(
             sys.executable, "-m", "gateway.bench.capacity",
             "--seconds", "3", "--clients", "40", "--limits", "2", "16", "--speeds", "1",
             "--repository", "trivial", "--triton-env", str(triton_python_env), "--out", str(out),
+            "--refusal-seconds", "2",
         ],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
@@ -220,9 +221,11 @@ def test_bench_capacity_sweeps_static_limits_and_the_adaptive_ones(
     [verdict] = report["verdicts"]
     assert verdict["goodput_vs_best"] > 0
     assert verdict["storm_goodput_vs_calm"] > 0
-    costs = {cost["shed_from_headers"]: cost for cost in report["refusal_cost"]}
-    assert set(costs) == {False, True}
+    costs = {cost["way"]: cost for cost in report["refusal_cost"]}
+    assert set(costs) == {"after the queue wait", "from the headers, in the route", "from the request head"}
     for cost in costs.values():
         assert cost["refusals"] > 0
-        assert cost["gateway_cpu_ms_per_refusal"] > 0
+        assert cost["gateway_cpu_ms_per_answer"] > 0
+        assert cost["storm_cores"] > 0
+        assert cost["calm_goodput"] > 0
     assert "adaptive goodput" in result.stdout

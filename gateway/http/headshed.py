@@ -1,0 +1,191 @@
+"""Overload refused from the request head, in the HTTP protocol, before any task or
+framework runs.
+
+When the gateway sheds a request from its headers (gateway.serving.admission:
+``refuses_unread``: draining, or no slot and more waiting than complete within the queue
+wait), answering it through uvicorn's request cycle, every middleware and the route costs
+about 0.2 ms of gateway CPU; under a retry storm (clients that send again the moment a
+503 comes back) that is most of what the gateway spends, on a host whose cores Triton
+shares. The HTTP protocol (gateway.http.server) asks :meth:`HeadShed.refuse` once a
+request's head is parsed; for the requests the classify lane takes (gateway.http.fastlane:
+``POST /classify`` and ``/models/{model}[/versions/{version}]/classify``) that the route
+would refuse, it gets the route's answer back (:class:`HeadRefusal`: the same error from
+``gateway.serving.dispatch.shed``, with its hold and its ``Connection: close``; the same
+problem body and headers) and writes it itself. The refusal is counted and logged as the
+route's (``gateway_rejections_total``, the sampled problem line, the caller's
+``allowed``) and its outcome recorded as the telemetry layer records every request
+(gateway.observe.outcome: the request metrics and the access-log line).
+
+It decides only where nothing else would answer first, and leaves the rest to the full
+path: a caller :meth:`CallerGate.plain` cannot name without side effects (a token, a
+certificate, a key with a rate or quotas, no key), a model the caller may not use or a
+version that is not there (the route's 404 comes before its 503), the admin listener, and
+the settings that add to every answer (tracing: the refusal's span; CORS: its headers; a
+prediction log, which records refusals). :meth:`HeadShed.build` builds none with tracing
+or CORS on, or ``server.shed_at_head`` off.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from time import perf_counter
+
+from starlette.requests import Request
+from starlette.routing import BaseRoute
+from starlette.types import Scope
+
+from gateway import jsoncodec
+from gateway.errors import PROBLEM_MEDIA_TYPE, GatewayError, ServiceUnavailableError
+from gateway.http.auth import TrustedProxies
+from gateway.http.bodies import unread_body_of
+from gateway.http.fastlane import ClassifyRoutes
+from gateway.http.problems import log_problem
+from gateway.http.routes.classify import template
+from gateway.observe.metrics import GatewayMetrics
+from gateway.observe.outcome import Outcome, record
+from gateway.serving.admission import Admission
+from gateway.serving.caller import CallerGate, request_id_of
+from gateway.serving.dispatch import shed
+from gateway.settings import Settings
+
+_NOSNIFF = (b"x-content-type-options", b"nosniff")
+_NO_STORE = (b"cache-control", b"no-store")
+_CLOSE = (b"connection", b"close")
+
+
+@dataclass
+class HeadRefusal:
+    """A request refused from its head: what to write (after ``hold`` seconds), whether
+    the connection closes after it, and what its outcome records."""
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+    hold: float
+    close: bool
+    route: str
+    request_id: str
+    path: str
+    started: float
+
+
+class HeadShed:
+    """Decides, from a parsed request head, whether the route would refuse it unread, and
+    with what answer (see the module)."""
+
+    def __init__(
+        self,
+        admission: Admission,
+        gate: CallerGate,
+        metrics: GatewayMetrics,
+        routes: list[BaseRoute],
+        proxies: TrustedProxies,
+        admin_port: int | None,
+    ) -> None:
+        self.admission = admission
+        self.gate = gate
+        self.metrics = metrics
+        self.lane = ClassifyRoutes(routes)
+        self.proxies = proxies
+        self.admin_port = admin_port
+
+    @classmethod
+    def build(
+        cls,
+        settings: Settings,
+        admission: Admission,
+        gate: CallerGate,
+        metrics: GatewayMetrics,
+        routes: list[BaseRoute],
+        proxies: TrustedProxies,
+    ) -> HeadShed | None:
+        """The head's refusals, or None where every answer needs the full path."""
+        server = settings.server
+        if not (server.shed_at_head and server.shed_from_headers):
+            return None
+        if settings.tracing.enabled or settings.auth.cors_origins:
+            return None
+        return cls(admission, gate, metrics, routes, proxies, settings.admin_listener_port)
+
+    def armed(self) -> bool:
+        """The cheap test first (every request head asks): nothing is shed while the queue
+        is shorter than the limit, unless the gateway drains."""
+        admission = self.admission
+        return admission.draining or admission.waiting >= admission.limit
+
+    def refuse(self, scope: Scope) -> HeadRefusal | None:
+        """The route's refusal of the request whose head ``scope`` holds (method, path,
+        query string, headers, client, server, the lifespan's state), or None."""
+        started = perf_counter()
+        lane = self.lane.match(scope)
+        if lane is None or (
+            self.admin_port is not None and (scope.get("server") or ("", 0))[1] == self.admin_port
+        ):
+            return None
+        state = scope["state"]
+        log = state.get("prediction_log")
+        if log is None or log.enabled:
+            return None
+        admission = self.admission
+        headers = scope["headers"]
+        request_id = request_id_of(headers)
+        caller = self.gate.plain(request_id, headers, self.proxies.certified(scope))
+        if caller is None or not admission.refuses_unread(caller.tenant):
+            return None
+        try:
+            state["dispatcher"].check_model(lane.model, lane.version, caller)
+        except GatewayError:
+            return None  # the route's 404 comes first
+        self.gate.count_allowed(caller)
+        unread = unread_body_of(scope)
+        refusal, hold = shed(admission, unread)
+        return self._answer(scope, refusal, hold, template(lane.model, lane.version), request_id, started)
+
+    def _answer(
+        self,
+        scope: Scope,
+        refusal: ServiceUnavailableError,
+        hold: float,
+        route: str,
+        request_id: str,
+        started: float,
+    ) -> HeadRefusal:
+        """As the framework's handler answers ``refusal`` (gateway.http.problems), with the
+        headers every answer carries (gateway.http.requestid)."""
+        self.metrics.rejections.labels(reason=refusal.slug).inc()
+        log_problem(Request(scope), refusal)
+        body = jsoncodec.dumps(refusal.problem(request_id, route))
+        close = self.admission.draining or any(
+            name.lower() == "connection" and value == "close" for name, value in refusal.headers.items()
+        )
+        headers = [
+            (name.lower().encode("latin-1"), value.encode("latin-1"))
+            for name, value in refusal.headers.items()
+            if name.lower() != "connection"
+        ]
+        headers += [
+            (b"content-length", str(len(body)).encode("ascii")),
+            (b"content-type", PROBLEM_MEDIA_TYPE.encode("ascii")),
+            (b"x-request-id", request_id.encode("latin-1")),
+            _NOSNIFF,
+            _NO_STORE,
+        ]
+        if close:
+            headers.append(_CLOSE)
+        return HeadRefusal(
+            refusal.status, headers, body, hold, close, route, request_id, scope["path"], started
+        )
+
+    def answered(self, refusal: HeadRefusal) -> None:
+        """Record the refusal's outcome once it is written (its hold included)."""
+        outcome = Outcome(
+            refusal.route,
+            "POST",
+            refusal.status,
+            perf_counter() - refusal.started,
+            refusal.request_id,
+            "",
+            refusal.path,
+            0,
+        )
+        record(self.metrics, outcome)

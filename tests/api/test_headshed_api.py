@@ -1,0 +1,253 @@
+"""A classify request shed from its head (gateway/http/headshed.py, in the HTTP protocol: gateway/http/server.py) is answered, counted and
+logged exactly as the route would refuse it: the same requests, sent to an app with the
+layer and to one without it while the gateway sheds, get the same status, headers and body
+(request ids aside) and move the same metric lines; and the layer really answers them
+(the route never runs), except where the route must decide first."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.app import create_app
+from gateway.http import fastlane
+from gateway.http.routes.classify import classify_request
+from gateway.serving.admission import Admission
+from gateway.settings import Settings
+from gateway.shared.keyfiles import hash_key
+
+from helpers.support import FakeBackend, ServedApp
+
+REFUSES_UNREAD = Admission.refuses_unread
+LIMIT = Admission.__dict__["limit"]
+METRICS_LINE = (
+    "gateway_requests_total",
+    (("method", "GET"), ("model", ""), ("route", "/metrics"), ("status", "200")),
+)
+TEXT: dict[str, Any] = {"json": {"text": "The striker scored twice."}}
+PLAIN = {"x-api-key": "plain-secret"}
+RATED = {"x-api-key": "rated-secret"}
+# (url, headers, whether the head answers it)
+CASES: list[tuple[str, dict[str, str], bool]] = [
+    ("/classify", PLAIN, True),
+    ("/classify?top_k=2", PLAIN, True),
+    ("/models/text_classifier/classify", PLAIN, True),
+    ("/models/text_classifier/versions/1/classify", {**PLAIN, "x-request-id": "mine-1"}, True),
+    ("/classify", RATED, False),  # the route charges its rate first
+    ("/classify", {}, False),  # no key: 401
+    ("/classify", {"x-api-key": "wrong"}, False),
+    ("/models/no_such_model/classify", PLAIN, False),  # 404 before 503
+    ("/models/text_classifier/versions/99/classify", PLAIN, False),
+    ("/classify?top_k=0", PLAIN, False),  # the framework's 422
+]
+
+
+def _served(tmp_path: Path, head: bool) -> ServedApp:
+    keys = tmp_path / f"keys-{head}"
+    keys.write_text(f"plain {hash_key('plain-secret')}\nrated {hash_key('rated-secret')} 1000 1000\n")
+    settings = Settings(auth={"keys_file": keys})
+    app = create_app(settings, backend_factory=lambda *_: FakeBackend())
+    if not head:  # the server reads it when it starts: every request goes the full path
+        app.state.head_shed = None
+    return ServedApp(app, settings).start()
+
+
+@pytest.fixture
+def shedding(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every admission sheds from the headers: a full queue that moves too slowly."""
+    monkeypatch.setattr(Admission, "refuses_unread", lambda self, tenant=None: True)
+    monkeypatch.setattr(Admission, "limit", property(lambda self: 0))
+
+
+@pytest.fixture
+def route_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    ran: list[str] = []
+    original = classify_request  # what the lane calls
+
+    async def spy(request: Any, *args: Any) -> Any:
+        ran.append(request.url.path)
+        return await original(request, *args)
+
+    monkeypatch.setattr(fastlane, "classify_request", spy)
+    return ran
+
+
+def _comparable(response: Any) -> tuple[int, dict[str, str], Any]:
+    headers = {
+        k: v for k, v in response.headers.items() if k not in ("x-request-id", "content-length", "date")
+    }
+    body = response.json()
+    body.pop("request_id", None)
+    return response.status_code, headers, body
+
+
+def _lines(client: httpx.Client) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    found = {}
+    for family in text_string_to_metric_families(client.get("/metrics", headers=PLAIN).text):
+        if family.name in ("gateway_requests", "gateway_rejections", "gateway_client_requests"):
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+def _moved(before: dict[Any, float], after: dict[Any, float]) -> dict[Any, float]:
+    return {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
+
+
+@pytest.mark.parametrize(("url", "headers", "at_head"), CASES, ids=[f"{u} {sorted(h)}" for u, h, _ in CASES])
+def test_a_request_shed_from_its_head_is_answered_and_counted_as_the_route_would(
+    tmp_path: Path,
+    shedding: None,
+    route_runs: list[str],
+    url: str,
+    headers: dict[str, str],
+    at_head: bool,
+) -> None:
+    answers = []
+    for head in (True, False):
+        served = _served(tmp_path, head)
+        try:
+            with httpx.Client(base_url=served.url, timeout=10) as client:
+                client.get("/metrics", headers=PLAIN)  # the /metrics line itself, counted before
+                before = _lines(client)
+                route_runs.clear()
+                response = client.post(url, headers=headers, **TEXT)
+                moved = _moved(before, _lines(client))
+        finally:
+            served.stop()
+        moved.pop(METRICS_LINE, None)
+        answers.append((_comparable(response), moved, response.headers["x-request-id"], list(route_runs)))
+    (with_head, moved_head, id_head, ran_head), (without, moved_route, id_route, ran_route) = answers
+    assert with_head == without
+    assert moved_head == moved_route
+    if "x-request-id" in headers:
+        assert id_head == id_route == headers["x-request-id"]
+    if at_head:  # the route never ran behind the layer
+        assert (ran_head, ran_route) == ([], [url.split("?")[0]])
+        assert with_head[0] == 503
+        assert with_head[2]["type"].endswith(":overloaded")
+    else:  # the route (or what answers before it: 401, the framework's 422) answered
+        assert ran_head == ran_route
+
+
+def test_a_draining_gateway_refuses_at_the_head_as_the_route_does(
+    tmp_path: Path, route_runs: list[str]
+) -> None:
+    answers = []
+    for head in (True, False):
+        served = _served(tmp_path, head)
+        try:
+            served.app.state.admission.start_draining()
+            with httpx.Client(base_url=served.url, timeout=10) as client:
+                answers.append(_comparable(client.post("/classify", headers=PLAIN, **TEXT)))
+        finally:
+            served.stop()
+    assert answers[0] == answers[1]
+    assert answers[0][0] == 503
+    assert answers[0][1]["connection"] == "close"
+    assert route_runs == ["/classify"]  # the app without the head's refusals only
+
+
+def test_a_retry_at_once_is_held_and_the_connection_kept(
+    tmp_path: Path, shedding: None, route_runs: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On one kept-alive connection: a refusal, retries at once held (then refused), and,
+    once the gateway sheds no more, the next request served on the same connection."""
+    served = _served(tmp_path, True)
+    try:
+        with httpx.Client(base_url=served.url, timeout=10) as client:
+            first = client.post("/classify", headers=PLAIN, **TEXT)
+            started = time.monotonic()
+            retries = [client.post("/classify", headers=PLAIN, **TEXT) for _ in range(3)]
+            held = time.monotonic() - started  # 10, 20 and 40 ms (gateway.serving.retries)
+            second = retries[-1]
+            monkeypatch.setattr(Admission, "refuses_unread", REFUSES_UNREAD)
+            monkeypatch.setattr(Admission, "limit", LIMIT)
+            third = client.post("/classify", headers=PLAIN, **TEXT)
+            connections = {
+                r.extensions["network_stream"].get_extra_info("client_addr") for r in (first, third)
+            }
+    finally:
+        served.stop()
+    assert [first.status_code, second.status_code, third.status_code] == [503, 503, 200]
+    assert "connection" not in first.headers
+    assert "connection" not in second.headers
+    assert [r.status_code for r in retries] == [503, 503, 503]
+    assert held >= 0.065  # held, as the route holds them
+    assert len(connections) == 1
+    assert route_runs == ["/classify"]  # the third only
+
+
+def test_nothing_is_shed_at_the_head_while_the_queue_is_short(tmp_path: Path, route_runs: list[str]) -> None:
+    served = _served(tmp_path, True)
+    try:
+        with httpx.Client(base_url=served.url, timeout=10) as client:
+            assert client.post("/classify", headers=PLAIN, **TEXT).status_code == 200
+    finally:
+        served.stop()
+    assert route_runs == ["/classify"]
+
+
+def test_a_large_body_refused_at_the_head_is_closed_after_its_answer_is_read(
+    tmp_path: Path, shedding: None, route_runs: list[str]
+) -> None:
+    """A body the server will not read away: the answer says ``Connection: close``, and
+    the client still sending it reads the answer (the server lingers: gateway.http.server)."""
+    served = _served(tmp_path, True)
+    try:
+        with socket.create_connection(("127.0.0.1", served.port), timeout=10) as sock:
+            head = (
+                "POST /classify HTTP/1.1\r\nhost: x\r\nx-api-key: plain-secret\r\n"
+                "content-type: application/json\r\ncontent-length: 8000000\r\n\r\n"
+            )
+            sock.sendall(head.encode() + b"{" + b" " * 1_000_000)
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+    finally:
+        served.stop()
+    status, _, rest = answer.partition(b"\r\n")
+    assert status == b"HTTP/1.1 503 Service Unavailable"
+    assert b"\r\nconnection: close\r\n" in rest.lower()
+    assert json.loads(rest.split(b"\r\n\r\n", 1)[1])["type"].endswith(":overloaded")
+    assert route_runs == []
+
+
+def test_requests_pipelined_behind_a_held_refusal_are_answered_in_order(
+    tmp_path: Path, shedding: None, route_runs: list[str]
+) -> None:
+    """HTTP/1.1 pipelining: a refusal held at the head (a retry at once) is answered before
+    the request sent behind it, which waits its turn as behind any other answer."""
+
+    def request(request_id: str) -> bytes:
+        body = json.dumps({"text": "The striker scored twice."}).encode()
+        return (
+            f"POST /classify HTTP/1.1\r\nhost: x\r\nx-api-key: plain-secret\r\nx-request-id: {request_id}\r\n"
+            f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+        ).encode() + body
+
+    served = _served(tmp_path, True)
+    try:
+        with socket.create_connection(("127.0.0.1", served.port), timeout=10) as sock:
+            sock.sendall(request("first"))
+            answer = b""
+            while b"first" not in answer or not answer.endswith(b"}"):
+                answer += sock.recv(65536)
+            sock.sendall(request("held") + request("behind"))  # the second is held 10 ms
+            answer = b""
+            while answer.count(b"HTTP/1.1 503") < 2 or not answer.endswith(b"}"):
+                chunk = sock.recv(65536)
+                assert chunk, answer
+                answer += chunk
+    finally:
+        served.stop()
+    ids = [line.split(b": ")[1] for line in answer.split(b"\r\n") if line.lower().startswith(b"x-request-id")]
+    assert ids == [b"held", b"behind"]
