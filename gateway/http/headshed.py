@@ -8,7 +8,8 @@ about 0.2 ms of gateway CPU; under a retry storm (clients that send again the mo
 503 comes back) that is most of what the gateway spends, on a host whose cores Triton
 shares. The HTTP protocol (gateway.http.server) asks :meth:`HeadShed.refuse` once a
 request's head is parsed; for the requests the classify lane takes (gateway.http.fastlane:
-``POST /classify`` and ``/models/{model}[/versions/{version}]/classify``) that the route
+``POST /classify`` and ``/models/{model}[/versions/{version}]/classify``) and the OIP
+door's inferences (``POST /v2/models/{model}[/versions/{version}]/infer``) that the route
 would refuse, it gets the route's answer back (:class:`HeadRefusal`: the same error from
 ``gateway.serving.dispatch.shed``, with its hold and its ``Connection: close``; the same
 problem body and headers) and writes it itself. The refusal is counted and logged as the
@@ -27,6 +28,7 @@ or CORS on, or ``server.shed_at_head`` off.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from time import perf_counter
 
@@ -38,9 +40,11 @@ from gateway import jsoncodec
 from gateway.errors import PROBLEM_MEDIA_TYPE, GatewayError, ServiceUnavailableError
 from gateway.http.auth import TrustedProxies
 from gateway.http.bodies import unread_body_of
+from gateway.http.compression import MINIMUM_SIZE
 from gateway.http.fastlane import ClassifyRoutes
 from gateway.http.problems import log_problem
 from gateway.http.routes.classify import template
+from gateway.http.routes.oip import INFER, INFER_VERSION
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.outcome import Outcome, record
 from gateway.serving.admission import Admission
@@ -48,6 +52,8 @@ from gateway.serving.caller import CallerGate, request_id_of
 from gateway.serving.dispatch import shed
 from gateway.settings import Settings
 
+# the OIP door's inference paths (gateway.http.routes.oip), as the router matches them
+_OIP_INFER = re.compile(r"/v2/models/([^/]+)/(?:versions/([^/]+)/)?infer")
 _NOSNIFF = (b"x-content-type-options", b"nosniff")
 _NO_STORE = (b"cache-control", b"no-store")
 _CLOSE = (b"connection", b"close")
@@ -64,6 +70,7 @@ class HeadRefusal:
     hold: float
     close: bool
     route: str
+    model: str  # the model label its outcome records
     request_id: str
     path: str
     started: float
@@ -117,11 +124,16 @@ class HeadShed:
         """The route's refusal of the request whose head ``scope`` holds (method, path,
         query string, headers, client, server, the lifespan's state), or None."""
         started = perf_counter()
-        lane = self.lane.match(scope)
-        if lane is None or (
-            self.admin_port is not None and (scope.get("server") or ("", 0))[1] == self.admin_port
-        ):
+        if self.admin_port is not None and (scope.get("server") or ("", 0))[1] == self.admin_port:
             return None
+        lane = self.lane.match(scope)
+        oip = None
+        if lane is None:
+            if scope["method"] != "POST" or scope.get("root_path"):
+                return None
+            oip = _OIP_INFER.fullmatch(scope["path"])
+            if oip is None:
+                return None
         state = scope["state"]
         log = state.get("prediction_log")
         if log is None or log.enabled:
@@ -132,29 +144,46 @@ class HeadShed:
         caller = self.gate.plain(request_id, headers, self.proxies.certified(scope))
         if caller is None or not admission.refuses_unread(caller.tenant):
             return None
-        try:
-            state["dispatcher"].check_model(lane.model, lane.version, caller)
+        try:  # what the route refuses first: its 404 (its 400 for a version that is none)
+            if lane is not None:
+                state["dispatcher"].check_model(lane.model, lane.version, caller)
+                route, model = template(lane.model, lane.version), ""
+            else:
+                assert oip is not None
+                name, version = oip.group(1), oip.group(2) or ""
+                state["exposure"].target(name, version, caller=caller)
+                route, model = (INFER_VERSION if version else INFER), name
         except GatewayError:
-            return None  # the route's 404 comes first
+            return None
         self.gate.count_allowed(caller)
-        unread = unread_body_of(scope)
-        refusal, hold = shed(admission, unread)
-        return self._answer(scope, refusal, hold, template(lane.model, lane.version), request_id, started)
+        refusal, hold = shed(admission, unread_body_of(scope))
+        answer = self._answer(refusal, hold, route, model, request_id, started, scope, oip is not None)
+        if len(answer.body) >= MINIMUM_SIZE:  # the route's answer might be compressed
+            return None
+        return answer
 
     def _answer(
         self,
-        scope: Scope,
         refusal: ServiceUnavailableError,
         hold: float,
         route: str,
+        model: str,
         request_id: str,
         started: float,
+        scope: Scope,
+        oip: bool,
     ) -> HeadRefusal:
-        """As the framework's handler answers ``refusal`` (gateway.http.problems), with the
-        headers every answer carries (gateway.http.requestid)."""
+        """As the framework's handler answers ``refusal`` (gateway.http.problems: on
+        ``/v2``, the protocol's ``application/json`` with its ``error``), with the headers
+        every answer carries (gateway.http.requestid)."""
         self.metrics.rejections.labels(reason=refusal.slug).inc()
         log_problem(Request(scope), refusal)
-        body = jsoncodec.dumps(refusal.problem(request_id, route))
+        problem = refusal.problem(request_id, route)
+        media_type = PROBLEM_MEDIA_TYPE
+        if oip:
+            problem["error"] = refusal.detail
+            media_type = "application/json"
+        body = jsoncodec.dumps(problem)
         close = self.admission.draining or any(
             name.lower() == "connection" and value == "close" for name, value in refusal.headers.items()
         )
@@ -165,7 +194,7 @@ class HeadShed:
         ]
         headers += [
             (b"content-length", str(len(body)).encode("ascii")),
-            (b"content-type", PROBLEM_MEDIA_TYPE.encode("ascii")),
+            (b"content-type", media_type.encode("ascii")),
             (b"x-request-id", request_id.encode("latin-1")),
             _NOSNIFF,
             _NO_STORE,
@@ -173,7 +202,7 @@ class HeadShed:
         if close:
             headers.append(_CLOSE)
         return HeadRefusal(
-            refusal.status, headers, body, hold, close, route, request_id, scope["path"], started
+            refusal.status, headers, body, hold, close, route, model, request_id, scope["path"], started
         )
 
     def answered(self, refusal: HeadRefusal) -> None:
@@ -184,7 +213,7 @@ class HeadShed:
             refusal.status,
             perf_counter() - refusal.started,
             refusal.request_id,
-            "",
+            refusal.model,
             refusal.path,
             0,
         )

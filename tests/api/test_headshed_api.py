@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import create_app
 from gateway.http import fastlane
+from gateway.http.routes import oip as oip_routes
 from gateway.http.routes.classify import classify_request
 from gateway.serving.admission import Admission
 from gateway.settings import Settings
@@ -32,6 +33,9 @@ METRICS_LINE = (
     (("method", "GET"), ("model", ""), ("route", "/metrics"), ("status", "200")),
 )
 TEXT: dict[str, Any] = {"json": {"text": "The striker scored twice."}}
+OIP: dict[str, Any] = {
+    "json": {"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": ["x"]}]}
+}
 PLAIN = {"x-api-key": "plain-secret"}
 RATED = {"x-api-key": "rated-secret"}
 # (url, headers, whether the head answers it)
@@ -46,6 +50,12 @@ CASES: list[tuple[str, dict[str, str], bool]] = [
     ("/models/no_such_model/classify", PLAIN, False),  # 404 before 503
     ("/models/text_classifier/versions/99/classify", PLAIN, False),
     ("/classify?top_k=0", PLAIN, False),  # the framework's 422
+    ("/v2/models/text_classifier/infer", PLAIN, True),  # the OIP door's
+    ("/v2/models/image_classifier/versions/1/infer", PLAIN, True),
+    ("/v2/models/text_classifier/infer", RATED, False),
+    ("/v2/models/no_such_model/infer", PLAIN, False),  # 404 before 503
+    ("/v2/models/text_classifier/versions/x/infer", PLAIN, False),  # 400 before 503
+    ("/v2/models/text_classifier/ready", PLAIN, False),  # not an inference
 ]
 
 
@@ -70,12 +80,18 @@ def shedding(monkeypatch: pytest.MonkeyPatch) -> None:
 def route_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     ran: list[str] = []
     original = classify_request  # what the lane calls
+    infer_request = oip_routes._infer  # what the OIP inference routes call
 
     async def spy(request: Any, *args: Any) -> Any:
         ran.append(request.url.path)
         return await original(request, *args)
 
+    async def oip_spy(request: Any, *args: Any) -> Any:
+        ran.append(request.url.path)
+        return await infer_request(request, *args)
+
     monkeypatch.setattr(fastlane, "classify_request", spy)
+    monkeypatch.setattr(oip_routes, "_infer", oip_spy)
     return ran
 
 
@@ -119,7 +135,7 @@ def test_a_request_shed_from_its_head_is_answered_and_counted_as_the_route_would
                 client.get("/metrics", headers=PLAIN)  # the /metrics line itself, counted before
                 before = _lines(client)
                 route_runs.clear()
-                response = client.post(url, headers=headers, **TEXT)
+                response = client.post(url, headers=headers, **(OIP if url.startswith("/v2/") else TEXT))
                 moved = _moved(before, _lines(client))
         finally:
             served.stop()
