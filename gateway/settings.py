@@ -262,8 +262,8 @@ class ServerSettings(BaseModel):
     )
     shed_at_head: bool = Field(
         True,
-        description="With shed_from_headers, a classify or /v2 inference request that would be shed is "
-        "refused in the "
+        description="With shed_from_headers, a classify, /v2 inference or /v1 task request that would be "
+        "shed is refused in the "
         "HTTP protocol once its head is parsed, with the answer its route gives (the same problem, "
         "headers, hold, metrics and access-log line), before any task, middleware or route runs: about "
         "a third of the gateway CPU a refusal costs through the route (docs/explanation/reliability.md). "

@@ -9,7 +9,8 @@ about 0.2 ms of gateway CPU; under a retry storm (clients that send again the mo
 shares. The HTTP protocol (gateway.http.server) asks :meth:`HeadShed.refuse` once a
 request's head is parsed; for the requests the classify lane takes (gateway.http.fastlane:
 ``POST /classify`` and ``/models/{model}[/versions/{version}]/classify``) and the OIP
-door's inferences (``POST /v2/models/{model}[/versions/{version}]/infer``) that the route
+door's inferences (``POST /v2/models/{model}[/versions/{version}]/infer``) and the task
+routes' (``POST /v1/classify``, ``/v1/embeddings``) that the route
 would refuse, it gets the route's answer back (:class:`HeadRefusal`: the same error from
 ``gateway.serving.dispatch.shed``, with its hold and its ``Connection: close``; the same
 problem body and headers) and writes it itself. The refusal is counted and logged as the
@@ -37,12 +38,12 @@ from starlette.routing import BaseRoute
 from starlette.types import Scope
 
 from gateway import jsoncodec
-from gateway.errors import PROBLEM_MEDIA_TYPE, GatewayError, ServiceUnavailableError
+from gateway.errors import GatewayError, ServiceUnavailableError
 from gateway.http.auth import TrustedProxies
 from gateway.http.bodies import unread_body_of
 from gateway.http.compression import MINIMUM_SIZE
 from gateway.http.fastlane import ClassifyRoutes
-from gateway.http.problems import log_problem
+from gateway.http.problems import in_door_form, log_problem
 from gateway.http.routes.classify import template
 from gateway.http.routes.oip import INFER, INFER_VERSION
 from gateway.observe.metrics import GatewayMetrics
@@ -54,6 +55,9 @@ from gateway.settings import Settings
 
 # the OIP door's inference paths (gateway.http.routes.oip), as the router matches them
 _OIP_INFER = re.compile(r"/v2/models/([^/]+)/(?:versions/([^/]+)/)?infer")
+# the task routes that refuse from the headers (gateway.http.routes.openai), their
+# templates their paths
+_TASK_ROUTES = frozenset({"/v1/classify", "/v1/embeddings"})
 _NOSNIFF = (b"x-content-type-options", b"nosniff")
 _NO_STORE = (b"cache-control", b"no-store")
 _CLOSE = (b"connection", b"close")
@@ -132,7 +136,7 @@ class HeadShed:
             if scope["method"] != "POST" or scope.get("root_path"):
                 return None
             oip = _OIP_INFER.fullmatch(scope["path"])
-            if oip is None:
+            if oip is None and scope["path"] not in _TASK_ROUTES:
                 return None
         state = scope["state"]
         log = state.get("prediction_log")
@@ -148,16 +152,17 @@ class HeadShed:
             if lane is not None:
                 state["dispatcher"].check_model(lane.model, lane.version, caller)
                 route, model = template(lane.model, lane.version), ""
-            else:
-                assert oip is not None
+            elif oip is not None:
                 name, version = oip.group(1), oip.group(2) or ""
                 state["exposure"].target(name, version, caller=caller)
                 route, model = (INFER_VERSION if version else INFER), name
+            else:  # a task route: its model is in the body
+                route, model = scope["path"], ""
         except GatewayError:
             return None
         self.gate.count_allowed(caller)
         refusal, hold = shed(admission, unread_body_of(scope))
-        answer = self._answer(refusal, hold, route, model, request_id, started, scope, oip is not None)
+        answer = self._answer(refusal, hold, route, model, request_id, started, scope)
         if len(answer.body) >= MINIMUM_SIZE:  # the route's answer might be compressed
             return None
         return answer
@@ -171,18 +176,13 @@ class HeadShed:
         request_id: str,
         started: float,
         scope: Scope,
-        oip: bool,
     ) -> HeadRefusal:
-        """As the framework's handler answers ``refusal`` (gateway.http.problems: on
-        ``/v2``, the protocol's ``application/json`` with its ``error``), with the headers
-        every answer carries (gateway.http.requestid)."""
+        """As the framework's handler answers ``refusal`` (gateway.http.problems, in the
+        door's error form), with the headers every answer carries (gateway.http.requestid)."""
         self.metrics.rejections.labels(reason=refusal.slug).inc()
         log_problem(Request(scope), refusal)
         problem = refusal.problem(request_id, route)
-        media_type = PROBLEM_MEDIA_TYPE
-        if oip:
-            problem["error"] = refusal.detail
-            media_type = "application/json"
+        media_type = in_door_form(problem, refusal, scope["path"])
         body = jsoncodec.dumps(problem)
         close = self.admission.draining or any(
             name.lower() == "connection" and value == "close" for name, value in refusal.headers.items()

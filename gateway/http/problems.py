@@ -73,20 +73,15 @@ _OPENAI_TYPES = {
 }
 
 
-def problem_response(
-    error: GatewayError, request: Request, headers: dict[str, str] | None = None
-) -> JSONResponse:
-    body = error.problem(request_id_of(request), instance_of(request), current_trace_id())
-    record_problem(body["type"], error.status)
-    media_type = PROBLEM_MEDIA_TYPE
-    if request.url.path == "/v2" or request.url.path.startswith("/v2/"):
-        # The Open Inference Protocol's error: application/json with `error` (what
-        # tritonclient reads); the problem members stay alongside.
+def in_door_form(body: dict[str, Any], error: GatewayError, path: str) -> str:
+    """``body`` (``error``'s problem) in the error form of the door ``path`` is on, and
+    its media type: the Open Inference Protocol's on ``/v2`` (``error``, what tritonclient
+    reads), OpenAI's on ``/v1/`` (as its clients, vLLM's and SGLang's parse it), else
+    problem+json; the problem members stay alongside."""
+    if path == "/v2" or path.startswith("/v2/"):
         body["error"] = error.detail
-        media_type = "application/json"
-    elif request.url.path.startswith("/v1/"):
-        # OpenAI's error, as its clients (and vLLM's, SGLang's) parse it; the problem
-        # members stay alongside.
+        return "application/json"
+    if path.startswith("/v1/"):
         body["error"] = {
             "message": error.detail,
             "type": _OPENAI_TYPES.get(
@@ -95,7 +90,16 @@ def problem_response(
             "param": None,
             "code": error.slug,
         }
-        media_type = "application/json"
+        return "application/json"
+    return PROBLEM_MEDIA_TYPE
+
+
+def problem_response(
+    error: GatewayError, request: Request, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    body = error.problem(request_id_of(request), instance_of(request), current_trace_id())
+    record_problem(body["type"], error.status)
+    media_type = in_door_form(body, error, request.url.path)
     merged = {**error.headers, **(headers or {})}
     return JSONResponse(body, status_code=error.status, headers=merged, media_type=media_type)
 

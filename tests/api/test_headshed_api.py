@@ -18,7 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import create_app
 from gateway.http import fastlane
+from gateway.http.dependencies import new_call
 from gateway.http.routes import oip as oip_routes
+from gateway.http.routes import openai as openai_routes
 from gateway.http.routes.classify import classify_request
 from gateway.serving.admission import Admission
 from gateway.settings import Settings
@@ -36,6 +38,8 @@ TEXT: dict[str, Any] = {"json": {"text": "The striker scored twice."}}
 OIP: dict[str, Any] = {
     "json": {"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": ["x"]}]}
 }
+TASK: dict[str, Any] = {"json": {"model": "text_classifier", "input": ["The striker scored twice."]}}
+BODIES = {"/v2/": OIP, "/v1/": TASK}
 PLAIN = {"x-api-key": "plain-secret"}
 RATED = {"x-api-key": "rated-secret"}
 # (url, headers, whether the head answers it)
@@ -56,6 +60,10 @@ CASES: list[tuple[str, dict[str, str], bool]] = [
     ("/v2/models/no_such_model/infer", PLAIN, False),  # 404 before 503
     ("/v2/models/text_classifier/versions/x/infer", PLAIN, False),  # 400 before 503
     ("/v2/models/text_classifier/ready", PLAIN, False),  # not an inference
+    ("/v1/classify", PLAIN, True),  # the task routes'
+    ("/v1/embeddings", PLAIN, True),
+    ("/v1/classify", RATED, False),
+    ("/v1/models", PLAIN, False),  # not an inference (and a GET)
 ]
 
 
@@ -90,8 +98,13 @@ def route_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         ran.append(request.url.path)
         return await infer_request(request, *args)
 
+    def task_spy(request: Any, state: Any) -> Any:
+        ran.append(request.url.path)
+        return new_call(request, state)
+
     monkeypatch.setattr(fastlane, "classify_request", spy)
     monkeypatch.setattr(oip_routes, "_infer", oip_spy)
+    monkeypatch.setattr(openai_routes, "new_call", task_spy)  # what the task routes call first
     return ran
 
 
@@ -135,7 +148,7 @@ def test_a_request_shed_from_its_head_is_answered_and_counted_as_the_route_would
                 client.get("/metrics", headers=PLAIN)  # the /metrics line itself, counted before
                 before = _lines(client)
                 route_runs.clear()
-                response = client.post(url, headers=headers, **(OIP if url.startswith("/v2/") else TEXT))
+                response = client.post(url, headers=headers, **BODIES.get(url[:4], TEXT))
                 moved = _moved(before, _lines(client))
         finally:
             served.stop()
