@@ -14,7 +14,6 @@ from typing import Any
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import create_app
 from gateway.http import fastlane
@@ -26,6 +25,7 @@ from gateway.serving.admission import Admission
 from gateway.settings import Settings
 from gateway.shared.keyfiles import hash_key
 
+from helpers.counters import Totals, moved, totals
 from helpers.support import FakeBackend, ServedApp
 
 REFUSES_UNREAD = Admission.refuses_unread
@@ -117,18 +117,9 @@ def _comparable(response: Any) -> tuple[int, dict[str, str], Any]:
     return response.status_code, headers, body
 
 
-def _lines(client: httpx.Client) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    found = {}
-    for family in text_string_to_metric_families(client.get("/metrics", headers=PLAIN).text):
-        if family.name in ("gateway_requests", "gateway_rejections", "gateway_client_requests"):
-            for sample in family.samples:
-                if sample.name.endswith("_total"):
-                    found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return found
-
-
-def _moved(before: dict[Any, float], after: dict[Any, float]) -> dict[Any, float]:
-    return {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
+def _lines(client: httpx.Client) -> Totals:
+    text = client.get("/metrics", headers=PLAIN).text
+    return totals(text, ("gateway_requests", "gateway_rejections", "gateway_client_requests"))
 
 
 @pytest.mark.parametrize(("url", "headers", "at_head"), CASES, ids=[f"{u} {sorted(h)}" for u, h, _ in CASES])
@@ -149,11 +140,11 @@ def test_a_request_shed_from_its_head_is_answered_and_counted_as_the_route_would
                 before = _lines(client)
                 route_runs.clear()
                 response = client.post(url, headers=headers, **BODIES.get(url[:4], TEXT))
-                moved = _moved(before, _lines(client))
+                counted = moved(before, _lines(client))
         finally:
             served.stop()
-        moved.pop(METRICS_LINE, None)
-        answers.append((_comparable(response), moved, response.headers["x-request-id"], list(route_runs)))
+        counted.pop(METRICS_LINE, None)
+        answers.append((_comparable(response), counted, response.headers["x-request-id"], list(route_runs)))
     (with_head, moved_head, id_head, ran_head), (without, moved_route, id_route, ran_route) = answers
     assert with_head == without
     assert moved_head == moved_route

@@ -26,7 +26,6 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as thttp
-from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from gateway.dev.tritonserver import TritonServer, free_port
@@ -34,6 +33,7 @@ from gateway.rpc.service import STATUS_CODES
 from gateway.settings import Settings
 from gateway.shared.keyfiles import hash_key
 
+from helpers.counters import Totals, moved, totals
 from helpers.support import chelsea_jpeg
 from helpers.triton_fixtures import gateway_settings
 
@@ -228,19 +228,8 @@ def _send_grpc(stack: Stack, case: Case, request_id: str) -> Outcome:
     return Outcome(200, "OK", given.get("x-request-id", ""), "", answer)
 
 
-def _counters(stack: Stack) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    text = stack.http.get("/metrics").text
-    found = {}
-    for family in text_string_to_metric_families(text):
-        if family.name in ("gateway_requests", "gateway_rejections"):
-            for sample in family.samples:
-                if sample.name.endswith("_total"):
-                    found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return found
-
-
-def _delta(before: dict[Any, float], after: dict[Any, float]) -> dict[Any, float]:
-    return {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
+def _counters(stack: Stack) -> Totals:
+    return totals(stack.http.get("/metrics").text, ("gateway_requests", "gateway_rejections"))
 
 
 def _neutral(delta: dict[Any, float], route: str) -> dict[Any, float]:
@@ -315,7 +304,7 @@ def test_both_doors_end_a_case_alike(stack: Stack, case: Case, caplog: pytest.Lo
         outcomes[door] = send(stack, case, request_id)
         route = V2_ROUTE["v" if case.version else ""] if door == "http" else GRPC_ROUTE
         time.sleep(0.05)  # the outcome is recorded as the call ends, after its answer left
-        counted[door] = _neutral(_delta(before, _counters(stack)), route)
+        counted[door] = _neutral(moved(before, _counters(stack)), route)
         assert outcomes[door].request_id == request_id, f"{door} gave back another request id"
         lines[door] = [
             (r.route, r.status, r.model)  # type: ignore[attr-defined]
@@ -398,7 +387,7 @@ def test_a_client_that_gives_up_is_499_on_both_doors(stack: Stack, caplog: pytes
             break
         time.sleep(0.05)
     assert lines == {"gone-http": 499, "gone-grpc": 499}
-    delta = _delta(before, _counters(stack))
+    delta = moved(before, _counters(stack))
     statuses = {
         dict(labels)["route"]: dict(labels)["status"]
         for (name, labels), _ in delta.items()
