@@ -28,7 +28,7 @@ from gateway.errors import (
 from gateway.http.budget import reservation_of
 from gateway.http.multipart import FileParts, boundary_of
 from gateway.http.schemas import ClassifyJSONRequest, classify_json_model
-from gateway.serving.call import UnreadBody
+from gateway.serving.admission import UnreadBody
 from gateway.serving.jsonguard import WHOLE_BYTES, JsonBounds, JsonScan, parse_scanned
 from gateway.serving.payload import RAW_IMAGE_TYPES, ClassifyInput
 from gateway.serving.validation import (
@@ -46,11 +46,6 @@ ACCEPTED_TYPES = ("multipart/form-data", "application/json", *RAW_IMAGE_TYPES)
 # Bounds the multipart parser itself; the image count cap is checked after parsing so
 # that it answers 413 rather than the parser's generic error.
 _MAX_PARTS = 1000
-
-
-def expects_continue(request: Request) -> bool:
-    """Whether the client waits for ``100 Continue`` before it sends its body."""
-    return request.headers.get("expect", "").strip().lower() == "100-continue"
 
 
 # a body announced this small is read away after a refusal from the headers, keeping the

@@ -12,7 +12,7 @@ request's head is parsed; for the requests the classify lane takes (gateway.http
 door's inferences (``POST /v2/models/{model}[/versions/{version}]/infer``) and the task
 routes' (``POST /v1/classify``, ``/v1/embeddings``) that the route
 would refuse, it gets the route's answer back (:class:`HeadRefusal`: the same error from
-``gateway.serving.dispatch.shed``, with its hold and its ``Connection: close``; the same
+``Admission.unread_refusal``, with its hold and its ``Connection: close``; the same
 problem body and headers) and writes it itself. The refusal is counted and logged as the
 route's (``gateway_rejections_total``, the sampled problem line, the caller's
 ``allowed``) and its outcome recorded as the telemetry layer records every request
@@ -41,7 +41,6 @@ from gateway import jsoncodec
 from gateway.errors import GatewayError, ServiceUnavailableError
 from gateway.http.auth import TrustedProxies
 from gateway.http.bodies import unread_body_of
-from gateway.http.compression import MINIMUM_SIZE
 from gateway.http.fastlane import ClassifyRoutes
 from gateway.http.problems import in_door_form, log_problem
 from gateway.http.routes.classify import template
@@ -50,7 +49,6 @@ from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.outcome import Outcome, record
 from gateway.serving.admission import Admission
 from gateway.serving.caller import CallerGate, request_id_of
-from gateway.serving.dispatch import shed
 from gateway.settings import Settings
 
 # the OIP door's inference paths (gateway.http.routes.oip), as the router matches them
@@ -161,11 +159,8 @@ class HeadShed:
         except GatewayError:
             return None
         self.gate.count_allowed(caller)
-        refusal, hold = shed(admission, unread_body_of(scope))
-        answer = self._answer(refusal, hold, route, model, request_id, started, scope)
-        if len(answer.body) >= MINIMUM_SIZE:  # the route's answer might be compressed
-            return None
-        return answer
+        refusal, hold = admission.unread_refusal(unread_body_of(scope))
+        return self._answer(refusal, hold, route, model, request_id, started, scope)
 
     def _answer(
         self,
@@ -184,9 +179,7 @@ class HeadShed:
         problem = refusal.problem(request_id, route)
         media_type = in_door_form(problem, refusal, scope["path"])
         body = jsoncodec.dumps(problem)
-        close = self.admission.draining or any(
-            name.lower() == "connection" and value == "close" for name, value in refusal.headers.items()
-        )
+        close = self.admission.draining or refusal.headers.get("Connection") == "close"
         headers = [
             (name.lower().encode("latin-1"), value.encode("latin-1"))
             for name, value in refusal.headers.items()

@@ -177,6 +177,16 @@ class Utilization:
         return self.value
 
 
+@dataclass(frozen=True)
+class UnreadBody:
+    """What a request's headers say of its body, before a byte of it is read (what a
+    refusal from the headers needs: :meth:`Admission.unread_refusal`)."""
+
+    expects_continue: bool = False  # the client waits for 100 Continue before sending it
+    small: bool = False  # announced, and small enough for the server to read away
+    connection: Hashable | None = None  # the connection it came on (a retry there waits)
+
+
 class Admission:
     """Slots for inference requests; built by the app factory, shared with the server."""
 
@@ -327,6 +337,16 @@ class Admission:
             retry_after=self._retry_after,
             headers={"Connection": "close"} if close else {},
         )
+
+    def unread_refusal(self, unread: UnreadBody) -> tuple[OverloadedError | ShuttingDownError, float]:
+        """The refusal of a request :meth:`refuses_unread` sheds, its body unread, and how
+        long to hold it: ``Connection: close`` unless the body is small enough for the
+        server to read away (and the client is not waiting to send it), held a little when
+        the connection was refused moments ago (gateway.serving.retries). Every refusal
+        from the headers (the route's, and the request head's: gateway.http.headshed)."""
+        refusal = self.refusal(close=unread.expects_continue or not unread.small)
+        hold = 0.0 if self.draining else self.refusal_hold(unread.connection)
+        return refusal, hold
 
     def refusal_hold(self, connection: Hashable | None) -> float:
         """Seconds to hold a refusal to ``connection`` (gateway.serving.retries): none

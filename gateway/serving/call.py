@@ -3,7 +3,6 @@ answer a classification gets."""
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,16 +37,6 @@ class Call:
         self._model = name
         if self.labels is not None and name is not None:
             self.labels["model"] = name
-
-
-@dataclass(frozen=True)
-class UnreadBody:
-    """What a request's headers say of its body, before a byte of it is read (what a
-    refusal from the headers needs: Dispatcher.admission_before_body)."""
-
-    expects_continue: bool = False  # the client waits for 100 Continue before sending it
-    small: bool = False  # announced, and small enough for the server to read away
-    connection: Hashable | None = None  # the connection it came on (a retry there waits)
 
 
 @dataclass(frozen=True)

@@ -28,14 +28,12 @@ from gateway.errors import (
     GatewayError,
     InvalidInputError,
     NotFoundError,
-    OverloadedError,
     ServiceUnavailableError,
-    ShuttingDownError,
     WrongInputKindError,
 )
 from gateway.names import is_version
-from gateway.serving.admission import Admission
-from gateway.serving.call import Answer, Call, UnreadBody
+from gateway.serving.admission import UnreadBody
+from gateway.serving.call import Answer, Call
 from gateway.serving.caller import Caller, CallerGate, may_use
 from gateway.serving.catalog import Catalog, CatalogEntry
 from gateway.serving.exposure import Exposure, OipTarget
@@ -62,25 +60,6 @@ def at_least(answers: list[Classification], threshold: float | None) -> list[Cla
         replace(answer, predictions=[p for p in answer.predictions if p.score >= threshold])
         for answer in answers
     ]
-
-
-def shed(admission: Admission, unread: UnreadBody) -> tuple[OverloadedError | ShuttingDownError, float]:
-    """The refusal of a request :meth:`Admission.refuses_unread` sheds, its body unread,
-    and how long to hold it: ``Connection: close`` unless the body is small enough for
-    the server to read away (and the client is not waiting to send it), held a little
-    when the connection was refused moments ago (gateway.serving.retries). Every refusal
-    from the headers (the route's, and the request head's: gateway.http.headshed)."""
-    refusal = admission.refusal(close=unread.expects_continue or not unread.small)
-    hold = 0.0 if admission.draining else admission.refusal_hold(unread.connection)
-    return refusal, hold
-
-
-async def shed_unread(admission: Admission, unread: UnreadBody) -> OverloadedError | ShuttingDownError:
-    """:func:`shed`, its hold waited out."""
-    refusal, hold = shed(admission, unread)
-    if hold:
-        await asyncio.sleep(hold)
-    return refusal
 
 
 class Dispatcher:
@@ -121,7 +100,10 @@ class Dispatcher:
         everyone). Like any other request, it takes its slot once its body is in."""
         admission = self.plane.admission
         if admission.refuses_unread(call.tenant):
-            raise await shed_unread(admission, unread)
+            refusal, hold = admission.unread_refusal(unread)
+            if hold:
+                await asyncio.sleep(hold)
+            raise refusal
         if unread.expects_continue:
             try:
                 ticket = await admission.acquire(call.tenant)

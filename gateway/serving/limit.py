@@ -181,21 +181,19 @@ class AdaptiveLimit:
         bound = in_flight + 1 >= self.limit if saturated is None else saturated
         self._saturated = self._saturated or bound
         self._peak = max(self._peak, in_flight + 1)
+        # with ``idle`` set, a window the limit never bound closes on time, whatever its
+        # count (a light load may bring fewer than ``window_samples``)
+        light_load = s.idle is not None and not self._saturated
         quiet = self._quiet.get(cost)
         if quiet is None or len(quiet) < TRUSTED_SAMPLES:
             # too few quiet samples of this class: they say nothing about queueing; if the
             # limit binds, it is time to measure them
             if bound and now >= self._fresh_until:
                 self._start_probe(now)
-            elif (
-                s.idle is not None and not self._saturated and now - self._window_started >= s.window_seconds
-            ):
+            elif light_load and now - self._window_started >= s.window_seconds:
                 self._update(now)  # a light load: the limit falls to what it needs
             return
         self._window.append(seconds / self._baseline[cost])
-        # with ``idle`` set, a window the limit never bound closes on time, whatever its
-        # count (a light load may bring fewer than ``window_samples``)
-        light_load = s.idle is not None and not self._saturated
         if now - self._window_started >= s.window_seconds and (
             len(self._window) >= s.window_samples or light_load
         ):
