@@ -56,6 +56,7 @@ CASES: list[tuple[str, dict[str, str], bool]] = [
     ("/classify?top_k=0", PLAIN, False),  # the framework's 422
     ("/v2/models/text_classifier/infer", PLAIN, True),  # the OIP door's
     ("/v2/models/image_classifier/versions/1/infer", PLAIN, True),
+    ("/v2/models/text_classifier/infer", {**PLAIN, "x-request-id": "r" * 128}, True),  # the longest answer
     ("/v2/models/text_classifier/infer", RATED, False),
     ("/v2/models/no_such_model/infer", PLAIN, False),  # 404 before 503
     ("/v2/models/text_classifier/versions/x/infer", PLAIN, False),  # 400 before 503
