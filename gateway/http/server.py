@@ -23,6 +23,7 @@ import socket
 import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import AbstractAsyncContextManager, contextmanager
+from time import perf_counter
 from types import FrameType
 from typing import Any
 
@@ -236,6 +237,12 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         data = b"".join(head)
 
         def write() -> None:
+            # the hold counts from the request's head: the loop's timers run on a clock read
+            # once an iteration, in whole milliseconds, and may fire a little early
+            early = refusal.hold - (perf_counter() - refusal.started)
+            if early > 0 and not self._raw.is_closing():
+                self.loop.call_later(early, write)
+                return
             cycle.response_complete = True
             if not self._raw.is_closing():
                 self._raw.write(data)
