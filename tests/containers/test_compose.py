@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import pytest
@@ -73,8 +74,13 @@ class HealthChecks:
 
     def _run(self) -> None:
         while not self._stop.wait(2):
-            for name in _project_containers():
-                podman("healthcheck", "run", name, check=False, timeout=30)
+            try:
+                for name in _project_containers():
+                    podman("healthcheck", "run", name, check=False, timeout=30)
+            except subprocess.SubprocessError as error:
+                # a podman call that hangs or fails must not end the scheduler: every
+                # status would freeze where it was
+                print(f"health scheduler: {error}")
 
     def __enter__(self) -> HealthChecks:
         self._thread.start()
@@ -85,10 +91,28 @@ class HealthChecks:
         self._thread.join()
 
 
-def _health(name: str) -> str:
+def _health_state(name: str) -> dict[str, Any]:
     state = json.loads(podman("inspect", name).stdout)[0]["State"]
-    health = state.get("Health") or state.get("Healthcheck") or {}
-    return str(health.get("Status", "none"))
+    return dict(state.get("Health") or state.get("Healthcheck") or {})
+
+
+def _health(name: str) -> str:
+    return str(_health_state(name).get("Status", "none"))
+
+
+def _unhealthy(name: str) -> str:
+    """Why a container is not healthy: its last checks (exit code, output), its state and
+    the last lines it logged (for a failure's message)."""
+    checks = _health_state(name).get("Log") or []
+    found = json.loads(podman("inspect", name).stdout)[0]
+    state = found["State"]
+    logs = podman("logs", "--tail", "20", name, check=False)
+    return (
+        f"{name}: {_health(name)}; checks {json.dumps(checks[-5:])[-2500:]}; "
+        f"status {state.get('Status')} restarts {found.get('RestartCount', '?')} "
+        f"exit {state.get('ExitCode')} oom {state.get('OOMKilled')}\n"
+        f"{(logs.stdout + logs.stderr)[-2500:]}"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -192,7 +216,7 @@ def test_the_stack_comes_up_healthy_and_answers_through_haproxy(stack: Stack) ->
             deadline = time.monotonic() + 60
             while _health(name) != "healthy" and time.monotonic() < deadline:
                 time.sleep(1)
-            assert _health(name) == "healthy", name
+            assert _health(name) == "healthy", _unhealthy(name)
     assert len([n for n in _project_containers() if n.startswith(f"{PROJECT}_gateway_")]) == 2
     # the README's two curls, with the client's key. A first image call once took past the
     # gateway's 10 s Triton deadline (504) in a clean-clone run, right after the 20-minute
