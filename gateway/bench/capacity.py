@@ -39,7 +39,7 @@ import httpx
 
 from gateway.bench.side_by_side import REPOSITORIES, _cpu_seconds
 from gateway.dev.gatewayprocess import GatewayProcess
-from gateway.dev.tritonserver import TritonServer, throttled
+from gateway.dev.tritonserver import TritonServer, free_port, throttled
 from gateway.serving.limit import percentile
 
 TEXT = json.dumps({"texts": ["the film was a delight from start to finish"]})
@@ -48,6 +48,7 @@ BASELINE = "adaptive, baseline anchor"
 # the best static limit loaded by as many clients as it has slots: its goodput without a
 # retry storm, against which the adaptive limit's under the storm is read
 CALM = "no storm, static"
+GRPC_WAY = "on the gRPC door, from its metadata"
 # goodput and p99 are the flood's after this many seconds (the whole flood's p99 too)
 STEADY_AFTER = 2.0
 
@@ -175,6 +176,8 @@ REFUSAL_WAYS = {
     "after the queue wait": {"GATEWAY_SERVER__SHED_FROM_HEADERS": "false"},
     "from the headers, in the route": {"GATEWAY_SERVER__SHED_AT_HEAD": "false"},
     "from the request head": {},
+    # Triton's ModelInfer on the gRPC door, refused from its metadata (gateway.bench.grpcstorm)
+    GRPC_WAY: {},
 }
 
 
@@ -207,34 +210,56 @@ def refusal_cost(triton: TritonServer, workdir: Path, way: str, clients: int, se
         "GATEWAY_LOG_LEVEL": "warning",
         **REFUSAL_WAYS[way],
     }
+    door = None
+    if way == GRPC_WAY:
+        door = f"127.0.0.1:{free_port()}"
+        env["GATEWAY_GRPC__PORT"] = door.rsplit(":", 1)[1]
     gateway = GatewayProcess.start(triton, workdir, cwd=workdir, env=env).wait("/readyz", timeout=60)
     pid = gateway.process.pid
+
+    def load(clients: int, seconds: float) -> tuple[int, int]:
+        """(served, refused) by ``clients`` that send again at once, for ``seconds``."""
+        if door is None:
+            answers = hey(gateway.url, clients, seconds)
+            statuses = [status for _, _, status in answers]
+            return statuses.count(200), statuses.count(503)
+        counts = grpc_storm(door, clients, seconds)
+        return counts.get("OK", 0), counts.get("UNAVAILABLE", 0)
+
     try:
         with throttled(triton):
-            hey(gateway.url, 2, 1.0)  # completions, so the queue's pace is known
+            load(2, 1.0)  # completions, so the queue's pace is known
             before = _cpu_seconds(pid, with_children=False)
-            calm = hey(gateway.url, 1, seconds)
+            calm_served, _ = load(1, seconds)
             calm_cpu = _cpu_seconds(pid, with_children=False) - before
             before = _cpu_seconds(pid, with_children=False)
-            answers = hey(gateway.url, clients, seconds)
+            served, refused = load(clients, seconds)
             spent = _cpu_seconds(pid, with_children=False) - before
     finally:
         gateway.stop()
-    refused = sum(1 for _, _, status in answers if status == 503)
-    served = sum(1 for _, _, status in answers if status == 200)
-    calm_served = sum(1 for _, _, status in calm if status == 200)
     return RefusalCost(
         way,
         way != "after the queue wait",
         refused,
         served,
         (spent - calm_cpu) * 1000 / max(1, refused),
-        spent * 1000 / max(1, len(answers)),
+        spent * 1000 / max(1, served + refused),
         spent / seconds,
         calm_cpu / seconds,
         served / seconds,
         calm_served / seconds,
     )
+
+
+def grpc_storm(door: str, clients: int, seconds: float) -> dict[str, int]:
+    """The calls answered by gateway.bench.grpcstorm's clients, by status code name (in a
+    process of its own: its CPU is not the gateway's)."""
+    output = subprocess.run(
+        [sys.executable, "-m", "gateway.bench.grpcstorm", door, "--clients", str(clients), "--seconds", f"{seconds}"],
+        capture_output=True, text=True, check=True, timeout=seconds + 60,
+    ).stdout  # fmt: skip
+    counts: dict[str, int] = json.loads(output)
+    return counts
 
 
 def verdict(rows: list[Row], speed: int, ceiling: int) -> Verdict:
@@ -288,6 +313,10 @@ def main(argv: list[str] | None = None) -> int:
         "--refusal-rounds", type=int, default=1, help="times each way of refusing is measured"
     )
     parser.add_argument("--refusal-seconds", type=float, default=5.0, help="each refusal measurement's storm")
+    parser.add_argument(
+        "--refusal-ways", nargs="+", choices=list(REFUSAL_WAYS), default=list(REFUSAL_WAYS), metavar="WAY",
+        help=f"the ways of refusing measured (of: {', '.join(REFUSAL_WAYS)})",
+    )  # fmt: skip
     parser.add_argument(
         "--sweep",
         action=argparse.BooleanOptionalAction,
@@ -348,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
             costs = []
             for turn in range(options.refusal_rounds if options.refusals else 0):
                 # each way in turn, the order reversed every other round
-                for way in list(REFUSAL_WAYS)[:: 1 if turn % 2 == 0 else -1]:
+                for way in options.refusal_ways[:: 1 if turn % 2 == 0 else -1]:
                     cost = refusal_cost(triton, workdir, way, options.clients, options.refusal_seconds)
                     costs.append(cost)
                     print(

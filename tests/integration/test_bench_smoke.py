@@ -194,7 +194,7 @@ def test_bench_capacity_sweeps_static_limits_and_the_adaptive_ones(
     tmp_path: Path, triton_python_env: Path
 ) -> None:
     """The short form of `make bench-capacity`: two static limits, the knee and the
-    baseline anchor under a hey flood, and a refusal's CPU three ways; well formed, and
+    baseline anchor under a hey flood, and a refusal's CPU four ways (the gRPC door's too); well formed, and
     the flood really overloads (refusals) while the knee moved from its ceiling or held it."""
     out = tmp_path / "capacity"
     result = subprocess.run(
@@ -222,7 +222,12 @@ def test_bench_capacity_sweeps_static_limits_and_the_adaptive_ones(
     assert verdict["goodput_vs_best"] > 0
     assert verdict["storm_goodput_vs_calm"] > 0
     costs = {cost["way"]: cost for cost in report["refusal_cost"]}
-    assert set(costs) == {"after the queue wait", "from the headers, in the route", "from the request head"}
+    assert set(costs) == {
+        "after the queue wait",
+        "from the headers, in the route",
+        "from the request head",
+        "on the gRPC door, from its metadata",
+    }
     for cost in costs.values():
         assert cost["refusals"] > 0
         assert cost["gateway_cpu_ms_per_answer"] > 0
