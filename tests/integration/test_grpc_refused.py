@@ -56,7 +56,7 @@ def test_calls_that_come_back_at_once_are_held_and_never_past_their_deadline(
                 except grpc.RpcError as error:
                     codes.add(error.code().name)
                     refused.append(time.monotonic() - started)
-            # held the longest now (0.1 s): a call with 80 ms to live is held 40 ms
+            # held 320 ms next (up to the Retry-After): a call with 80 ms to live, 40 ms
             started = time.monotonic()
             try:
                 infer(infer_request(), timeout=0.08)
@@ -71,10 +71,11 @@ def test_calls_that_come_back_at_once_are_held_and_never_past_their_deadline(
     print(f"refusals on one channel (seconds): {refused}; a call with 80 ms: {short} in {short_took:.3f} s")
     assert len(refused) == 6, refused
     assert codes == {"UNAVAILABLE"}, codes
-    # each call that came back at once waited longer (0, 10, 20, 40, 80 ms, then 100):
-    # on the code before, each was answered in a millisecond or two
-    assert refused[1] >= 0.01
-    assert refused[3] >= 0.04
-    assert refused[5] >= 0.1
-    # without the deadline's bound it was held 100 ms: past its 80
+    # each call that came back at once waited longer (0, 10, 20, 40, 80, 160 ms; uvloop's
+    # millisecond timers may fire a fraction early): on the code before, each was
+    # answered in a millisecond or two
+    assert refused[1] >= 0.009
+    assert refused[3] >= 0.038
+    assert refused[5] >= 0.15
+    # without the deadline's bound it was held 320 ms: past its 80
     assert short in ("UNAVAILABLE", "OK"), short
