@@ -2,7 +2,7 @@
 
     .venv/bin/python -m gateway.bench.capacity [--seconds 10] [--clients 100]
         [--limits 1 2 4 8 16 32 64] [--speeds 1 5] [--out .reports/capacity]
-        [--no-sweep] [--refusal-rounds 3] [--refusal-seconds 8]
+        [--no-sweep] [--refusal-rounds 3] [--refusal-seconds 8] [--refusal-ways WAY ...]
 
 A real tritonserver on the real model repository (the CPU twins: Triton is the bottleneck,
 as in production; ``--repository trivial``: fixed answers, the gateway's own cost is) and, one after another, a gateway process with each static limit
@@ -171,7 +171,8 @@ def measure(
 
 
 # where a refusal is decided: after the queue wait (bodies read), from the headers in the
-# route, and from the request head in the HTTP protocol (gateway.http.headshed)
+# route, from the request head in the HTTP protocol (gateway.http.headshed), and on the
+# gRPC door from a call's metadata
 REFUSAL_WAYS = {
     "after the queue wait": {"GATEWAY_SERVER__SHED_FROM_HEADERS": "false"},
     "from the headers, in the route": {"GATEWAY_SERVER__SHED_AT_HEAD": "false"},
@@ -201,7 +202,8 @@ class RefusalCost:
 def refusal_cost(triton: TritonServer, workdir: Path, way: str, clients: int, seconds: float) -> RefusalCost:
     """The gateway's CPU per 503: one slot, Triton made 5x slower (it still answers, so the
     gateway knows how fast its queue moves and may refuse from the headers), and
-    ``clients`` connections sending again as soon as they are answered; against the same
+    ``clients`` connections (``hey``'s, or gRPC channels for :data:`GRPC_WAY`) sending
+    again as soon as they are answered; against the same
     seconds with one client (the storm's served answers and the gateway's idle work),
     whose CPU the storm's is measured above."""
     env = {
