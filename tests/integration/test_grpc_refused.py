@@ -34,14 +34,18 @@ def test_calls_that_come_back_at_once_are_held_and_never_past_their_deadline(
     )
     stop = threading.Event()
 
-    def flood() -> None:  # keeps a queue the slot cannot serve within the queue wait
-        with httpx.Client(timeout=10) as client:
+    def flood() -> None:
+        # keeps a queue the slot cannot serve within the queue wait: a new connection for
+        # each request, so the flood is never held itself (a held flood leaves the queue
+        # short at moments, and a call then waits in it instead of being refused)
+        with httpx.Client(timeout=10, headers={"connection": "close"}) as client:
             while not stop.is_set():
                 client.post(f"{gateway.url}/classify", json={"texts": ["the film was a delight"]})
 
     threads = [threading.Thread(target=flood, daemon=True) for _ in range(12)]
     refused: list[float] = []
     codes: set[str] = set()
+    short: list[tuple[str, float]] = []
     with throttled(triton), grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         infer = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer
         for thread in threads:
@@ -56,26 +60,27 @@ def test_calls_that_come_back_at_once_are_held_and_never_past_their_deadline(
                 except grpc.RpcError as error:
                     codes.add(error.code().name)
                     refused.append(time.monotonic() - started)
-            # held 320 ms next (up to the Retry-After): a call with 80 ms to live, 40 ms
-            started = time.monotonic()
-            try:
-                infer(infer_request(), timeout=0.08)
-                short = "OK"
-            except grpc.RpcError as error:
-                short = error.code().name
-            short_took = time.monotonic() - started
+            # held 320 ms and more next (up to the Retry-After): calls with 80 ms to live
+            # are held 40 ms (one that found the queue short waits in it, past its 80 ms)
+            for _ in range(5):
+                started = time.monotonic()
+                try:
+                    infer(infer_request(), timeout=0.08)
+                    short.append(("OK", time.monotonic() - started))
+                except grpc.RpcError as error:
+                    short.append((error.code().name, time.monotonic() - started))
         finally:
             stop.set()
     for thread in threads:
         thread.join(timeout=15)
-    print(f"refusals on one channel (seconds): {refused}; a call with 80 ms: {short} in {short_took:.3f} s")
+    print(f"refusals on one channel (seconds): {refused}; calls with 80 ms: {short}")
     assert len(refused) == 6, refused
     assert codes == {"UNAVAILABLE"}, codes
-    # each call that came back at once waited longer (0, 10, 20, 40, 80, 160 ms; uvloop's
-    # millisecond timers may fire a fraction early): on the code before, each was
-    # answered in a millisecond or two
+    # each call that came back at once waited longer (0, 10, 20, 40, 80, 160 ms: 310 in
+    # all; uvloop's millisecond timers may fire a fraction early, and a call that found
+    # the queue short waited in it): on the code before, each took a millisecond or two
     assert refused[1] >= 0.009
-    assert refused[3] >= 0.038
-    assert refused[5] >= 0.15
-    # without the deadline's bound it was held 320 ms: past its 80
-    assert short in ("UNAVAILABLE", "OK"), short
+    assert sum(refused) >= 0.29
+    assert max(refused) >= 0.15
+    # without the deadline's bound, each was held past its 80 ms (DEADLINE_EXCEEDED)
+    assert "UNAVAILABLE" in {code for code, _ in short}, short
