@@ -28,7 +28,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from time import perf_counter
-from typing import Any, NoReturn, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from gateway import __version__
 from gateway.errors import (
@@ -44,7 +44,7 @@ from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.outcome import CLIENT_GONE, Outcome, record
 from gateway.observe.predictionlog import PredictionLog
 from gateway.observe.tracing import Tracing, describe_server_span
-from gateway.serving.admission import Admission, UnreadBody
+from gateway.serving.admission import UnreadBody
 from gateway.serving.budget import BodyBudget, Reservation
 from gateway.serving.call import Call
 from gateway.serving.caller import Caller, CallerGate, request_id_of
@@ -95,7 +95,9 @@ class Rpc:
     metadata: Metadata
     answer: dict[str, str] = field(default_factory=dict)
     certified: str | None = None  # the name of the client's verified TLS certificate
-    peer: str | None = None  # the HTTP/2 connection it came on (gRPC's peer: "ipv4:host:port")
+    # the HTTP/2 connection it came on (gRPC's peer, "ipv4:host:port"), read when asked:
+    # only a refusal from the metadata needs it
+    peer: Callable[[], str] | None = None
 
 
 class Door(Protocol):
@@ -272,7 +274,13 @@ class InferenceDoor:
                 # shed from its metadata, unread, as HTTP sheds from the headers
                 admission = self.dispatcher.plane.admission
                 if admission.refuses_unread(call.tenant):
-                    await self._refuse_unread(admission, rpc, deadline)
+                    # held as HTTP holds a refusal (gateway.serving.retries), keyed by the
+                    # call's HTTP/2 connection: a channel multiplexes its calls on one, so
+                    # its concurrent calls are a streak too; never past half the call's
+                    # deadline (the client hears UNAVAILABLE, not DEADLINE_EXCEEDED)
+                    connection = None if rpc.peer is None else ("grpc", rpc.peer())
+                    unread = UnreadBody(small=True, connection=connection)
+                    raise await admission.held_refusal(unread, None if deadline is None else deadline / 2)
 
                 async def work() -> Answered:
                     return await self._answer(call, await self._read(read, reservation))
@@ -281,21 +289,6 @@ class InferenceDoor:
                     return await self._bounded(work(), deadline)
         finally:
             reservation.release()
-
-    @staticmethod
-    async def _refuse_unread(admission: Admission, rpc: Rpc, deadline: float | None) -> NoReturn:
-        """The refusal of a call shed from its metadata, held as HTTP holds one
-        (gateway.serving.retries): at once the first time on its connection, longer for
-        each call that comes back at once on it (a channel multiplexes its calls on one
-        connection: so are its concurrent ones), never past half the call's deadline (the
-        client hears UNAVAILABLE, not its own DEADLINE_EXCEEDED)."""
-        connection = None if rpc.peer is None else ("grpc", rpc.peer)
-        refusal, hold = admission.unread_refusal(UnreadBody(small=True, connection=connection))
-        if deadline is not None:
-            hold = min(hold, deadline / 2)
-        if hold > 0:
-            await asyncio.sleep(hold)
-        raise refusal
 
     async def _answer(self, call: Call, message: InferMessage) -> Answered:
         call.labels["body_bytes"] = message.size

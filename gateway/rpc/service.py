@@ -226,7 +226,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         rpc = Rpc(
             tuple((item.key, item.value) for item in context.invocation_metadata() or ()),
             certified=certified_name(context.auth_context()) if self._certifies else None,
-            peer=context.peer(),
+            peer=context.peer,
         )
         try:
             result = await work(rpc)

@@ -348,6 +348,19 @@ class Admission:
         hold = 0.0 if self.draining else self.refusal_hold(unread.connection)
         return refusal, hold
 
+    async def held_refusal(
+        self, unread: UnreadBody, at_most: float | None = None
+    ) -> OverloadedError | ShuttingDownError:
+        """:meth:`unread_refusal`, its hold waited out (``at_most`` that long: the gRPC
+        door's half of a call's deadline). The route's and the gRPC door's; the request
+        head's hold is a timer in the protocol (gateway.http.server)."""
+        refusal, hold = self.unread_refusal(unread)
+        if at_most is not None:
+            hold = min(hold, at_most)
+        if hold > 0:
+            await asyncio.sleep(hold)
+        return refusal
+
     def refusal_hold(self, connection: Hashable | None) -> float:
         """Seconds to hold a refusal to ``connection`` (gateway.serving.retries): none
         for its first, longer for each retry that comes at once."""

@@ -17,7 +17,6 @@ on every route.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -100,10 +99,7 @@ class Dispatcher:
         everyone). Like any other request, it takes its slot once its body is in."""
         admission = self.plane.admission
         if admission.refuses_unread(call.tenant):
-            refusal, hold = admission.unread_refusal(unread)
-            if hold:
-                await asyncio.sleep(hold)
-            raise refusal
+            raise await admission.held_refusal(unread)
         if unread.expects_continue:
             try:
                 ticket = await admission.acquire(call.tenant)

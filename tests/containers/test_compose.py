@@ -91,24 +91,28 @@ class HealthChecks:
         self._thread.join()
 
 
-def _health_state(name: str) -> dict[str, Any]:
-    state = json.loads(podman("inspect", name).stdout)[0]["State"]
+def _inspect(name: str) -> dict[str, Any]:
+    found: dict[str, Any] = json.loads(podman("inspect", name).stdout)[0]
+    return found
+
+
+def _health_of(found: dict[str, Any]) -> dict[str, Any]:
+    state = found["State"]
     return dict(state.get("Health") or state.get("Healthcheck") or {})
 
 
 def _health(name: str) -> str:
-    return str(_health_state(name).get("Status", "none"))
+    return str(_health_of(_inspect(name)).get("Status", "none"))
 
 
 def _unhealthy(name: str) -> str:
     """Why a container is not healthy: its last checks (exit code, output), its state and
     the last lines it logged (for a failure's message)."""
-    checks = _health_state(name).get("Log") or []
-    found = json.loads(podman("inspect", name).stdout)[0]
-    state = found["State"]
+    found = _inspect(name)
+    health, state = _health_of(found), found["State"]
     logs = podman("logs", "--tail", "20", name, check=False)
     return (
-        f"{name}: {_health(name)}; checks {json.dumps(checks[-5:])[-2500:]}; "
+        f"{name}: {health.get('Status', 'none')}; checks {json.dumps((health.get('Log') or [])[-5:])[-2500:]}; "
         f"status {state.get('Status')} restarts {found.get('RestartCount', '?')} "
         f"exit {state.get('ExitCode')} oom {state.get('OOMKilled')}\n"
         f"{(logs.stdout + logs.stderr)[-2500:]}"
@@ -175,7 +179,7 @@ def stack(
     finally:
         if request.session.testsfailed:  # what each container said, for the failure
             for name in _project_containers():
-                state = json.loads(podman("inspect", name).stdout)[0]["State"]
+                state = _inspect(name)["State"]
                 logs = podman("logs", "--tail", "30", name, check=False)
                 print(f"--- {name}: {json.dumps(state.get('Health') or state.get('Healthcheck'))[-1500:]}")
                 print((logs.stdout + logs.stderr)[-3000:])
