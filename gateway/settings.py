@@ -150,12 +150,13 @@ class AdaptiveSettings(BaseModel):
         "false: max_in_flight, always (docs/explanation/reliability.md).",
     )
     anchor: Literal["baseline", "knee"] = Field(
-        "baseline",
-        description="baseline: the p90 latency kept within 1 + tolerance times a request's latency with "
-        "nothing queued (gateway.serving.limit); knee (experimental): the fewest requests in flight "
-        "at which Triton's delivery rate stops rising (gateway.serving.knee; with "
-        "latency_objective_seconds, no more than keeps the p90 under it). make bench-capacity "
-        "measures both against static limits (docs/explanation/reliability.md).",
+        "knee",
+        description="knee: the fewest requests in flight at which Triton's delivery rate stops "
+        "rising (gateway.serving.knee; with latency_objective_seconds, no more than keeps the p90 "
+        "under it; while a light key's requests come beside a flood, the p90 within 1 + tolerance "
+        "of a request alone); baseline: the p90 latency always kept within 1 + tolerance times a "
+        "request's latency with nothing queued (gateway.serving.limit: latency first). make "
+        "bench-capacity measures both against static limits (docs/explanation/reliability.md).",
     )
     latency_objective_seconds: float | None = Field(
         None,
@@ -189,8 +190,10 @@ class AdaptiveSettings(BaseModel):
         1.0,
         gt=0,
         le=100,
-        description="With the baseline anchor: how far above the baseline the p90 latency may rise before the limit falls "
-        "(1.0: twice what a request costs with nothing queued). Higher trades latency for the "
+        description="How far above what a request costs with nothing queued the p90 latency may rise "
+        "before the limit falls (1.0: twice): always with the baseline anchor; with the knee, while "
+        "a light key (below its share, nothing of it queued or refused for 2 s) is served beside "
+        "others. Higher trades latency for the "
         "throughput Triton's dynamic batcher gains from a deeper queue (3.0: about 15 % more "
         "text requests a second on CPU, and a key beside a flood waits 3x longer).",
     )

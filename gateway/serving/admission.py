@@ -43,6 +43,9 @@ if TYPE_CHECKING:
 
 # a key over its share may not take the last ceiling // RESERVE_FRACTION slots
 RESERVE_FRACTION = 16
+# a key none of whose requests waited or was refused this long is a light one (its
+# requests below its share are protected: the limit keeps their latency near one alone)
+LIGHT_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,7 @@ class ConcurrencyLimit(Protocol):
         admitted_at: float,
         in_flight: int = 0,
         saturated: bool | None = None,
+        protected: bool = False,
     ) -> None: ...
 
 
@@ -103,6 +107,7 @@ class StaticLimit:
         admitted_at: float,
         in_flight: int = 0,
         saturated: bool | None = None,
+        protected: bool = False,
     ) -> None:
         return None
 
@@ -216,6 +221,8 @@ class Admission:
         self._shares = 0.0
         self._waiting: dict[str, deque[_Waiter]] = {}
         self.waiting = 0
+        # when each key last had a request wait for a slot or refused (a key of the keys file)
+        self._pressed: dict[str, float] = {}
         self._queued_since: float | None = None  # when the queue last stopped being empty
         self.utilization = Utilization()
         self.throughput = Throughput()
@@ -319,10 +326,14 @@ class Admission:
         ahead, limit = self.waiting, self.limit
         if ahead < limit or self._below_share(tenant):
             return False
-        completed = self.throughput.recent(self._clock())
+        now = self._clock()
+        completed = self.throughput.recent(now)
         if completed < limit:
             return False
-        return ahead + 1 > completed / self.throughput.tau * self._queue_seconds
+        refused = ahead + 1 > completed / self.throughput.tau * self._queue_seconds
+        if refused:
+            self._pressed[tenant.id] = now
+        return refused
 
     def refusal(self, close: bool = True) -> OverloadedError | ShuttingDownError:
         """What :meth:`refuses_unread` turns into. Its body is left unread: with
@@ -375,6 +386,7 @@ class Admission:
             return self._take(tenant, now)
         future: asyncio.Future[Ticket] = asyncio.get_running_loop().create_future()
         waiter = _Waiter(tenant, future, now)
+        self._pressed[tenant.id] = now
         self._waiting.setdefault(tenant.id, deque()).append(waiter)
         self._queued(+1, now)
         self._enter(tenant)
@@ -473,6 +485,14 @@ class Admission:
         if self.held.get(chosen, 0) / share < (self.held.get(releaser.id, 0) + 1) / releaser.share:
             self._grant_to(chosen, now)
 
+    def _light(self, ticket: Ticket, now: float) -> bool:
+        """Whether ``ticket`` is a light key's request beside others: admitted below its
+        share while other keys contended, and none of the key's requests waited for a
+        slot or was refused lately. The limit keeps such a key's latency near one
+        request's alone (gateway.serving.knee), since it has no throughput to gain from
+        Triton's queue, only a wait in it; a key that floods gets the knee."""
+        return ticket.favoured and now - self._pressed.get(ticket.tenant.id, -math.inf) >= LIGHT_SECONDS
+
     def release(self, ticket: Ticket, cost: Hashable | None = None, served: bool = True) -> None:
         """Give back the slot taken by :meth:`acquire`; with ``cost``, the request's
         latency (admission to now) feeds the adaptive limit under that cost class.
@@ -482,7 +502,14 @@ class Admission:
             # the others it shared Triton with: in flight when it came, and admitted since
             # (a request admitted alone, joined at once by a burst, did not run alone)
             others = ticket.in_flight + self.admitted - ticket.seq
-            self.limiter.observe(cost, now - ticket.admitted_at, ticket.admitted_at, others, ticket.saturated)
+            self.limiter.observe(
+                cost,
+                now - ticket.admitted_at,
+                ticket.admitted_at,
+                others,
+                ticket.saturated,
+                self._light(ticket, now),
+            )
         self.in_flight -= 1
         if served:
             self.throughput.add(now)
@@ -569,6 +596,7 @@ def build_admission(server: ServerSettings) -> Admission:
                 ceiling=ceiling,
                 window_seconds=adaptive.window_seconds,
                 objective_seconds=adaptive.latency_objective_seconds,
+                protect_tolerance=adaptive.tolerance,
             )
         )
     elif adaptive.enabled:

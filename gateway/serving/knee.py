@@ -42,6 +42,16 @@ keeps a path's delivery rate at its most with the least in flight:
 - **A latency objective.** An operator who prefers latency sets ``objective_seconds``:
   a window whose p90 latency exceeds it takes the limit a rung down, and no rung up is
   tried above it. Without one, the knee.
+- **A light key beside a flood.** The knee is where throughput is kept, and latency is
+  what it pays: on a server whose batches cost more the larger they are (a CPU), the
+  knee's latency is several times one request's. A key that sends a few requests a
+  second has no throughput to gain from it, only the queue inside Triton to wait in.
+  While such a key's requests are completing (``protected``: the admission's judgement,
+  a key below its share that nothing was refused to or queued lately), the limit keeps
+  the window's p90 within ``1 + protect_tolerance`` of what a request costs alone (each
+  class's median of the last ``QUIET_SAMPLES`` requests that ran alone; the least
+  latency seen, for a class without them), as the baseline anchor does, and returns to
+  the rung it left ``protect_seconds`` after the last one.
 
 The limit is bounded by ``[floor, ceiling]`` (``server.max_in_flight``); the excess waits
 in the gateway's short queue, then gets a fast 503.
@@ -49,6 +59,8 @@ in the gateway's short queue, then gets a fast 503.
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -67,6 +79,8 @@ SATURATED_SHARE = 0.75
 LONGEST_WINDOW = 0.25
 # a rung's average: the weight of its newest window
 NEWEST = 0.5
+# requests that ran alone, kept a cost class: the median is what one costs with nothing queued
+QUIET_SAMPLES = 20
 
 
 @dataclass
@@ -82,6 +96,9 @@ class KneeSettings:
     window_samples: int = 40
     memory_seconds: float = 10.0
     objective_seconds: float | None = None
+    # a light key's requests completing: the p90 kept within 1 + this of a request alone
+    protect_tolerance: float = 1.0
+    protect_seconds: float = 2.0
 
 
 def ladder(floor: int, ceiling: int, step: float) -> list[int]:
@@ -144,6 +161,11 @@ class KneeLimit:
     _rates: list[_Rung] = field(init=False)
     _at: int = field(init=False)  # the current rung
     _least: dict[Hashable, _Least] = field(init=False, default_factory=dict)
+    _lowest: dict[Hashable, float] = field(init=False, default_factory=dict)  # ever seen
+    _alone: dict[Hashable, deque[float]] = field(init=False, default_factory=dict)
+    _protect_until: float = field(init=False, default=float("-inf"))
+    _knee: int | None = field(init=False, default=None)  # the rung held before protecting
+    _ratios: list[float] = field(init=False, default_factory=list)
     _phase: _Phase = field(init=False, default=_Phase.CRUISE)
     _phase_started: float = field(init=False)
     _window_started: float | None = field(init=False, default=None)
@@ -193,11 +215,13 @@ class KneeLimit:
         admitted_at: float,
         in_flight: int = 0,
         saturated: bool | None = None,
+        protected: bool = False,
     ) -> None:
         """One completed request of cost class ``cost`` took ``seconds`` in flight, from
-        ``admitted_at`` (this clock), admitted with ``in_flight`` others in flight;
-        ``saturated``: whether the limit bound when it was admitted (None: whether it
-        took the last slot)."""
+        ``admitted_at`` (this clock), with ``in_flight`` others in flight beside it (at its
+        admission and since); ``saturated``: whether the limit bound when it was admitted
+        (None: whether it took the last slot); ``protected``: a light key's, whose latency
+        the limit keeps near a request's alone while such requests come."""
         now = self.clock()
         seconds = max(seconds, _TINY)
         s = self.settings
@@ -206,6 +230,14 @@ class KneeLimit:
             least = self._least[cost] = _Least(seconds, seconds, now)
         else:
             least.add(seconds, now, s.memory_seconds)
+        self._lowest[cost] = min(seconds, self._lowest.get(cost, seconds))
+        if in_flight == 0:
+            alone = self._alone.get(cost)
+            if alone is None:
+                alone = self._alone[cost] = deque(maxlen=QUIET_SAMPLES)
+            alone.append(seconds)
+        if protected:
+            self._protect_until = now + s.protect_seconds
         if self._window_started is None:
             # the requests admitted under the previous limit are still clearing
             if admitted_at >= self._phase_started:
@@ -220,12 +252,26 @@ class KneeLimit:
         bound = in_flight + 1 >= self.limit if saturated is None else saturated
         self._work += 1.0
         self._latencies.append(seconds)
+        self._ratios.append(seconds / self.alone(cost))
         self._saturated += bound
         self._last_at = now
         samples, elapsed = len(self._latencies), now - self._window_started
         self._full = samples >= s.window_samples and (
             (samples >= 4 * self.limit and elapsed >= s.window_seconds) or elapsed >= LONGEST_WINDOW
         )
+
+    def alone(self, cost: Hashable) -> float:
+        """What a request of ``cost`` costs with nothing queued: the median of the last
+        requests that ran alone, else the least latency seen (a lucky one: strict)."""
+        alone = self._alone.get(cost)
+        if alone:
+            return statistics.median(alone)
+        return self._lowest.get(cost, _TINY)
+
+    @property
+    def protecting(self) -> bool:
+        """Whether a light key's requests came lately (the latency bound applies)."""
+        return self.clock() < self._protect_until
 
     def _best(self, now: float) -> float:
         memory = self.settings.memory_seconds
@@ -237,6 +283,8 @@ class KneeLimit:
         rate = self._work / max(now - self._window_started, _TINY)  # the work delivered a second
         p90 = percentile(self._latencies, 0.9)
         self.sample_ratio = p90 / min(item.least for item in self._least.values())
+        protecting = now < self._protect_until
+        ratio = percentile(self._ratios, 0.9)
         if self._saturated < SATURATED_SHARE * len(self._latencies):
             # the limit did not bind: nothing learnt about it; keep it, start over
             self._enter(_Phase.CRUISE, now)
@@ -245,6 +293,22 @@ class KneeLimit:
         tried = at + phase.value
         self._rates[tried].add(rate, now, s.memory_seconds)
         over_objective = s.objective_seconds is not None and p90 > s.objective_seconds
+        if protecting and self._knee is None:
+            self._knee = at
+        elif not protecting and self._knee is not None:
+            # the light key gone: back to the knee it left (climbing back a probe at a
+            # time would stop short: below the knee, a rung gains less than a step)
+            knee, self._knee = self._knee, None
+            if knee > at:
+                self._move(knee, now)
+                return
+        if protecting and ratio > 1 + s.protect_tolerance and tried > 0:
+            # a light key waits behind the queue: as far down as the ratio says (the
+            # baseline anchor's multiplicative decrease; at most half, at least a rung)
+            target = self._rungs[tried] * max(0.5, (1 + s.protect_tolerance) / ratio)
+            below = max((i for i, r in enumerate(self._rungs) if r <= target), default=0)
+            self._move(min(tried - 1, below), now)
+            return
         if phase is _Phase.CRUISE:
             if over_objective and at > 0:
                 self._move(at - 1, now)
@@ -252,7 +316,9 @@ class KneeLimit:
                 self._rest -= 1
                 self._enter(_Phase.CRUISE, now)
             else:
-                up_allowed = s.objective_seconds is None or p90 * s.step <= s.objective_seconds
+                up_allowed = (s.objective_seconds is None or p90 * s.step <= s.objective_seconds) and not (
+                    protecting and ratio * s.step > 1 + s.protect_tolerance
+                )
                 if up_allowed and at + 1 < len(self._rungs):
                     self._enter(_Phase.UP, now)
                 elif at > 0:
@@ -299,5 +365,6 @@ class KneeLimit:
         self._window_started = None
         self._work = 0.0
         self._latencies = []
+        self._ratios = []
         self._saturated = 0
         self._full = False

@@ -161,11 +161,14 @@ class AdaptiveLimit:
         admitted_at: float,
         in_flight: int = 0,
         saturated: bool | None = None,
+        protected: bool = False,
     ) -> None:
         """One completed request of cost class ``cost`` took ``seconds`` in flight, from
         ``admitted_at`` (this clock), admitted with ``in_flight`` others in flight;
         ``saturated``: whether the limit bound when it was admitted (None: whether it
-        took the last slot; the admission knows better: its reserve, its queue). One
+        took the last slot; the admission knows better: its reserve, its queue);
+        ``protected`` (a light key's) changes nothing here: this anchor keeps every
+        request's latency near the baseline already. One
         admitted with at most the floor in flight is a quiet sample: the baseline is the p90
         of each class's last ``probe_samples`` quiet samples, so a gateway that is not
         saturated keeps its baseline fresh without ever probing."""

@@ -40,56 +40,68 @@ def ms(value: float) -> str:
 def test_a_5x_slowdown_is_followed_by_the_limit_and_a_recovery_too(
     triton: TritonServer, spawn_gateway: Callable[..., GatewayProcess]
 ) -> None:
-    """Before (static cap 64, today's code): 100 clients on a 5x slower Triton queue 64
-    deep inside it; the admitted p99 runs to seconds. With the adaptive limit it stays
-    within 3x one client's p99 on the same slow Triton, and the excess hears a 503 (at once,
-    or held up to its Retry-After when it retries at once)."""
-    adaptive = spawn_gateway(triton, GATEWAY_SERVER__ADAPTIVE__ENABLED="true")
+    """100 clients sending back to back, Triton at speed, then 5x slower, then at speed
+    again, against the static cap of 64 in the same run. The default (the knee) keeps the
+    cap's goodput on the slowed Triton (>= 90 %) at no more latency; the baseline anchor
+    (latency first) keeps the p99 under half the cap's, giving up goodput for it; the
+    excess hears a 503 (at once, or held up to its Retry-After when it retries at once);
+    after the recovery, the knee serves about what it did before.
+
+    On the code before (the baseline anchor the default) the default read 49-56 % of the
+    cap's goodput on the slowed Triton (docs/explanation/reliability.md)."""
+    knee = spawn_gateway(triton)  # the defaults
+    baseline = spawn_gateway(triton, GATEWAY_SERVER__ADAPTIVE__ANCHOR="baseline")
     static = spawn_gateway(triton, GATEWAY_SERVER__ADAPTIVE__ENABLED="false")
-    text_load(adaptive, 8, 6, "warm-up")  # past its first baseline (within 5 s of start)
+    text_load(baseline, 8, 6, "warm-up")  # past its first baseline (within 5 s of start)
     before = text_load(static, 100, 4, "static, Triton at speed")
-    ahead = text_load(adaptive, 100, 4, "adaptive, Triton at speed")
+    ahead = text_load(knee, 100, 4, "knee, Triton at speed")
     with throttled(triton):
         one = text_load(static, 1, 4, "one client, Triton slowed")
-        slow = text_load(adaptive, 100, 8, "adaptive, Triton slowed")
-        stuck = text_load(static, 100, 4, "static, Triton slowed")
-    recovered = text_load(adaptive, 100, 4, "adaptive, Triton recovered")
-    limit = os.environ.get("CAPACITY_REPORT")
+        slow = text_load(knee, 100, 8, "knee, Triton slowed")
+        latency_first = text_load(baseline, 100, 8, "baseline anchor, Triton slowed")
+        stuck = text_load(static, 100, 6, "static, Triton slowed")
+    recovered = text_load(knee, 100, 4, "knee, Triton recovered")
+    flows = (before, ahead, one, slow, latency_first, stuck, recovered)
     report = {
-        flow.name: {
-            "statuses": flow.statuses(),
-            "p50": ms(flow.p(0.5)),
-            "p99": ms(flow.p(0.99)),
-        }
-        for flow in (before, ahead, one, slow, stuck, recovered)
+        flow.name: {"statuses": flow.statuses(), "p50": ms(flow.p(0.5)), "p99": ms(flow.p(0.99))}
+        for flow in flows
     }
     print(json.dumps(report, indent=1))
-    if limit:
-        Path(limit).write_text(json.dumps(report, indent=1))
+    if path := os.environ.get("CAPACITY_REPORT"):
+        Path(path).write_text(json.dumps(report, indent=1))
     single = one.p(0.99)
-    learnt = slow.p(0.99, after=2.0)  # the limit falls within seconds: judged after 2 s
+    # the limits move within seconds: each judged after 2 s, the cap over the same span
+    knee_p99, first_p99, cap_p99 = (flow.p(0.99, after=2.0) for flow in (slow, latency_first, stuck))
+    knee_rate, first_rate, cap_rate = (
+        slow.rate(200, 2.0, 8.0),
+        latency_first.rate(200, 2.0, 8.0),
+        stuck.rate(200, 2.0, 6.0),
+    )
     print(
-        f"one client p99 {ms(single)}; adaptive p99 after 2 s {ms(learnt)}; static p99 {ms(stuck.p(0.99))}; "
-        f"goodput recovered {recovered.rate(200, 1.0, 4.0):.0f}/s vs {ahead.rate(200, 0.0, 4.0):.0f}/s before "
+        f"Triton 5x slower, after 2 s: one client p99 {ms(single)}; knee {knee_rate:.0f}/s p99 {ms(knee_p99)}; "
+        f"baseline anchor {first_rate:.0f}/s p99 {ms(first_p99)}; static cap {cap_rate:.0f}/s p99 {ms(cap_p99)}; "
+        f"knee recovered {recovered.rate(200, 1.0, 4.0):.0f}/s vs {ahead.rate(200, 0.0, 4.0):.0f}/s before "
         f"(static: {before.rate(200, 0.0, 4.0):.0f}/s)"
     )
-    for flow in (slow, stuck, recovered):
+    for flow in (slow, latency_first, stuck, recovered):
         assert set(flow.statuses()) <= {200, 503}, (flow.name, flow.statuses())  # no 504 storm
-    assert stuck.p(0.99) > 3 * single  # the scenario reproduces the problem
-    # The issue asks for 3x one client's p99: 2.0, 3.4 and 2.4x over the last 3 runs (the
-    # static cap 13-30x), 1.4-7x before quiet samples had to run alone. One client's p99
-    # on a throttled Triton moves from 80 to 230 ms between runs of this machine, so the
-    # bound is taken against the static cap in the same run.
-    assert learnt < stuck.p(0.99) / 2
-    shed = [a for a in slow.answers if a.status == 503]
-    assert shed, "nothing was shed at 100 clients on a slowed Triton"
-    assert all(a.retry_after for a in shed)
-    # a refusal comes at once, and a retry sent the moment it came is held, twice as long
-    # each time, never longer than the Retry-After it was told (gateway.serving.retries)
-    assert all(a.seconds <= float(a.retry_after or 0) + 0.3 for a in shed)
-    assert min(a.seconds for a in shed) < 0.05
-    # back toward what it served before the slowdown, within a second of the recovery:
-    # 0.66-1.6x of it over 7 runs of this machine (the next probe finishes the climb)
+    assert cap_p99 > 3 * single  # the scenario reproduces the problem
+    # the knee: the cap's goodput, no more latency (on this CPU the goodput rises slowly
+    # all the way to 64 in flight, so the knee sits high: reliability.md's sweep)
+    assert knee_rate >= 0.9 * cap_rate
+    assert knee_p99 <= 1.1 * cap_p99
+    # latency first: the p99 under half the cap's (one client's p99 on a throttled Triton
+    # moves from 80 to 230 ms between runs of this machine, so the bound is the cap's)
+    assert first_p99 < cap_p99 / 2
+    for flow in (slow, latency_first):
+        shed = [a for a in flow.answers if a.status == 503]
+        assert shed, f"nothing was shed at 100 clients on a slowed Triton ({flow.name})"
+        assert all(a.retry_after for a in shed)
+        # a refusal comes at once, and a retry sent the moment it came is held, twice as
+        # long each time, never longer than the Retry-After it was told (gateway.serving.retries)
+        assert all(a.seconds <= float(a.retry_after or 0) + 0.3 for a in shed)
+        assert min(a.seconds for a in shed) < 0.05
+    # back toward what it served before the slowdown, within a second of the recovery
     assert recovered.rate(200, 1.0, 4.0) > 0.5 * ahead.rate(200, 0.0, 4.0)
 
 
@@ -105,9 +117,12 @@ def test_a_flooding_key_leaves_another_its_latency(
     CPU being measured) on a Triton 2x slower: 150 connections of one key that send again
     the moment an answer comes (503 or not), beside a key at 4 requests a second. Filed
     on 3de95b9: the quiet key got 11 of 36 requests refused, median 293 ms against 74 ms
-    alone. Now each freed slot goes to the key holding fewer, the limit keeps Triton's
-    queue short, and the flood's retries are refused from their headers and held (a few
-    hundred refusals a second, not thousands, on the cores Triton uses): no 503, within 3x."""
+    alone. Now each freed slot goes to the key holding fewer, the flood's retries are
+    refused from their headers and held (a few hundred refusals a second, not thousands,
+    on the cores Triton uses), and while the quiet key's requests come, the knee keeps
+    Triton's queue within twice a request's latency alone (gateway.serving.knee: a light
+    key has no throughput to gain from the queue, only a wait in it): no 503, within 3x.
+    The knee without that (tolerance 100) read 21x."""
     keys = tmp_path / "api-keys"
     keys.write_text(f"flood {hash_key('flood-key')}\nquiet {hash_key('quiet-key')}\n")
     gateway = spawn_gateway(triton, GATEWAY_AUTH__KEYS_FILE=str(keys))  # the defaults
@@ -131,34 +146,26 @@ def test_a_flooding_key_leaves_another_its_latency(
     assert statuses == {200: len(beside)}, statuses
     assert len(beside) >= 20  # 4 a second for 7 s
     assert flood_statuses[503] > flood_statuses[200]  # the flood was far over capacity
-    # the issue asks 3x: runs of this test read 2.0, 2.2 and 3.6x (two clean-clone runs
-    # passed at 3x, one did not), and 3.0x on 3de95b9; bounded at 4x so it does not flake
-    assert median_beside < 4 * median_alone
+    # the issue asks 3x: 3.0x on 3de95b9; 2.0-3.6x with the baseline anchor the default
+    assert median_beside < 3 * median_alone
 
 
 def test_a_flood_after_a_light_load_is_learnt_fast_and_a_cold_burst_is_served(
     triton: TritonServer, spawn_gateway: Callable[..., GatewayProcess]
 ) -> None:
-    """Issue 42's third point, with the defaults (the baseline anchor, refusals from the
-    headers, retries at once held) but ``adaptive.idle`` at 8 (off by default: see the
-    setting). A cold replica takes a burst of 24 requests at once (its limit starts at
-    the ceiling: nothing is shed that it can serve). Then a light load (2 connections for
-    12 s: the burst's 24 in flight are kept 10 s, room for waves), which takes the limit
-    to ``adaptive.idle`` (8), then 100
-    connections (hey) that send again the moment an answer comes, for 12 s: the p99 of
-    what is admitted over the whole flood, its first seconds included, is within 2x the
-    p99 once the limit has learnt (after 2 s).
+    """Issue 42's third point, with the defaults (the knee, refusals from the headers,
+    retries at once held). A cold replica takes a burst of 24 requests at once (its limit
+    starts at the ceiling: nothing is shed that it can serve). Then a light load (2
+    connections for 12 s), then 100 connections (hey) that send again the moment an
+    answer comes, for 12 s: the p99 of what is admitted over the whole flood, its first
+    seconds included, is within 2x the p99 once the limit has learnt (after 2 s).
 
-    Filed on 3de95b9: p99 1.28 s after the first 2 s, 2.2 s over the whole flood. On
-    4a47366 (the limit stayed at the ceiling through the light load, so the flood's first
-    wave queued 64 deep in Triton) 1.0-1.3 s against 0.13-0.20 s steady, 5.7-9.8x, in 4
-    runs of 5 (5.5x and 8.0x with this test). With the limit fixed, a clean-clone run still
-    read 3.05x: Triton's batcher left the whole in-flight set queued in text_model for its
-    500 ms timeout about once per 2,000 calls (test_triton_batcher.py), and two such stalls
-    in the first 2 s decided the p99 alone. Without priority levels on the model steps:
-    idle 8, 1.06-1.15x in 3 runs; 12, 1.14-1.72x in 3 runs; unset (the default), 5.7x and
-    6.2x."""
-    gateway = spawn_gateway(triton, GATEWAY_SERVER__ADAPTIVE__IDLE="8")
+    Filed on 3de95b9: p99 1.28 s after the first 2 s, 2.2 s over the whole flood. With
+    the baseline anchor the default, which never moves while it does not bind, the
+    flood's first wave queued 64 deep in Triton: 5.5-9.8x (its ``idle`` setting, 8, read
+    1.06-1.15x but shed 10 steady clients). The knee reaches its rung in the first
+    windows and reads the flood's queue as throughput, not as congestion: 0.98x."""
+    gateway = spawn_gateway(triton)
     burst = hey(gateway.url, 24, 0, requests=24)
     assert Counter(status for _, _, status in burst) == {200: 24}
     hey(gateway.url, 2, 12)  # the light load, past the 10 s for which the burst is kept

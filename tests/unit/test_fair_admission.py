@@ -230,6 +230,7 @@ class Recording(StaticLimit):
     """A static limit that records the concurrency each completed request reports."""
 
     seen: list[int] = field(default_factory=list)
+    light: list[bool] = field(default_factory=list)
 
     def observe(
         self,
@@ -238,8 +239,10 @@ class Recording(StaticLimit):
         admitted_at: float,
         in_flight: int = 0,
         saturated: bool | None = None,
+        protected: bool = False,
     ) -> None:
         self.seen.append(in_flight)
+        self.light.append(protected)
 
 
 @run
@@ -256,3 +259,37 @@ async def test_a_request_joined_by_others_is_not_reported_as_alone() -> None:
     alone = await admission.acquire()
     admission.release(alone, cost="text")
     assert limiter.seen == [3, 3, 3, 3, 0]  # before: [0, 1, 2, 3, 0]
+
+
+@run
+async def test_a_light_keys_requests_beside_a_flood_are_reported_protected() -> None:
+    """The knee keeps a light key's latency near one request's alone (gateway.serving.knee):
+    its requests admitted below its share, while no request of the key waited or was
+    refused lately, are reported protected; a key that floods is not, nor is a light key
+    alone, nor one whose request waited a moment ago."""
+    now = [0.0]
+    limiter = Recording(16)  # a key over its share may take 15 (the reserve: 1)
+    admission = Admission(limiter, queue_seconds=0.01, retry_after=1, clock=lambda: now[0])
+    alone = await admission.acquire(QUIET)
+    admission.release(alone, cost="text")
+    flood = [await admission.acquire(FLOOD) for _ in range(15)]
+    with pytest.raises(OverloadedError):
+        await admission.acquire(FLOOD)  # the flood waits, and is refused
+    quiet = await admission.acquire(QUIET)  # below its share: at once
+    admission.release(quiet, cost="text")
+    admission.release(flood.pop(), cost="text")
+    assert limiter.light == [False, True, False]
+    # a key one of whose requests waited is not light for LIGHT_SECONDS
+    more = [await admission.acquire(QUIET) for _ in range(2)]  # 16 in flight: the ceiling
+    waited = asyncio.create_task(admission.acquire(QUIET))
+    await asyncio.sleep(0)
+    admission.release(more.pop(), cost="text")
+    admission.release(await waited, cost="text")
+    admission.release(more.pop(), cost="text")
+    assert limiter.light[-3:] == [False, False, False]
+    now[0] += 2.5
+    later = await admission.acquire(QUIET)
+    admission.release(later, cost="text")
+    assert limiter.light[-1] is True
+    for ticket in flood:
+        admission.release(ticket)
