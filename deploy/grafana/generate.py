@@ -587,13 +587,15 @@ def capacity() -> dict[str, Any]:
             (12, 0, 12, 8),
         ),
         panel(
-            "Latency over baseline",
-            "The last window's p90 latency of admitted requests over the baseline measured with nothing "
-            "queued (1: no queueing in Triton; the limit falls above 1 + tolerance). Probing: the limit "
-            "is held at its floor to measure the baseline again.",
+            "Latency over a request alone",
+            "The last window's p90 latency of admitted requests over a request's latency with nothing "
+            "queued (1: no queueing in Triton). Probing: the limit tries another value (the knee a rung "
+            "beside its own; the baseline anchor its floor). Protecting: the knee keeps a light key's "
+            "latency within 1 + tolerance, below the knee.",
             [
                 ("max by (instance) (gateway_inflight_latency_ratio)", "ratio {{instance}}"),
                 ("max(gateway_inflight_probing)", "probing"),
+                ("max(gateway_inflight_protecting)", "protecting"),
             ],
             "short",
             (0, 8, 12, 8),

@@ -437,8 +437,9 @@ class CapacityReading:
     in_flight: int
     waiting: int
     in_use: float  # the limit's share in use, averaged (0-1)
-    latency_ratio: float  # the last window's p90 latency over its baseline
+    latency_ratio: float  # the last window's p90 latency over a request's alone
     probing: bool
+    protecting: bool  # a light key's latency is being kept (the knee)
     admitted: int
     shed: int
     waited_seconds: float
@@ -480,14 +481,22 @@ class CapacityCollector:
         )
         yield GaugeMetricFamily(
             "gateway_inflight_latency_ratio",
-            "The last window's p90 latency of admitted requests over their baseline (1: nothing queues "
-            "in Triton; the limit falls above 1 + tolerance).",
+            "The last window's p90 latency of admitted requests over a request's latency with nothing "
+            "queued (1: nothing queues in Triton; above 1 + tolerance the baseline anchor falls, and "
+            "the knee does while it protects a light key).",
             value=r.latency_ratio,
         )
         yield GaugeMetricFamily(
             "gateway_inflight_probing",
-            "1 while the limit is held at its floor to measure the baseline.",
+            "1 while the limit tries another value: the knee a rung beside its own, the baseline "
+            "anchor its floor (to measure the baseline).",
             value=1 if r.probing else 0,
+        )
+        yield GaugeMetricFamily(
+            "gateway_inflight_protecting",
+            "1 while the knee keeps a light key's latency (a key below its share, nothing of it "
+            "queued or refused lately, beside others): the limit is below the knee for it.",
+            value=1 if r.protecting else 0,
         )
         yield CounterMetricFamily(
             "gateway_admission_admitted", "Inference requests given an in-flight slot.", value=r.admitted

@@ -75,6 +75,9 @@ class ConcurrencyLimit(Protocol):
     def probing(self) -> bool: ...
 
     @property
+    def protecting(self) -> bool: ...
+
+    @property
     def sample_ratio(self) -> float: ...
 
     def observe(
@@ -95,6 +98,7 @@ class StaticLimit:
     limit: int
     probing: bool = False
     sample_ratio: float = 0.0
+    protecting: bool = False
 
     @property
     def ceiling(self) -> int:
@@ -562,6 +566,7 @@ class Admission:
             in_use=self.utilization.read(self._clock()),
             latency_ratio=limiter.sample_ratio,
             probing=limiter.probing,
+            protecting=limiter.protecting,
             admitted=self.admitted,
             shed=self.shed,
             waited_seconds=self.waited_seconds,

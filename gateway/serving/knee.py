@@ -205,7 +205,7 @@ class KneeLimit:
 
     def state(self) -> LimitState:
         return LimitState(
-            self.limit, self.probing, self.sample_ratio, {c: v.least for c, v in self._least.items()}
+            self.limit, self.probing, self.sample_ratio, {c: self.alone(c) for c in self._least}
         )
 
     def observe(
@@ -282,9 +282,9 @@ class KneeLimit:
         s = self.settings
         rate = self._work / max(now - self._window_started, _TINY)  # the work delivered a second
         p90 = percentile(self._latencies, 0.9)
-        self.sample_ratio = p90 / min(item.least for item in self._least.values())
         protecting = now < self._protect_until
-        ratio = percentile(self._ratios, 0.9)
+        ratio = percentile(self._ratios, 0.9)  # over a request's latency alone, each its class's
+        self.sample_ratio = ratio
         if self._saturated < SATURATED_SHARE * len(self._latencies):
             # the limit did not bind: nothing learnt about it; keep it, start over
             self._enter(_Phase.CRUISE, now)

@@ -148,6 +148,11 @@ class AdaptiveLimit:
         return self._probing
 
     @property
+    def protecting(self) -> bool:
+        """Never: this anchor keeps every request's latency near the baseline."""
+        return False
+
+    @property
     def ceiling(self) -> int:
         return self.settings.ceiling
 

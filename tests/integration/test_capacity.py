@@ -16,6 +16,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
+
 from gateway.bench.capacity import hey
 from gateway.dev.gatewayprocess import GatewayProcess
 from gateway.dev.tritonserver import TritonServer, throttled
@@ -140,6 +142,8 @@ def test_a_flooding_key_leaves_another_its_latency(
         flood = pool.submit(hey, gateway.url, 150, 10, flood_key)
         time.sleep(1.5)  # the flood under way, its limit moved
         beside = hey(gateway.url, 1, 7, quiet_key, rate=4)
+        # the light key's last answer came moments ago: the knee still keeps its latency
+        gauges = httpx.get(f"{gateway.url}/metrics", timeout=5).text
         flooded = flood.result()
     median_alone = statistics.median(latency for _, latency, _ in alone)
     median_beside = statistics.median(latency for _, latency, _ in beside)
@@ -149,6 +153,7 @@ def test_a_flooding_key_leaves_another_its_latency(
         f"quiet alone: median {ms(median_alone)}; beside 150 flood connections: {dict(statuses)}, "
         f"median {ms(median_beside)} ({median_beside / median_alone:.1f}x); flood: {dict(flood_statuses)}"
     )
+    assert "gateway_inflight_protecting 1.0" in gauges.splitlines()
     assert statuses == {200: len(beside)}, statuses
     assert len(beside) >= 20  # 4 a second for 7 s
     assert flood_statuses[503] > flood_statuses[200]  # the flood was far over capacity

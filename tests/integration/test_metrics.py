@@ -54,6 +54,7 @@ def test_metrics_merge_gateway_and_triton(http: httpx.Client) -> None:
         "gateway_admission_queue",
         "gateway_capacity_in_use",
         "gateway_inflight_latency_ratio",
+        "gateway_inflight_protecting",
         "gateway_admission_shed",
         "gateway_inflight_by_tier",
         "nv_inference_request_success",
