@@ -303,9 +303,10 @@ class KneeLimit:
                 self._move(knee, now)
                 return
         if protecting and ratio > 1 + s.protect_tolerance and tried > 0:
-            # a light key waits behind the queue: as far down as the ratio says (the
-            # baseline anchor's multiplicative decrease; at most half, at least a rung)
-            target = self._rungs[tried] * max(0.5, (1 + s.protect_tolerance) / ratio)
+            # a light key waits behind the queue: as far down as the ratio says, in one
+            # step (each step waits for the requests admitted before it to clear: four
+            # halvings from the ceiling took seconds of the light key's), at least a rung
+            target = self._rungs[tried] * (1 + s.protect_tolerance) / ratio
             below = max((i for i, r in enumerate(self._rungs) if r <= target), default=0)
             self._move(min(tried - 1, below), now)
             return
