@@ -163,6 +163,7 @@ class KneeLimit:
     _least: dict[Hashable, _Least] = field(init=False, default_factory=dict)
     _lowest: dict[Hashable, float] = field(init=False, default_factory=dict)  # ever seen
     _alone: dict[Hashable, deque[float]] = field(init=False, default_factory=dict)
+    _alone_median: dict[Hashable, float] = field(init=False, default_factory=dict)
     _protect_until: float = field(init=False, default=float("-inf"))
     _knee: int | None = field(init=False, default=None)  # the rung held before protecting
     _ratios: list[float] = field(init=False, default_factory=list)
@@ -236,6 +237,7 @@ class KneeLimit:
             if alone is None:
                 alone = self._alone[cost] = deque(maxlen=QUIET_SAMPLES)
             alone.append(seconds)
+            self._alone_median[cost] = statistics.median(alone)  # (once a quiet sample, not a request)
         if protected:
             self._protect_until = now + s.protect_seconds
         if self._window_started is None:
@@ -263,10 +265,8 @@ class KneeLimit:
     def alone(self, cost: Hashable) -> float:
         """What a request of ``cost`` costs with nothing queued: the median of the last
         requests that ran alone, else the least latency seen (a lucky one: strict)."""
-        alone = self._alone.get(cost)
-        if alone:
-            return statistics.median(alone)
-        return self._lowest.get(cost, _TINY)
+        median = self._alone_median.get(cost)
+        return median if median is not None else self._lowest.get(cost, _TINY)
 
     @property
     def protecting(self) -> bool:
