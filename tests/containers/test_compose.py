@@ -222,13 +222,15 @@ def test_the_stack_comes_up_healthy_and_answers_through_haproxy(stack: Stack) ->
                 time.sleep(1)
             assert _health(name) == "healthy", _unhealthy(name)
     assert len([n for n in _project_containers() if n.startswith(f"{PROJECT}_gateway_")]) == 2
-    # the README's two curls, with the client's key. A first image call once took past the
-    # gateway's 10 s Triton deadline (504) in a clean-clone run, right after the 20-minute
-    # suite (it takes 0.1 s here, and 3.5 s for this whole test): one more try then, and
-    # what Triton and the gateways logged if that fails too.
+    # the README's two curls, with the client's key. The first image calls have taken past
+    # the gateway's 10 s Triton deadline (504) in clean-clone runs, right after the
+    # 20-minute suite, twice in a row once (a cold model in a cold container on a loaded
+    # machine; 0.1 s here): tried again for up to 60 s while Triton answers 504, then what
+    # Triton and the gateways logged. (Triton's model_warmup would make the first call warm.)
+    deadline = time.monotonic() + 60
     image = _classify(stack, CLIENT_KEY, files={"file": ("cat.jpg", chelsea_jpeg(), "image/jpeg")})
-    if image.status_code == 504:
-        print(f"first image call: {image.status_code} {image.text}")
+    while image.status_code == 504 and time.monotonic() < deadline:
+        print(f"an early image call: {image.status_code} {image.text}")
         image = _classify(stack, CLIENT_KEY, files={"file": ("cat.jpg", chelsea_jpeg(), "image/jpeg")})
     assert image.status_code == 200, image.text + _logs(stack)
     assert any("cat" in p["label"] for p in image.json()["results"][0]["predictions"][:3])
