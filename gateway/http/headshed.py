@@ -159,7 +159,7 @@ class HeadShed:
         except GatewayError:
             return None
         self.gate.count_allowed(caller)
-        refusal, hold = admission.unread_refusal(unread_body_of(scope))
+        refusal, hold = admission.unread_refusal(unread_body_of(scope), caller.tenant)
         return self._answer(refusal, hold, route, model, request_id, started, scope)
 
     def _answer(

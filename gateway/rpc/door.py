@@ -280,7 +280,9 @@ class InferenceDoor:
                     # deadline (the client hears UNAVAILABLE, not DEADLINE_EXCEEDED)
                     connection = None if rpc.peer is None else ("grpc", rpc.peer())
                     unread = UnreadBody(small=True, connection=connection)
-                    raise await admission.held_refusal(unread, None if deadline is None else deadline / 2)
+                    raise await admission.held_refusal(
+                        unread, call.tenant, None if deadline is None else deadline / 2
+                    )
 
                 async def work() -> Answered:
                     return await self._answer(call, await self._read(read, reservation))

@@ -334,42 +334,43 @@ class Admission:
         completed = self.throughput.recent(now)
         if completed < limit:
             return False
-        refused = ahead + 1 > completed / self.throughput.tau * self._queue_seconds
-        if refused:
-            self._pressed[tenant.id] = now
-        return refused
+        return ahead + 1 > completed / self.throughput.tau * self._queue_seconds
 
-    def refusal(self, close: bool = True) -> OverloadedError | ShuttingDownError:
-        """What :meth:`refuses_unread` turns into. Its body is left unread: with
-        ``close``, the connection closes after the answer (a large body, or one the
-        client waits to send); without, the server reads the small rest away and keeps
-        the connection (a new one for each retry costs twice the refusal)."""
+    def refusal(self, tenant: Tenant = ANONYMOUS, close: bool = True) -> OverloadedError | ShuttingDownError:
+        """What :meth:`refuses_unread` turns into for ``tenant`` (refused: not a light key
+        for a while). Its body is left unread: with ``close``, the connection closes after
+        the answer (a large body, or one the client waits to send); without, the server
+        reads the small rest away and keeps the connection (a new one for each retry
+        costs twice the refusal)."""
         if self.draining:
             return self._shutting_down()
         self.shed += 1
+        self._pressed[tenant.id] = self._clock()
         return OverloadedError(
             f"over {self.limit} requests are in flight or waiting; retry shortly",
             retry_after=self._retry_after,
             headers={"Connection": "close"} if close else {},
         )
 
-    def unread_refusal(self, unread: UnreadBody) -> tuple[OverloadedError | ShuttingDownError, float]:
+    def unread_refusal(
+        self, unread: UnreadBody, tenant: Tenant = ANONYMOUS
+    ) -> tuple[OverloadedError | ShuttingDownError, float]:
         """The refusal of a request :meth:`refuses_unread` sheds, its body unread, and how
         long to hold it: ``Connection: close`` unless the body is small enough for the
         server to read away (and the client is not waiting to send it), held a little when
         the connection was refused moments ago (gateway.serving.retries). Every refusal
         from the headers (the route's, and the request head's: gateway.http.headshed)."""
-        refusal = self.refusal(close=unread.expects_continue or not unread.small)
+        refusal = self.refusal(tenant, close=unread.expects_continue or not unread.small)
         hold = 0.0 if self.draining else self.refusal_hold(unread.connection)
         return refusal, hold
 
     async def held_refusal(
-        self, unread: UnreadBody, at_most: float | None = None
+        self, unread: UnreadBody, tenant: Tenant = ANONYMOUS, at_most: float | None = None
     ) -> OverloadedError | ShuttingDownError:
         """:meth:`unread_refusal`, its hold waited out (``at_most`` that long: the gRPC
         door's half of a call's deadline). The route's and the gRPC door's; the request
         head's hold is a timer in the protocol (gateway.http.server)."""
-        refusal, hold = self.unread_refusal(unread)
+        refusal, hold = self.unread_refusal(unread, tenant)
         if at_most is not None:
             hold = min(hold, at_most)
         if hold > 0:

@@ -99,7 +99,7 @@ class Dispatcher:
         everyone). Like any other request, it takes its slot once its body is in."""
         admission = self.plane.admission
         if admission.refuses_unread(call.tenant):
-            raise await admission.held_refusal(unread)
+            raise await admission.held_refusal(unread, call.tenant)
         if unread.expects_continue:
             try:
                 ticket = await admission.acquire(call.tenant)

@@ -291,5 +291,10 @@ async def test_a_light_keys_requests_beside_a_flood_are_reported_protected() -> 
     later = await admission.acquire(QUIET)
     admission.release(later, cost="text")
     assert limiter.light[-1] is True
+    # nor one refused from its headers
+    assert isinstance(admission.refusal(QUIET), OverloadedError)
+    refused = await admission.acquire(QUIET)
+    admission.release(refused, cost="text")
+    assert limiter.light[-1] is False
     for ticket in flood:
         admission.release(ticket)
