@@ -47,7 +47,7 @@ def test_a_5x_slowdown_is_followed_by_the_limit_and_a_recovery_too(
 ) -> None:
     """100 clients sending back to back, Triton at speed, then 5x slower, then at speed
     again, against the static cap of 64 in the same run. The default (the knee) keeps
-    most of the cap's goodput on the slowed Triton at no more latency; the baseline anchor
+    most of the cap's goodput on the slowed Triton at about its latency; the baseline anchor
     (latency first) keeps the p99 under half the cap's, giving up goodput for it; the
     excess hears a 503 (at once, or held up to its Retry-After when it retries at once);
     after the recovery, the knee serves about what it did before.
