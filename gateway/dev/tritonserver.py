@@ -17,7 +17,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -274,6 +273,11 @@ class TritonServer:
                     ) from None
                 time.sleep(0.05)
 
+    @property
+    def process_group(self) -> int | None:
+        """The process group of the server, its keeper and its stubs (None: not running)."""
+        return None if self._process is None else self._process.pid
+
     def send_signal(self, sig: int, *, group: bool = True) -> None:
         """Signal the server, its keeper and its Python-backend stubs (their process
         group), or with ``group=False`` the server alone: tests use SIGKILL of both (a
@@ -327,21 +331,23 @@ class TritonServer:
 @contextmanager
 def throttled(triton: TritonServer, running: float = 0.004, stopped: float = 0.016) -> Iterator[None]:
     """Triton's process group (server, keeper, Python-backend stubs) runs ``running``
-    seconds of every ``running + stopped``: the defaults make it 5x slower."""
-    stop = threading.Event()
-
-    def cycle() -> None:
-        while not stop.is_set():
-            triton.send_signal(signal.SIGSTOP)
-            time.sleep(stopped)
-            triton.send_signal(signal.SIGCONT)
-            time.sleep(running)
-
-    thread = threading.Thread(target=cycle, daemon=True)
-    thread.start()
+    seconds of every ``running + stopped``: the defaults make it 5x slower. The cycle
+    runs in a process of its own (gateway.dev.throttle): a thread of this one kept
+    the time badly while a load generator here held the interpreter."""
+    group = triton.process_group
+    if group is None:
+        raise ConfigurationError("tritonserver is not running")
+    cycler = subprocess.Popen(
+        [sys.executable, "-m", "gateway.dev.throttle", str(group), str(running), str(stopped)],
+        start_new_session=True,
+    )
     try:
         yield
     finally:
-        stop.set()
-        thread.join(timeout=5)
+        cycler.terminate()
+        try:
+            cycler.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            cycler.kill()
+            cycler.wait()
         triton.send_signal(signal.SIGCONT)
