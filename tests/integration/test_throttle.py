@@ -49,9 +49,9 @@ def spinner() -> Iterator[int]:
         process.wait()
 
 
-def share_of_time(pid: int, busy: bool) -> float:
-    """The share of 2 s that ``pid`` ran, throttled to 4 ms of every 20, with this
-    interpreter spinning (``busy``, with a 200 ms switch interval) or asleep."""
+def share_of_busy_time(pid: int) -> float:
+    """The share of 2 s that ``pid`` ran, throttled to 4 ms of every 20, while this
+    interpreter spins (with a 200 ms switch interval)."""
     interval = sys.getswitchinterval()
     sys.setswitchinterval(0.2)
     try:
@@ -60,9 +60,6 @@ def share_of_time(pid: int, busy: bool) -> float:
             started, cpu = time.monotonic(), cpu_seconds(pid)
             spun = 0
             while time.monotonic() - started < 2.0:
-                if not busy:
-                    time.sleep(0.05)
-                    continue
                 for _ in range(10_000):
                     spun += 1
             return (cpu_seconds(pid) - cpu) / (time.monotonic() - started)
@@ -74,7 +71,7 @@ def test_the_duty_cycle_holds_while_this_interpreter_is_busy(spinner: int) -> No
     """Before, the cycle was a thread of the test's process: each of its sleeps ended
     when it next got the interpreter, so a busy load generator beside it let Triton run
     longer than asked: here 36-47 % of the time; in its own process, 18-26 %."""
-    busy = share_of_time(spinner, busy=True)
+    busy = share_of_busy_time(spinner)
     time.sleep(0.1)
     print(f"the throttled process ran {busy:.0%} of the time with this interpreter busy (asked: 20 %)")
     assert 0.1 < busy < 0.32
