@@ -17,7 +17,13 @@ end (``gateway_inflight_limit``).
 The verdict per speed, what issue 42 asks of the adaptive limit: its goodput against the
 best static's (>= 90 %), its p99 against the p99 of the smallest static limit that reaches
 90 % of that goodput (<= 1.5x), and against the static cap of the ceiling (goodput >= 90 %,
-p99 <= half).
+p99 <= half), and which static limits meet that last bound themselves.
+
+    .venv/bin/python -m gateway.bench.capacity --cross RUN.json RUN.json ... [--out X]
+
+holds each saved run's rows (static and adaptive) to every other run's static limits: a
+bound that a static limit meets against its own run and not against another run of the
+same sweep is set by the machine's noise more than by the stack.
 """
 
 from __future__ import annotations
@@ -51,6 +57,12 @@ CALM = "no storm, static"
 GRPC_WAY = "on the gRPC door, from its metadata"
 # goodput and p99 are the flood's after this many seconds (the whole flood's p99 too)
 STEADY_AFTER = 2.0
+# what issue 42 asks of the adaptive limit: goodput at least this share of the best static
+# limit's and of the cap's; p99 at most OVER_SMALLEST times that of the smallest static limit
+# at that share, and at most UNDER_CEILING times the cap's
+GOODPUT_SHARE = 0.9
+OVER_SMALLEST = 1.5
+UNDER_CEILING = 0.5
 
 
 @dataclass
@@ -80,6 +92,8 @@ class Verdict:
     goodput_vs_ceiling: float
     p99_vs_ceiling: float
     storm_goodput_vs_calm: float | None  # the adaptive limit under the storm / no storm
+    # the static limits that meet the cap's bound themselves (none: no limit can, this run)
+    statics_meeting_ceiling_bound: list[str]
 
 
 def hey(
@@ -264,29 +278,150 @@ def grpc_storm(door: str, clients: int, seconds: float) -> dict[str, int]:
     return counts
 
 
-def verdict(rows: list[Row], speed: int, ceiling: int) -> Verdict:
-    statics = [row for row in rows if row.speed == speed and row.limit.startswith("static")]
+def statics(rows: list[Row], speed: int) -> list[Row]:
+    return [row for row in rows if row.speed == speed and row.limit.startswith("static")]
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One row held to the bounds a run's static limits set."""
+
+    limit: str
+    goodput_vs_best: float
+    p99_vs_smallest_at_90: float
+    goodput_vs_ceiling: float
+    p99_vs_ceiling: float
+
+    @property
+    def meets_knee_bound(self) -> bool:
+        return self.goodput_vs_best >= GOODPUT_SHARE and self.p99_vs_smallest_at_90 <= OVER_SMALLEST
+
+    @property
+    def meets_ceiling_bound(self) -> bool:
+        return self.goodput_vs_ceiling >= GOODPUT_SHARE and self.p99_vs_ceiling <= UNDER_CEILING
+
+
+@dataclass(frozen=True)
+class Reference:
+    """What one run's static limits at one speed set the bounds by: the best goodput, the
+    smallest limit at ``GOODPUT_SHARE`` of it, and the cap (the largest limit)."""
+
+    best: Row
+    smallest: Row
+    cap: Row
+
+    @classmethod
+    def of(cls, rows: list[Row], speed: int) -> Reference:
+        measured = statics(rows, speed)
+        best = max(measured, key=lambda row: row.goodput)
+        smallest = min((row for row in measured if row.goodput >= GOODPUT_SHARE * best.goodput), key=_slots)
+        return cls(best, smallest, max(measured, key=_slots))
+
+    def judge(self, row: Row) -> Judged:
+        return Judged(
+            row.limit,
+            goodput_vs_best=row.goodput / self.best.goodput,
+            p99_vs_smallest_at_90=row.p99_ms / self.smallest.p99_ms,
+            goodput_vs_ceiling=row.goodput / self.cap.goodput,
+            p99_vs_ceiling=row.p99_ms / self.cap.p99_ms,
+        )
+
+
+def _slots(row: Row) -> int:
+    return int(row.limit.split()[1])
+
+
+def verdict(rows: list[Row], speed: int) -> Verdict:
     [adaptive] = [row for row in rows if row.speed == speed and row.limit == ADAPTIVE]
-    best = max(statics, key=lambda row: row.goodput)
-    smallest = min(
-        (row for row in statics if row.goodput >= 0.9 * best.goodput),
-        key=lambda row: int(row.limit.split()[1]),
-    )
-    [cap] = [row for row in statics if row.limit == f"static {ceiling}"] or [best]
+    reference = Reference.of(rows, speed)
+    judged = reference.judge(adaptive)
     calm = [row for row in rows if row.speed == speed and row.limit.startswith(CALM)]
     return Verdict(
         speed=speed,
-        best_static=best.limit,
-        best_goodput=best.goodput,
-        smallest_at_90=smallest.limit,
-        smallest_at_90_p99_ms=smallest.p99_ms,
-        goodput_vs_best=adaptive.goodput / best.goodput,
+        best_static=reference.best.limit,
+        best_goodput=reference.best.goodput,
+        smallest_at_90=reference.smallest.limit,
+        smallest_at_90_p99_ms=reference.smallest.p99_ms,
+        goodput_vs_best=judged.goodput_vs_best,
         whole_p99_vs_steady=adaptive.whole_p99_ms / adaptive.p99_ms,
-        p99_vs_smallest_at_90=adaptive.p99_ms / smallest.p99_ms,
-        goodput_vs_ceiling=adaptive.goodput / cap.goodput,
-        p99_vs_ceiling=adaptive.p99_ms / cap.p99_ms,
+        p99_vs_smallest_at_90=judged.p99_vs_smallest_at_90,
+        goodput_vs_ceiling=judged.goodput_vs_ceiling,
+        p99_vs_ceiling=judged.p99_vs_ceiling,
         storm_goodput_vs_calm=adaptive.goodput / calm[0].goodput if calm else None,
+        statics_meeting_ceiling_bound=[
+            row.limit for row in statics(rows, speed) if reference.judge(row).meets_ceiling_bound
+        ],
     )
+
+
+@dataclass
+class Crossed:
+    """Run ``candidate``'s rows at ``speed`` held to the bounds run ``reference``'s static
+    limits set: whether the bounds are a property of the stack or of one run's noise (a
+    static limit that meets them in one run and not against another run of the same sweep)."""
+
+    speed: int
+    reference: str
+    candidate: str
+    smallest_at_90: str
+    meeting_knee_bound: list[str]
+    meeting_ceiling_bound: list[str]
+    judged: list[Judged]
+
+
+def cross(runs: dict[str, list[Row]]) -> list[Crossed]:
+    """Every run's rows (static and adaptive) against every other run's reference, by speed."""
+    crossed = []
+    for reference_name, reference_rows in runs.items():
+        for speed in sorted({row.speed for row in reference_rows}):
+            if not statics(reference_rows, speed):
+                continue
+            reference = Reference.of(reference_rows, speed)
+            for name, rows in runs.items():
+                if name == reference_name:
+                    continue
+                judged = [
+                    reference.judge(row)
+                    for row in rows
+                    if row.speed == speed and (row.limit.startswith("static") or row.limit == ADAPTIVE)
+                ]
+                crossed.append(
+                    Crossed(
+                        speed, reference_name, name, reference.smallest.limit,
+                        [j.limit for j in judged if j.meets_knee_bound],
+                        [j.limit for j in judged if j.meets_ceiling_bound],
+                        judged,
+                    )
+                )  # fmt: skip
+    return crossed
+
+
+def cross_main(files: list[Path], out: Path) -> int:
+    """``--cross``: saved runs held to each other's references (no Triton is started)."""
+    runs = {str(path): [Row(**row) for row in json.loads(path.read_text())["rows"]] for path in files}
+    crossed = cross(runs)
+    for c in crossed:
+        print(
+            f"{c.speed}x slower, {c.candidate} against {c.reference} (smallest at 90 %: "
+            f"{c.smallest_at_90}): the knee's bound met by {', '.join(c.meeting_knee_bound) or 'none'}; "
+            f"the cap's by {', '.join(c.meeting_ceiling_bound) or 'none'}"
+        )
+    limits = sorted(
+        {j.limit for c in crossed for j in c.judged},
+        key=lambda limit: (limit == ADAPTIVE, limit.split()[-1].zfill(4)),
+    )
+    for speed in sorted({c.speed for c in crossed}):
+        pairs = [c for c in crossed if c.speed == speed]
+        for limit in limits:
+            knee = sum(limit in c.meeting_knee_bound for c in pairs)
+            capped = sum(limit in c.meeting_ceiling_bound for c in pairs)
+            print(
+                f"{speed}x slower, {limit:>10}: the knee's bound in {knee} of {len(pairs)} pairs, "
+                f"the cap's in {capped}"
+            )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps([asdict(c) for c in crossed], indent=1))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -333,7 +468,16 @@ def main(argv: list[str] | None = None) -> int:
         help="GATEWAY_* settings for every gateway measured",
     )
     parser.add_argument("--out", type=Path, default=Path(".reports/capacity"))
+    parser.add_argument(
+        "--cross",
+        type=Path,
+        nargs="+",
+        metavar="RUN.json",
+        help="no sweep: hold the rows of saved runs to each other's static limits (the bounds' own noise)",
+    )
     options = parser.parse_args(argv)
+    if options.cross:
+        return cross_main(options.cross, options.out)
     if shutil.which("hey") is None:
         print("hey is not installed (apt-get install hey; `make bench-capacity` does)", file=sys.stderr)
         return 2
@@ -392,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
         finally:
             triton.stop()
-    verdicts = [verdict(rows, speed, ceiling) for speed in options.speeds] if options.sweep else []
+    verdicts = [verdict(rows, speed) for speed in options.speeds] if options.sweep else []
     for v in verdicts:
         print(
             f"{v.speed}x slower: adaptive goodput {v.goodput_vs_best:.0%} of the best static ({v.best_static}, "
@@ -405,6 +549,8 @@ def main(argv: list[str] | None = None) -> int:
                 if v.storm_goodput_vs_calm is not None
                 else ""
             )
+            + f"; the static limits that meet the cap's bound themselves: "
+            f"{', '.join(v.statics_meeting_ceiling_bound) or 'none'}"
         )
     options.out.parent.mkdir(parents=True, exist_ok=True)
     report = {
