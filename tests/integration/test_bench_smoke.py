@@ -221,6 +221,7 @@ def test_bench_capacity_sweeps_static_limits_and_the_adaptive_ones(
     [verdict] = report["verdicts"]
     assert verdict["goodput_vs_best"] > 0
     assert verdict["storm_goodput_vs_calm"] > 0
+    assert set(verdict["statics_meeting_ceiling_bound"]) <= {"static 2", "static 16"}
     costs = {cost["way"]: cost for cost in report["refusal_cost"]}
     assert set(costs) == {
         "after the queue wait",
