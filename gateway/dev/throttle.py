@@ -2,10 +2,10 @@
 
 Run as its own process (``python -m gateway.dev.throttle PGID RUNNING STOPPED``) by
 :func:`gateway.dev.tritonserver.throttled`. A thread of the test's own process kept the
-time badly: while the test's load generator held the interpreter, each sleep ended up to
-5 ms late (the interpreter's switch interval), so Triton ran 9 ms of every 30 instead
-of 4 of every 20 (3.3x slower, not 5x), and by how busy the load was, which differs
-between the flows a test compares."""
+time badly: while the test's load generator held the interpreter, each sleep ended when
+the thread next got it, so Triton ran 36-47 % of the time where 20 % was asked
+(tests/integration/test_throttle.py; 18-26 % as a process), and by how busy the load
+was, which differs between the flows a test compares."""
 
 from __future__ import annotations
 
