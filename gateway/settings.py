@@ -290,10 +290,11 @@ class ServerSettings(BaseModel):
         10.0,
         gt=0,
         le=300,
-        description="A request answered before its body was read (a 503 or 413 from its headers) "
-        "is closed gracefully: the answer is sent, and what the client still sends is read and "
-        "discarded for up to this long (and up to the largest body), so the client reads its answer "
-        "instead of meeting a reset.",
+        description="A request answered before its body was read (401, 404, a 503 or 413 from its "
+        "headers) has this long from its answer, counted once (no byte extends it), for the rest of "
+        "its body to arrive, which is read and discarded (up to the largest body): the connection is "
+        "kept if it ends in time, closed otherwise; an answer that closes the connection is sent first "
+        "and its socket lingers as long, so the client reads its answer instead of meeting a reset.",
     )
     body_timeout_seconds: float = Field(
         30.0, gt=0, le=3600, description="A request body not fully received by then is answered 408."

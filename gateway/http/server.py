@@ -20,262 +20,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import AbstractAsyncContextManager, contextmanager
-from time import perf_counter
 from types import FrameType
 from typing import Any
 
-import httptools
 import uvicorn
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from gateway.errors import NotFoundError
 from gateway.http.auth import ADMIN_PREFIX
-from gateway.http.headshed import HeadRefusal, HeadShed
 from gateway.http.problems import problem_response
+from gateway.http.protocol import HeaderTimeoutProtocol
 from gateway.observe.logs import flush_logs
 from gateway.serving.admission import Admission
 from gateway.serving.heap import keep_heap
 from gateway.settings import Settings
 
 logger = logging.getLogger("gateway.server")
-
-
-class _LingerOnClose:
-    """A connection's transport as uvicorn sees it: closing it lingers while the request's
-    body is still on its way (:meth:`HeaderTimeoutProtocol.close_lingering`), and what is
-    written in one turn of the event loop goes out in one write: uvicorn writes an
-    answer's head and its body apart, two system calls and two TCP segments. (Measured
-    on a refusal flood: 0.310 ms of gateway CPU a refusal with it, 0.301 without, so the
-    saving is below this machine's noise; the segments it saves are the client's.)"""
-
-    def __init__(self, transport: asyncio.Transport, protocol: HeaderTimeoutProtocol) -> None:
-        self._transport = transport
-        self._protocol = protocol
-        self._pending: list[bytes] = []
-        self._loop = protocol.loop
-        # what uvicorn calls on every request, bound here rather than found by __getattr__
-        self.get_extra_info = transport.get_extra_info
-        self.pause_reading = transport.pause_reading
-        self.resume_reading = transport.resume_reading
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
-    def write(self, data: bytes) -> None:
-        if not data:
-            return
-        if not self._pending:
-            self._loop.call_soon(self.flush)
-        self._pending.append(data)
-
-    def flush(self) -> None:
-        """Write what this turn of the loop wrote (before the transport closes or shuts
-        its write side, too)."""
-        pending = self._pending
-        if not pending:
-            return
-        data = pending[0] if len(pending) == 1 else b"".join(pending)
-        pending.clear()
-        if not self._transport.is_closing():
-            self._transport.write(data)
-
-    def write_eof(self) -> None:
-        self.flush()
-        self._transport.write_eof()
-
-    def close(self) -> None:
-        self._protocol.close_lingering()
-
-    def is_closing(self) -> bool:
-        return self._protocol.lingering or self._transport.is_closing()
-
-
-class _NoEvent:
-    def set(self) -> None:
-        return None
-
-
-class _RefusedCycle:
-    """What uvicorn's callbacks see of a request refused from its head
-    (gateway.http.headshed) until its answer is written: an answer under way (a pipelined
-    next request waits for it), a body read away as it comes, and whether all of it came."""
-
-    def __init__(self, keep_alive: bool) -> None:
-        self.keep_alive = keep_alive
-        self.response_complete = False
-        self.more_body = True
-        self.disconnected = False
-        self.message_event = _NoEvent()
-
-
-class HeaderTimeoutProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol, closing a connection whose request head is late, and
-    lingering before it closes one whose request body is still coming.
-
-    A timer is armed when the connection opens and when the first bytes of a next request
-    arrive on a kept-alive connection (the parser's message-begin callback), and disarmed
-    once the head is complete; between requests uvicorn's keep-alive timeout applies.
-
-    A request refused before its body was read (503 from its headers, 413 from its
-    length) is answered with ``Connection: close``. Closed at once, the socket would be
-    reset under a client still sending, whose next write fails before it reads the answer
-    (64 of 100 clients uploading 7 MiB never read their 503). So, as nginx's lingering
-    close: the answer goes out, the write side is shut (FIN), and what the client still
-    sends is read and thrown away until it stops (its FIN), for at most
-    ``linger_seconds`` and ``linger_bytes``; then the socket closes.
-    """
-
-    header_timeout: float = 10.0
-    linger_seconds: float = 10.0
-    linger_bytes: int = 64 * 1024 * 1024
-    head_shed: HeadShed | None = None  # refuses from the head what the route would
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        self._head_timer: asyncio.TimerHandle | None = None
-        self._raw = transport
-        self.lingering = False
-        self._discarded = 0
-        self._linger_timer: asyncio.TimerHandle | None = None
-        self._wrapped = _LingerOnClose(transport, self)
-        super().connection_made(self._wrapped)  # type: ignore[arg-type]
-        self._arm()
-
-    def close_lingering(self) -> None:
-        self._wrapped.flush()  # the answer first
-        raw, cycle = self._raw, self.cycle
-        if self.lingering or raw.is_closing():
-            return
-        if cycle is None or not cycle.more_body or cycle.disconnected:
-            raw.close()  # nothing more is coming
-            return
-        self.lingering = True
-        if raw.can_write_eof():
-            raw.write_eof()  # once the answer is out
-        raw.resume_reading()
-        self._linger_timer = self.loop.call_later(self.linger_seconds, raw.close)
-
-    def data_received(self, data: bytes) -> None:
-        if not self.lingering:
-            super().data_received(data)
-            return
-        self._discarded += len(data)
-        if self._discarded > self.linger_bytes:
-            self._raw.close()
-
-    def eof_received(self) -> None:
-        if self.lingering:
-            self._raw.close()  # the client has sent all it will: the answer is read
-
-    def _arm(self) -> None:
-        if self._head_timer is None:
-            self._head_timer = self.loop.call_later(self.header_timeout, self._head_late)
-
-    def _disarm(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
-
-    def _head_late(self) -> None:
-        self._head_timer = None
-        if not self.transport.is_closing():
-            self.transport.close()
-
-    def on_message_begin(self) -> None:
-        super().on_message_begin()
-        self._arm()
-
-    def on_headers_complete(self) -> None:
-        self._disarm()
-        shed = self.head_shed
-        if shed is not None and shed.armed() and (self.cycle is None or self.cycle.response_complete):
-            refusal = self._head_refusal(shed)
-            if refusal is not None:
-                self._refuse(shed, refusal)
-                return
-        super().on_headers_complete()
-
-    def _head_refusal(self, shed: HeadShed) -> HeadRefusal | None:
-        """The head's refusal, its scope filled in as uvicorn fills it (only a POST is
-        ever refused here, so nothing is parsed for the rest)."""
-        if self.parser.get_method() != b"POST":
-            return None
-        scope = self.scope
-        parsed = httptools.parse_url(self.url)
-        path = parsed.path.decode("ascii")
-        if "%" in path:
-            path = urllib.parse.unquote(path)
-        scope["method"] = "POST"
-        scope["path"] = self.root_path + path
-        scope["raw_path"] = self.root_path.encode("ascii") + parsed.path
-        scope["query_string"] = parsed.query or b""
-        try:
-            return shed.refuse(scope)  # type: ignore[arg-type]
-        except Exception:  # a bug here must not cost the request its answer: the route gives it
-            logger.exception("the refusal from the request head failed; the route answers")
-            return None
-
-    def _refuse(self, shed: HeadShed, refusal: HeadRefusal) -> None:
-        """Answer ``refusal`` (after its hold), then go on as uvicorn does after an answer:
-        keep the connection, or close it lingering."""
-        keep_alive = (
-            not refusal.close and self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
-        )
-        cycle = _RefusedCycle(keep_alive)
-        self.cycle = cycle  # type: ignore[assignment]
-        head = [STATUS_LINE[refusal.status]]
-        for name, value in (*self.server_state.default_headers, *refusal.headers):
-            head += [name, b": ", value, b"\r\n"]
-        if not keep_alive and not refusal.close:
-            head.append(b"connection: close\r\n")
-        head += [b"\r\n", refusal.body]
-        data = b"".join(head)
-
-        def write() -> None:
-            # the hold counts from the request's head: the loop's timers run on a clock read
-            # once an iteration, in whole milliseconds, and may fire a little early
-            early = refusal.hold - (perf_counter() - refusal.started)
-            if early > 0 and not self._raw.is_closing():
-                self.loop.call_later(early, write)
-                return
-            cycle.response_complete = True
-            if not self._raw.is_closing():
-                self._raw.write(data)
-            shed.answered(refusal)
-            if cycle.keep_alive:  # (the server's shutdown may have cleared it during the hold)
-                self.on_response_complete()  # resumes reading, the keep-alive timer or the next request
-            else:
-                self.close_lingering()
-
-        if refusal.hold:
-            # reading goes on: the body is read away, and a request pipelined behind waits
-            # for this answer as behind any other (uvicorn's pipeline)
-            self.loop.call_later(refusal.hold, write)
-        else:
-            write()
-
-    def on_body(self, body: bytes) -> None:
-        if isinstance(self.cycle, _RefusedCycle):
-            return  # read away: a refused request's body is never used
-        super().on_body(body)
-
-    def on_message_complete(self) -> None:
-        if isinstance(self.cycle, _RefusedCycle):
-            self.cycle.more_body = False
-            return
-        super().on_message_complete()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
-        if self._linger_timer is not None:
-            self._linger_timer.cancel()
-        self.lingering = False
-        super().connection_lost(exc)
 
 
 def split_by_listener(app: ASGIApp, admin_port: int) -> ASGIApp:

@@ -1,0 +1,167 @@
+"""Every connection is under a deadline no byte can extend: an answer given before the
+request's body was read (401 without a key, 404 for an unknown model) leaves the rest of
+the body a bounded time to arrive, and bytes trickled between requests do not keep a
+connection past the head's deadline. An anonymous client cannot hold the door's sockets:
+with ``max_connections`` 16, sixteen held sockets leave a keyed client served once the
+bound has passed (before the fix, one body byte after the answer cancelled uvicorn's
+keep-alive timer and nothing re-armed it: such sockets stayed open for good)."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.dev.gatewayprocess import GatewayProcess
+from gateway.dev.tritonserver import TritonServer
+from gateway.shared.keyfiles import hash_key
+
+LINGER = 2.0
+HEAD = 3.0
+KEY = "client-secret"
+
+
+@pytest.fixture
+def door(
+    triton: TritonServer, spawn_gateway: Callable[..., GatewayProcess], tmp_path: Path
+) -> GatewayProcess:
+    keys = tmp_path / "keys"
+    keys.write_text(f"app {hash_key(KEY)}\n")
+    return spawn_gateway(
+        triton,
+        GATEWAY_AUTH__KEYS_FILE=str(keys),
+        GATEWAY_SERVER__MAX_CONNECTIONS="16",
+        GATEWAY_SERVER__LINGER_SECONDS=str(LINGER),
+        GATEWAY_SERVER__HEADER_TIMEOUT_SECONDS=str(HEAD),
+        GATEWAY_SERVER__KEEP_ALIVE_SECONDS="2",
+    )
+
+
+def _held(port: int, head: bytes) -> socket.socket:
+    """A socket that sends ``head`` (a large body announced), reads the answer given before
+    the body, sends one body byte and then nothing."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(head)
+    answer = sock.recv(65536)
+    # 401 or 404 before the body; the last of 16 may meet uvicorn's own cap (a bare 503)
+    assert answer.startswith((b"HTTP/1.1 4", b"HTTP/1.1 503")), answer[:200]
+    sock.sendall(b"{")
+    return sock
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> float | None:
+    """When the server closed ``sock`` (seconds from now), None if still open after ``seconds``."""
+    started = time.monotonic()
+    sock.settimeout(0.2)
+    while time.monotonic() - started < seconds:
+        try:
+            data = sock.recv(65536)
+        except TimeoutError:
+            continue
+        except OSError:
+            return time.monotonic() - started  # reset
+        if data == b"":
+            return time.monotonic() - started
+    return None
+
+
+ANONYMOUS = (
+    b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n"
+)
+UNKNOWN_MODEL = (
+    b"POST /models/nope/classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: 1000000\r\n\r\n"
+)
+
+
+@pytest.mark.parametrize("head", [ANONYMOUS, UNKNOWN_MODEL], ids=["401-anonymous", "404-unknown-model"])
+def test_a_socket_answered_before_its_body_is_closed_within_the_linger_bound(
+    door: GatewayProcess, head: bytes
+) -> None:
+    sock = _held(door.port, head)
+    try:
+        # a byte a second does not extend it either
+        started = time.monotonic()
+        closed = None
+        while time.monotonic() - started < LINGER + 3:
+            try:
+                sock.sendall(b" ")
+            except OSError:
+                closed = time.monotonic() - started
+                break
+            closed_after = _closed_within(sock, 1.0)
+            if closed_after is not None:
+                closed = time.monotonic() - started
+                break
+        assert closed is not None, f"still open {LINGER + 3:.0f} s after its answer (linger bound {LINGER} s)"
+        assert closed <= LINGER + 1.5, closed
+    finally:
+        sock.close()
+
+
+def test_the_rest_of_a_body_sent_in_time_keeps_the_connection(door: GatewayProcess) -> None:
+    """The bound closes only what does not end: a client that sends the rest of its body
+    after an early answer keeps its connection for the next request."""
+    body = b"{" + b" " * 998 + b"}"
+    head = (
+        b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 1000\r\n\r\n"
+    )
+    sock = socket.create_connection(("127.0.0.1", door.port), timeout=10)
+    try:
+        sock.sendall(head)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 401")
+        sock.sendall(body)
+        sock.sendall(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            answer += sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    finally:
+        sock.close()
+
+
+def test_bytes_trickled_between_requests_do_not_extend_the_connection(door: GatewayProcess) -> None:
+    """After an answer, bytes that begin no request (empty lines) or a head that never
+    ends are under the head's deadline from their first byte."""
+    sock = socket.create_connection(("127.0.0.1", door.port), timeout=10)
+    try:
+        sock.sendall(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        started = time.monotonic()
+        closed = None
+        while time.monotonic() - started < HEAD + 4:
+            try:
+                sock.sendall(b"\r\n")
+            except OSError:
+                closed = time.monotonic() - started
+                break
+            if _closed_within(sock, 0.5) is not None:
+                closed = time.monotonic() - started
+                break
+        assert closed is not None, f"still open {HEAD + 4:.0f} s into a trickle (head deadline {HEAD} s)"
+        assert closed <= HEAD + 1.5, closed
+    finally:
+        sock.close()
+
+
+def test_sixteen_held_anonymous_sockets_leave_a_keyed_client_served(door: GatewayProcess) -> None:
+    held = [_held(door.port, ANONYMOUS) for _ in range(16)]
+    try:
+        time.sleep(LINGER + 1.5)
+        with httpx.Client(base_url=door.url, timeout=10) as client:
+            answer = client.post(
+                "/classify",
+                json={"text": "the match went to extra time"},
+                headers={"authorization": f"Bearer {KEY}"},
+            )
+        assert answer.status_code == 200, (answer.status_code, answer.text[:300])
+        still_open = sum(1 for sock in held if _closed_within(sock, 0.3) is None)
+        assert still_open == 0, f"{still_open} of 16 held sockets are still open"
+    finally:
+        for sock in held:
+            sock.close()

@@ -1,0 +1,137 @@
+"""The uvicorn internals gateway.http.protocol relies on, held against the installed
+uvicorn: every attribute and method of its private ``HttpToolsProtocol`` and request cycle
+the gateway's protocol touches exists and means what it meant, and only that module
+imports them. An upgrade that renames one fails here, not in production (pyproject.toml
+also bounds uvicorn above)."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import inspect
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http import httptools_impl
+from uvicorn.server import ServerState
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# What gateway.http.protocol reads or calls on uvicorn's protocol (self.<name>).
+PROTOCOL_ATTRIBUTES = (
+    "loop",
+    "parser",
+    "url",
+    "scope",
+    "root_path",
+    "server_state",
+    "transport",
+    "flow",
+    "cycle",
+    "pipeline",
+    "timeout_keep_alive",
+    "timeout_keep_alive_task",
+)
+PROTOCOL_METHODS = (
+    "connection_made",
+    "connection_lost",
+    "data_received",
+    "eof_received",
+    "on_message_begin",
+    "on_headers_complete",
+    "on_body",
+    "on_message_complete",
+    "on_response_complete",
+    "timeout_keep_alive_handler",
+    "_unset_keepalive_if_required",
+)
+CYCLE_ATTRIBUTES = ("response_complete", "more_body", "keep_alive", "disconnected", "message_event")
+
+
+class _Transport(asyncio.Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: list[bytes] = []
+        self.closed = False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"sockname": ("127.0.0.1", 8080), "peername": ("127.0.0.1", 5000)}.get(name, default)
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.written.append(bytes(data))
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def pause_reading(self) -> None:
+        return None
+
+    def resume_reading(self) -> None:
+        return None
+
+
+async def _app(scope: Any, receive: Any, send: Any) -> None:
+    await send({"type": "http.response.start", "status": 204, "headers": []})
+    await send({"type": "http.response.body", "body": b""})
+
+
+def test_the_protocol_has_what_the_gateway_touches() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        config = uvicorn.Config(_app, http="httptools", lifespan="off", log_config=None)
+        protocol = httptools_impl.HttpToolsProtocol(config, ServerState(), {}, _loop=loop)
+        for name in PROTOCOL_METHODS:
+            assert callable(getattr(protocol, name, None)), name
+        protocol.connection_made(_Transport())
+        protocol.data_received(b"POST /x?q=1 HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nab")
+        for name in PROTOCOL_ATTRIBUTES:
+            assert hasattr(protocol, name), name
+        assert protocol.url == b"/x?q=1"  # the raw target, as on_headers_complete parses it
+        assert protocol.parser.get_method() == b"POST"
+        assert protocol.parser.get_http_version() == "1.1"
+        assert protocol.parser.should_keep_alive() is True
+        assert isinstance(protocol.server_state.default_headers, list)
+        assert isinstance(protocol.server_state.total_requests, int)
+        for name in ("resume_reading", "pause_reading"):
+            assert callable(getattr(protocol.flow, name)), name
+        cycle = protocol.cycle
+        for name in CYCLE_ATTRIBUTES:
+            assert hasattr(cycle, name), name
+        assert cycle.more_body is True  # the body is still on its way
+        # the cycle reports a complete answer through the protocol's own method, looked up
+        # on the instance: an override of on_response_complete is what it calls
+        assert cycle.on_response == protocol.on_response_complete
+        # after the answer, uvicorn stops following the body: the gateway must
+        assert "response_complete" in inspect.getsource(httptools_impl.HttpToolsProtocol.on_message_complete)
+        assert set(httptools_impl.STATUS_LINE) >= {401, 404, 408, 413, 429, 503}
+        loop.run_until_complete(asyncio.sleep(0.01))  # the app answers (204)
+        assert cycle.response_complete
+        protocol.connection_lost(None)
+    finally:
+        loop.close()
+
+
+def test_the_keep_alive_timer_is_cancelled_by_any_byte() -> None:
+    """Why the gateway keeps deadlines of its own: uvicorn's keep-alive timer goes on the
+    first byte that arrives, whatever it is."""
+    source = inspect.getsource(httptools_impl.HttpToolsProtocol.data_received)
+    assert "_unset_keepalive_if_required" in source
+
+
+def test_only_the_protocol_module_imports_uvicorns_internals() -> None:
+    importers = []
+    for path in (ROOT / "gateway").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("uvicorn.protocols"):
+                importers.append(path.relative_to(ROOT).as_posix())
+    assert importers == ["gateway/http/protocol.py"]
+
+
+def test_uvicorn_is_bounded_above() -> None:
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    [line] = [line for line in text.splitlines() if line.strip().startswith('"uvicorn')]
+    assert "<" in line, line
