@@ -14,8 +14,10 @@ Dispatcher.infer_request as ``/v2`` does (signature, caps, the kind's checks, TO
 quotas, pins, admission, breaker, the prediction metrics, drift and the prediction log),
 under the client's deadline (``grpc-timeout``) when it is shorter than the gateway's own.
 
-A ``ModelInfer`` message is read only once its caller is known and the body budget it
-shares with HTTP (gateway.serving.budget) has room for the largest message the door takes:
+A message of any method is read only once its caller is known (a model-scoped one, at
+most :data:`SMALL_MESSAGE_BYTES`, into room for what gRPC may hand over). A ``ModelInfer``
+message is read only once the body budget it shares with HTTP (gateway.serving.budget)
+has room for the largest message the door takes:
 the reservation waits at most ``server.queue_seconds`` (then RESOURCE_EXHAUSTED, unread),
 the read at most ``server.body_timeout_seconds``; once read, the call keeps what its
 message and its conversion hold (:data:`MESSAGE_COPIES` times its size) until it ends.
@@ -65,8 +67,25 @@ SERVICE = "/inference.GRPCInferenceService/"
 # bytes it hands over, the tensors joined out of them (gateway.triton.wire keeps protobuf
 # from copying them once more) and the elements decoded from those.
 MESSAGE_COPIES = 4
+# The largest message of a method other than the inferences: each names a model and a
+# version at most (tens of bytes). Read only once the caller is known, into room reserved
+# for what gRPC may hand over, and refused before it is parsed when larger.
+SMALL_MESSAGE_BYTES = 64 * 1024
 
 Metadata = Sequence[tuple[str, str | bytes]]
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """What a model-scoped message (metadata, config, readiness, statistics) names; read
+    only when the door asks, once the caller is known."""
+
+    name: str
+    version: str
+
+
+# A model-scoped call's message, read when the door asks.
+ReadRef = Callable[[], Awaitable[ModelRef]]
 
 
 @dataclass(frozen=True)
@@ -82,7 +101,7 @@ class InferMessage:
     size: int
 
 
-M = TypeVar("M", InferMessage, InferMessage | None)
+R = TypeVar("R", InferMessage, InferMessage | None, ModelRef)
 # The message, the model and version that answered, and the outputs.
 Answered = tuple[InferMessage, str, str, list[Tensor]]
 
@@ -108,15 +127,15 @@ class Door(Protocol):
 
     async def server_ready(self, rpc: Rpc) -> bool: ...
 
-    async def model_ready(self, rpc: Rpc, name: str, version: str) -> bool: ...
+    async def model_ready(self, rpc: Rpc, read: ReadRef) -> bool: ...
 
     async def server_metadata(self, rpc: Rpc) -> tuple[str, str, list[str]]: ...
 
-    async def model_metadata(self, rpc: Rpc, name: str, version: str) -> dict[str, Any]: ...
+    async def model_metadata(self, rpc: Rpc, read: ReadRef) -> dict[str, Any]: ...
 
-    async def model_config(self, rpc: Rpc, name: str, version: str) -> dict[str, Any]: ...
+    async def model_config(self, rpc: Rpc, read: ReadRef) -> dict[str, Any]: ...
 
-    async def model_statistics(self, rpc: Rpc, name: str, version: str) -> dict[str, Any]: ...
+    async def model_statistics(self, rpc: Rpc, read: ReadRef) -> dict[str, Any]: ...
 
     async def not_served(self, rpc: Rpc, method: str, detail: str) -> None: ...
 
@@ -218,11 +237,24 @@ class InferenceDoor:
         async with self._rpc("ServerReady", rpc):
             return await self._readiness.ready()
 
-    async def model_ready(self, rpc: Rpc, name: str, version: str) -> bool:
+    async def _ref(self, read: ReadRef, call: Call) -> ModelRef:
+        """A model-scoped message, read once its caller is known (the scope admitted it)
+        into room reserved for the largest message gRPC hands over (the reader refuses one
+        over :data:`SMALL_MESSAGE_BYTES` before parsing it); the model names the outcome."""
+        reservation = Reservation(self.budget)
+        try:
+            ref = await self._read(read, reservation, copies=1)
+        finally:
+            reservation.release()
+        call.labels["model"] = self._label(ref.name)
+        return ref
+
+    async def model_ready(self, rpc: Rpc, read: ReadRef) -> bool:
         """As Triton answers: a model it does not know is not ready (no error)."""
-        async with self._rpc("ModelReady", rpc, name) as call:
+        async with self._rpc("ModelReady", rpc) as call:
+            ref = await self._ref(read, call)
             try:
-                return await self.exposure.model_ready(name, version, call.caller)
+                return await self.exposure.model_ready(ref.name, ref.version, call.caller)
             except UnknownModelError:
                 return False
 
@@ -232,18 +264,21 @@ class InferenceDoor:
             triton = await self.backend.server_status()
             return SERVER_NAME, triton.version or "", list(EXTENSIONS)
 
-    async def model_metadata(self, rpc: Rpc, name: str, version: str) -> dict[str, Any]:
-        async with self._rpc("ModelMetadata", rpc, name) as call:
-            self.exposure.target(name, version, caller=call.caller)  # 404 for a model not exposed
-            return (await self.backend.model_signature(name, version)).as_json()
+    async def model_metadata(self, rpc: Rpc, read: ReadRef) -> dict[str, Any]:
+        async with self._rpc("ModelMetadata", rpc) as call:
+            ref = await self._ref(read, call)
+            self.exposure.target(ref.name, ref.version, caller=call.caller)  # 404 for a model not exposed
+            return (await self.backend.model_signature(ref.name, ref.version)).as_json()
 
-    async def model_config(self, rpc: Rpc, name: str, version: str) -> dict[str, Any]:
-        async with self._rpc("ModelConfig", rpc, name) as call:
-            return await self.exposure.configuration(name, version, call.caller)
+    async def model_config(self, rpc: Rpc, read: ReadRef) -> dict[str, Any]:
+        async with self._rpc("ModelConfig", rpc) as call:
+            ref = await self._ref(read, call)
+            return await self.exposure.configuration(ref.name, ref.version, call.caller)
 
-    async def model_statistics(self, rpc: Rpc, name: str, version: str) -> dict[str, Any]:
-        async with self._rpc("ModelStatistics", rpc, name) as call:
-            return await self.exposure.statistics(name or None, version, call.caller)
+    async def model_statistics(self, rpc: Rpc, read: ReadRef) -> dict[str, Any]:
+        async with self._rpc("ModelStatistics", rpc) as call:
+            ref = await self._ref(read, call)
+            return await self.exposure.statistics(ref.name or None, ref.version, call.caller)
 
     async def not_served(self, rpc: Rpc, method: str, detail: str) -> None:
         """A method of Triton's service the gateway does not serve: refused, counted (the
@@ -251,16 +286,19 @@ class InferenceDoor:
         async with self._rpc(method, rpc):
             raise (ControlNotServedError if method.startswith("Repository") else NotServedError)(detail)
 
-    async def _read(self, read: Callable[[], Awaitable[M]], reservation: Reservation) -> M:
+    async def _read(
+        self, read: Callable[[], Awaitable[R]], reservation: Reservation, copies: int = MESSAGE_COPIES
+    ) -> R:
         """The call's message (None: a stream's end), read into room reserved for the
-        largest one."""
-        await reservation.reserve(MESSAGE_COPIES * self.max_message_bytes, self.settings.server.queue_seconds)
+        largest one (``copies`` times it: what reading and converting it holds)."""
+        await reservation.reserve(copies * self.max_message_bytes, self.settings.server.queue_seconds)
         try:
             async with asyncio.timeout(self.settings.server.body_timeout_seconds):
                 message = await read()
         except TimeoutError:
             raise RequestTimeoutError("the message did not arrive in time") from None
-        reservation.settle(0 if message is None else MESSAGE_COPIES * message.size)
+        size = message.size if isinstance(message, InferMessage) else 0
+        reservation.settle(copies * size)
         return message
 
     async def infer(

@@ -12,14 +12,17 @@ gateway.triton.client (the client side), the one place ``grpc`` and Triton's pro
   ``retry-after`` (seconds) goes in the trailing metadata of UNAVAILABLE and
   RESOURCE_EXHAUSTED, with the request id and the rate standing.
 - An answer's trailing metadata carries ``x-request-id`` and the caller's rate standing.
+- Every method is registered from the service's descriptor with its raw message
+  (:func:`_handlers`): gRPC reads nothing before the door asks, once the caller is known;
+  a method that names nothing (``ServerLive``) never reads its message, a model-scoped
+  one reads at most :data:`SMALL_MESSAGE_BYTES` under the body budget.
 - What the gateway does not serve is refused, counted and logged as any refusal, with a
   message that says so: the repository RPCs are PERMISSION_DENIED (model control is the
-  admin surface's); shared memory, trace and log settings and ``ModelStreamInfer`` are
-  UNIMPLEMENTED (the stream is refused before a message of it is read).
+  admin surface's); shared memory, trace and log settings are UNIMPLEMENTED.
 - The gRPC health protocol (``grpc.health.v1.Health``, what Kubernetes' gRPC probes call):
   SERVING while the door's readiness holds (``/v2``'s: every default and allow-listed model
   ready), NOT_SERVING otherwise, read again every ``health_seconds``; unauthenticated, as the
-  HTTP probes are.
+  HTTP probes are, its message read under a small budget of its own (:class:`DoorHealth`).
 """
 
 from __future__ import annotations
@@ -35,9 +38,10 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
-from gateway.errors import GatewayError, InvalidInputError, quoted
+from gateway.errors import BodyBudgetError, GatewayError, InvalidInputError, PayloadTooLargeError, quoted
 from gateway.periodic import Periodic
-from gateway.rpc.door import Answered, Door, InferMessage, Rpc
+from gateway.rpc.door import SMALL_MESSAGE_BYTES, Answered, Door, InferMessage, ModelRef, ReadRef, Rpc
+from gateway.serving.budget import BodyBudget, Reservation
 from gateway.serving.oip import (
     NOT_SERVED_CONTROL,
     NOT_SERVED_SETTINGS,
@@ -251,45 +255,52 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         await context.abort(code, detail)
         raise AssertionError("abort raises")  # for the type checker
 
-    async def ServerLive(self, request: Any, context: Any) -> Any:  # noqa: N802 (the RPC names)
+    async def ServerLive(self, requests: Any, context: Any) -> Any:  # noqa: N802 (the RPC names)
         live = await self._run(context, self._door.server_live)
         return service_pb2.ServerLiveResponse(live=live)
 
-    async def ServerReady(self, request: Any, context: Any) -> Any:  # noqa: N802 (the RPC names)
+    async def ServerReady(self, requests: Any, context: Any) -> Any:  # noqa: N802 (the RPC names)
         ready = await self._run(context, self._door.server_ready)
         return service_pb2.ServerReadyResponse(ready=ready)
 
-    async def ModelReady(self, request: Any, context: Any) -> Any:  # noqa: N802 (the RPC names)
-        ready = await self._run(
-            context, lambda rpc: self._door.model_ready(rpc, request.name, request.version)
-        )
+    async def ModelReady(self, requests: Any, context: Any) -> Any:  # noqa: N802 (the RPC names)
+        read = _model_ref(context, service_pb2.ModelReadyRequest)
+        ready = await self._run(context, lambda rpc: self._door.model_ready(rpc, read))
         return service_pb2.ModelReadyResponse(ready=ready)
 
-    async def ServerMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802 (the RPC names)
+    async def ServerMetadata(self, requests: Any, context: Any) -> Any:  # noqa: N802 (the RPC names)
         name, version, extensions = await self._run(context, self._door.server_metadata)
         return service_pb2.ServerMetadataResponse(name=name, version=version, extensions=extensions)
 
     async def _model_document(
-        self, context: Any, request: Any, ask: Callable[[Rpc, str, str], Awaitable[Any]], message: Any
+        self, context: Any, kind: Any, ask: Callable[[Rpc, ReadRef], Awaitable[Any]], message: Any
     ) -> Any:
-        """A model's document (Triton's JSON, as the door gives it) as ``message``."""
-        document = await self._run(context, lambda rpc: ask(rpc, request.name, request.version))
+        """A model's document (Triton's JSON, as the door gives it) as ``message``; the
+        request (a ``kind``) read when the door asks."""
+        read = _model_ref(context, kind)
+        document = await self._run(context, lambda rpc: ask(rpc, read))
         return json_format.ParseDict(document, message, ignore_unknown_fields=True)
 
-    async def ModelMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802 (the RPC names)
+    async def ModelMetadata(self, requests: Any, context: Any) -> Any:  # noqa: N802 (the RPC names)
         return await self._model_document(
-            context, request, self._door.model_metadata, service_pb2.ModelMetadataResponse()
+            context,
+            service_pb2.ModelMetadataRequest,
+            self._door.model_metadata,
+            service_pb2.ModelMetadataResponse(),
         )
 
-    async def ModelConfig(self, request: Any, context: Any) -> Any:  # noqa: N802 (the RPC names)
+    async def ModelConfig(self, requests: Any, context: Any) -> Any:  # noqa: N802 (the RPC names)
         config = await self._model_document(
-            context, request, self._door.model_config, model_config_pb2.ModelConfig()
+            context, service_pb2.ModelConfigRequest, self._door.model_config, model_config_pb2.ModelConfig()
         )
         return service_pb2.ModelConfigResponse(config=config)
 
-    async def ModelStatistics(self, request: Any, context: Any) -> Any:  # noqa: N802 (the RPC names)
+    async def ModelStatistics(self, requests: Any, context: Any) -> Any:  # noqa: N802 (the RPC names)
         return await self._model_document(
-            context, request, self._door.model_statistics, service_pb2.ModelStatisticsResponse()
+            context,
+            service_pb2.ModelStatisticsRequest,
+            self._door.model_statistics,
+            service_pb2.ModelStatisticsResponse(),
         )
 
     async def ModelInfer(self, requests: Any, context: Any) -> Any:  # noqa: N802 (the RPC names)
@@ -336,7 +347,7 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         await self._run(context, work)
 
     def _refusal(method: str, detail: str) -> Any:  # noqa: N805 (builds the class's methods)
-        async def refuse(self: InferenceService, request: Any, context: Any) -> Any:
+        async def refuse(self: InferenceService, requests: Any, context: Any) -> Any:
             await self._run(context, lambda rpc: self._door.not_served(rpc, method, detail))
 
         return refuse
@@ -354,6 +365,28 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
     RepositoryModelUnload = _refusal("RepositoryModelUnload", NOT_SERVED_CONTROL)
 
 
+def _model_ref(context: Any, kind: Any) -> ReadRef:
+    """The reader of a model-scoped call's message (a ``kind``: ModelMetadataRequest and
+    the like): its raw bytes read when the door asks, refused unparsed past
+    :data:`SMALL_MESSAGE_BYTES`."""
+
+    async def read() -> ModelRef:
+        raw = await context.read()
+        if not isinstance(raw, bytes):  # grpc.aio.EOF
+            raise InvalidInputError(f"the call carried no {kind.DESCRIPTOR.name}")
+        if len(raw) > SMALL_MESSAGE_BYTES:
+            raise PayloadTooLargeError(
+                f"a {kind.DESCRIPTOR.name} is at most {SMALL_MESSAGE_BYTES} bytes; this one is {len(raw)}"
+            )
+        try:
+            request = kind.FromString(raw)
+        except DecodeError:
+            raise InvalidInputError(f"the message is not a {kind.DESCRIPTOR.name}") from None
+        return ModelRef(request.name, request.version)
+
+    return read
+
+
 def certified_name(auth: dict[str, list[bytes]] | None) -> str | None:
     """The name a verified client certificate gives (its subject's common name, else its
     first SAN), when the call came over TLS with one (gRPC checked it against the CA)."""
@@ -368,46 +401,129 @@ def certified_name(auth: dict[str, list[bytes]] | None) -> str | None:
 
 
 def _handlers(servicer: InferenceService) -> dict[str, Any]:
-    """The service's method handlers as Triton's protos generate them, but ``ModelInfer``
-    registered as client-streaming: a unary handler gets its message read in full by gRPC
-    before it runs, so neither the caller's key nor the body budget could be checked first.
-    On the wire the two are the same call; unary clients cannot tell."""
-    collected: dict[str, Any] = {}
+    """Every method of Triton's service, taken from its descriptor (a method the protos
+    gain is registered the same way, and tests/integration/test_every_door.py walks them
+    all), registered as client-streaming with the raw message: a unary handler gets its
+    message read in full by gRPC before it runs, so neither the caller nor the body budget
+    could come first. Here nothing is read until the door asks, once the caller is known
+    (a method that names nothing, say ServerLive, never reads its message at all). On the
+    wire a unary call and a client-streaming one are the same; unary clients cannot tell.
+    ``ModelInfer``'s and ``ModelStreamInfer``'s answers are serialised by the servicer."""
+    generated: dict[str, Any] = {}
 
     class Collector:
         def add_generic_rpc_handlers(self, handlers: Any) -> None:
             pass
 
         def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
-            collected.update(handlers)
+            generated.update(handlers)
 
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, Collector())
-    collected["ModelInfer"] = grpc.stream_unary_rpc_method_handler(
-        servicer.ModelInfer,
-        request_deserializer=None,  # the raw message: parsed once room is reserved
-        response_serializer=None,  # serialised by infer_response
-    )
-    collected["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
-        servicer.ModelStreamInfer,
-        request_deserializer=None,  # each raw message: parsed once room is reserved
-        response_serializer=None,  # each serialised by ModelStreamInfer's write
-    )
-    return collected
+    handlers: dict[str, Any] = {}
+    for method in service_pb2.DESCRIPTOR.services_by_name[SERVICE_NAME.rsplit(".", 1)[1]].methods:
+        behaviour = getattr(servicer, method.name)
+        if method.server_streaming:
+            handlers[method.name] = grpc.stream_stream_rpc_method_handler(
+                behaviour, request_deserializer=None, response_serializer=None
+            )
+            continue
+        serialize = None if method.name == "ModelInfer" else generated[method.name].response_serializer
+        handlers[method.name] = grpc.stream_unary_rpc_method_handler(
+            behaviour, request_deserializer=None, response_serializer=serialize
+        )
+    return handlers
 
 
-HEALTH_SERVICES = ("", "inference.GRPCInferenceService")
+HEALTH_SERVICE = "grpc.health.v1.Health"
+HEALTH_SERVICES = ("", SERVICE_NAME)
+# How long a health check's message may take to arrive, and to wait for room to be read.
+HEALTH_READ_SECONDS = 5.0
 
 
-async def _health(door: Door, servicer: Any) -> None:
-    from grpc_health.v1 import health_pb2
+class DoorHealth:
+    """The gRPC health protocol (``grpc.health.v1.Health``, what Kubernetes' gRPC probes
+    call): SERVING or NOT_SERVING for the server ("") and the inference service, NOT_FOUND
+    for any other. Anyone may call it (probes carry no key), so its message, which gRPC
+    takes whole (up to the door's largest), is read into a budget of its own, two of the
+    largest messages, never the inferences' (a flood of large health checks costs at most
+    that much and waits or is refused, RESOURCE_EXHAUSTED), within a few seconds, and one
+    over :data:`SMALL_MESSAGE_BYTES` is refused unparsed. ``Watch`` sends the status, then
+    each change."""
 
+    def __init__(self, max_message_bytes: int) -> None:
+        from grpc_health.v1 import health_pb2
+
+        self._pb = health_pb2
+        self.status = health_pb2.HealthCheckResponse.NOT_SERVING
+        self._changed = asyncio.Event()
+        self._most = max_message_bytes
+        self._budget = BodyBudget(2 * max_message_bytes, retry_after=1)
+
+    def set(self, serving: bool) -> None:
+        response = self._pb.HealthCheckResponse
+        status = response.SERVING if serving else response.NOT_SERVING
+        if status != self.status:
+            self.status = status
+            self._changed.set()
+            self._changed = asyncio.Event()
+
+    async def _service(self, context: Any) -> str:
+        """The service the check names; its refusal aborted with its code."""
+        reservation = Reservation(self._budget)
+        try:
+            await reservation.reserve(self._most, HEALTH_READ_SECONDS)
+            async with asyncio.timeout(HEALTH_READ_SECONDS):
+                raw = await context.read()
+        except BodyBudgetError:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many health checks are being read")
+        except TimeoutError:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the health check did not arrive in time")
+        finally:
+            reservation.release()
+        if not isinstance(raw, bytes) or len(raw) > SMALL_MESSAGE_BYTES:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "not a HealthCheckRequest of at most 64 KiB"
+            )
+        try:
+            service = str(self._pb.HealthCheckRequest.FromString(raw).service)
+        except DecodeError:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the message is not a HealthCheckRequest")
+        if service not in HEALTH_SERVICES:
+            await context.abort(grpc.StatusCode.NOT_FOUND, "unknown service")
+        return service
+
+    def _answer(self) -> bytes:
+        return bytes(self._pb.HealthCheckResponse(status=self.status).SerializeToString())
+
+    async def check(self, requests: Any, context: Any) -> bytes:
+        await self._service(context)
+        return self._answer()
+
+    async def watch(self, requests: Any, context: Any) -> None:
+        await self._service(context)
+        while True:
+            changed = self._changed
+            await context.write(self._answer())
+            await changed.wait()
+
+    def handlers(self) -> dict[str, Any]:
+        """Both methods with their raw message, read by :meth:`_service`."""
+        return {
+            "Check": grpc.stream_unary_rpc_method_handler(
+                self.check, request_deserializer=None, response_serializer=None
+            ),
+            "Watch": grpc.stream_stream_rpc_method_handler(
+                self.watch, request_deserializer=None, response_serializer=None
+            ),
+        }
+
+
+async def _health(door: Door, health: DoorHealth) -> None:
     try:
         ready = await door.readiness()
     except GatewayError:
         ready = False
-    status = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
-    for service in HEALTH_SERVICES:
-        await servicer.set(service, status)
+    health.set(ready)
 
 
 class FrontDoor:
@@ -436,8 +552,6 @@ async def serve(
     health service; at most ``max_calls`` calls at once (more: RESOURCE_EXHAUSTED at once)
     and ``max_streams`` per connection; over TLS with ``tls`` (PEM: chain, key, and the
     CAs client certificates must come from, or None)."""
-    from grpc_health.v1 import health, health_pb2_grpc
-
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", max_message_bytes),
@@ -453,8 +567,11 @@ async def serve(
     handlers = _handlers(InferenceService(door, certifies=tls is not None and tls[2] is not None))
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
-    servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    health = DoorHealth(max_message_bytes)
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(HEALTH_SERVICE, health.handlers()),)
+    )
+    server.add_registered_method_handlers(HEALTH_SERVICE, health.handlers())
     if tls is None:
         bound = server.add_insecure_port(f"{host}:{port}")
     else:  # (certificate chain, key, client CAs: when given, a client certificate is required)
@@ -465,9 +582,9 @@ async def serve(
         bound = server.add_secure_port(f"{host}:{port}", credentials)
     if bound == 0:
         raise OSError(f"the gRPC door cannot listen on {host}:{port}")
-    await _health(door, servicer)  # a status before the first call
+    await _health(door, health)  # a status before the first call
     await server.start()
-    loop = Periodic("grpc health", health_seconds, lambda: _health(door, servicer), logger)
+    loop = Periodic("grpc health", health_seconds, lambda: _health(door, health), logger)
     loop.start()
     logger.info("gRPC door listening on %s:%d", host, bound)
     return FrontDoor(server, loop)

@@ -143,3 +143,69 @@ def test_an_anonymous_call_is_refused_before_its_message_is_read(door: tuple[str
     # 32 x 40 MiB sent, none read: what gRPC buffers before the refusal (its flow-control
     # window) is all they cost
     assert peak.rise < 64 * MiB, f"RSS rose {peak.rise / MiB:.0f} MiB"
+
+
+def _small_flood(
+    address: str, method: str, message: bytes, calls: int, metadata: tuple[tuple[str, str], ...]
+) -> list[str]:
+    """``calls`` concurrent calls of ``method`` (raw bytes) over two connections."""
+    options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+    pipes = [grpc.insecure_channel(address, options=options) for _ in range(2)]
+    try:
+        for pipe in pipes:
+            grpc.channel_ready_future(pipe).result(timeout=10)
+        stubs = [pipe.unary_unary(method) for pipe in pipes]
+
+        def one(index: int) -> str:
+            try:
+                stubs[index % 2](message, metadata=metadata, timeout=60)
+                return "OK"
+            except grpc.RpcError as error:
+                return str(error.code())
+
+        with ThreadPoolExecutor(calls) as pool:
+            return list(pool.map(one, range(calls)))
+    finally:
+        for pipe in pipes:
+            pipe.close()
+
+
+def test_64_anonymous_metadata_and_config_calls_of_40_mib_are_not_read(
+    door: tuple[str, GatewayProcess],
+) -> None:
+    """Every method reads its message only once the caller is known: before, only the
+    inferences did, and 8 anonymous ModelMetadata calls naming a 40 MiB model took the
+    gateway from 105 to 533 MiB."""
+    address, gateway = door
+    big = service_pb2.ModelMetadataRequest(name="a" * (40 * MiB)).SerializeToString()
+    config = service_pb2.ModelConfigRequest(name="a" * (40 * MiB)).SerializeToString()
+    peak = Peak(gateway.process.pid)
+    with peak.watching(), ThreadPoolExecutor(2) as pool:
+        metadata = pool.submit(_small_flood, address, SERVICE + "ModelMetadata", big, 32, ())
+        configs = pool.submit(_small_flood, address, SERVICE + "ModelConfig", config, 32, ())
+        codes = metadata.result() + configs.result()
+    assert codes == ["StatusCode.UNAUTHENTICATED"] * 64, codes
+    assert peak.rise < 64 * MiB, f"RSS rose {peak.rise / MiB:.0f} MiB"
+
+
+def test_a_keyed_non_inference_message_is_capped_small(door: tuple[str, GatewayProcess]) -> None:
+    """A known caller's ModelMetadata naming a 1 MiB model is refused (read under the body
+    budget, never parsed); so is an anonymous health check of 40 MiB (read under the
+    health service's own budget: never the inferences')."""
+    address, _ = door
+    big = service_pb2.ModelMetadataRequest(name="a" * MiB).SerializeToString()
+    assert (
+        _small_flood(address, SERVICE + "ModelMetadata", big, 2, KEY) == ["StatusCode.INVALID_ARGUMENT"] * 2
+    )
+    small = service_pb2.ModelMetadataRequest(name="text_classifier").SerializeToString()
+    assert _small_flood(address, SERVICE + "ModelMetadata", small, 2, KEY) == ["OK"] * 2
+    from grpc_health.v1 import health_pb2
+
+    check = health_pb2.HealthCheckRequest(service="x" * (40 * MiB)).SerializeToString()
+    assert (
+        _small_flood(address, "/grpc.health.v1.Health/Check", check, 2, ())
+        == ["StatusCode.INVALID_ARGUMENT"] * 2
+    )
+
+
+SERVICE = "/inference.GRPCInferenceService/"
