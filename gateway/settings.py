@@ -7,6 +7,7 @@ model repository supports.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import re
 from pathlib import Path
@@ -359,6 +360,13 @@ class OidcIssuerSettings(BaseModel):
 
     issuer: str = Field(description="The provider's issuer URL, exactly as its tokens' `iss` claim says.")
     audience: str = Field(description="The `aud` a token must carry to be taken (the gateway's resource).")
+    name: str = Field(
+        "",
+        pattern=r"^([a-z][a-z0-9-]{0,31})?$",
+        description="The namespace of this issuer's tenants (`<name>:<tenant>` in quotas, rates, shares, "
+        "metrics and logs: never an API key's id, a certificate's or another issuer's tenant); empty: "
+        "`oidc-` and 8 hex digits of the issuer URL's SHA-256.",
+    )
     algorithms: list[str] = Field(
         default_factory=lambda: ["RS256", "ES256", "PS256"],
         description=f"Signature algorithms taken, of {', '.join(TOKEN_ALGORITHMS)} (never HMAC, never none).",
@@ -392,6 +400,11 @@ class OidcIssuerSettings(BaseModel):
     burst: float | None = Field(None, ge=1, description="Its burst; unset: the rate.")
     leeway_seconds: float = Field(30.0, ge=0, le=300, description="Clock skew allowed on exp and nbf.")
 
+    @property
+    def namespace(self) -> str:
+        """The prefix of this issuer's tenant ids."""
+        return self.name or "oidc-" + hashlib.sha256(self.issuer.encode()).hexdigest()[:8]
+
     @model_validator(mode="after")
     def _asymmetric(self) -> OidcIssuerSettings:
         unknown = [a for a in self.algorithms if a not in TOKEN_ALGORITHMS]
@@ -415,6 +428,15 @@ class AuthSettings(BaseModel):
         description="OpenID Connect providers whose access tokens (`Authorization: Bearer <JWT>`) "
         "are taken beside API keys (JSON list of {issuer, audience, ...}).",
     )
+
+    @field_validator("oidc")
+    @classmethod
+    def _namespaces(cls, value: list[OidcIssuerSettings]) -> list[OidcIssuerSettings]:
+        spaces = [issuer.namespace for issuer in value]
+        if len(set(spaces)) != len(spaces) or "cert" in spaces:
+            raise ValueError(f"each issuer needs a namespace of its own, and none is 'cert': {spaces}")
+        return value
+
     trusted_proxies: list[str] = Field(
         default_factory=list,
         description="Addresses or networks (CIDR, JSON list) of the proxies that terminate client TLS "

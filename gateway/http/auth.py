@@ -19,7 +19,6 @@ opens it, and an admin body has its own small cap and deadline.
 from __future__ import annotations
 
 import ipaddress
-import re
 from typing import TYPE_CHECKING
 
 from starlette.datastructures import MutableHeaders
@@ -31,6 +30,7 @@ from gateway.http.bodies import limited_body
 from gateway.http.problems import log_problem, problem_response
 from gateway.observe.metrics import GatewayMetrics
 from gateway.serving.caller import Caller, CallerGate, missing_key_error
+from gateway.shared.certificates import forwarded_certificate
 from gateway.shared.keyfiles import ApiKey, find_key
 
 if TYPE_CHECKING:
@@ -42,42 +42,6 @@ ADMIN_PREFIX = "/admin/"
 
 
 _XFCC = b"x-forwarded-client-cert"
-# CN in an RFC 4514 subject ("CN=a,OU=b") or OpenSSL's one-line form ("/OU=b/CN=a")
-_CN = re.compile(r"(?:^|[,/])\s*CN=((?:\\.|[^,/\\])+)")
-
-
-def _xfcc_pairs(element: str) -> dict[str, str]:
-    """One XFCC element's ``key=value`` pairs (``;``-separated, values maybe quoted)."""
-    pairs: dict[str, str] = {}
-    for match in re.finditer(r'([A-Za-z]+)=("(?:[^"\\]|\\.)*"|[^;]*)', element):
-        key, value = match.group(1), match.group(2)
-        if value.startswith('"'):
-            value = value[1:-1].replace('\\"', '"')
-        pairs.setdefault(key, value)  # the first of a repeated key (URI, DNS: the first SAN)
-    return pairs
-
-
-def forwarded_certificate(value: bytes) -> str | None:
-    """The name Envoy's ``x-forwarded-client-cert`` gives the client's certificate: its
-    subject's common name, else its first URI or DNS SAN; from the first element (the
-    proxy that terminated the client's TLS)."""
-    pairs = _xfcc_pairs(_first_element(value))
-    subject = _CN.search(pairs.get("Subject", ""))
-    for name in (subject.group(1) if subject else None, pairs.get("URI"), pairs.get("DNS")):
-        if name and name.strip():
-            return name.strip()
-    return None
-
-
-def _first_element(value: bytes) -> str:
-    """The first comma-separated element, commas inside quotes kept."""
-    text, quoted = value.decode("latin-1"), False
-    for at, char in enumerate(text):
-        if char == '"' and (at == 0 or text[at - 1] != "\\"):
-            quoted = not quoted
-        elif char == "," and not quoted:
-            return text[:at]
-    return text
 
 
 class TrustedProxies:
@@ -87,7 +51,8 @@ class TrustedProxies:
         self._networks = [ipaddress.ip_network(n, strict=False) for n in networks]
 
     def certified(self, scope: Scope) -> str | None:
-        """The forwarded client certificate's name, when a trusted proxy forwarded it."""
+        """The forwarded client certificate's name, when a trusted proxy forwarded it
+        (gateway.shared.certificates: 401 for one whose name is not usable)."""
         if not self._networks:
             return None
         client = scope.get("client")
@@ -97,10 +62,8 @@ class TrustedProxies:
             return None
         if peer is None or not any(peer in network for network in self._networks):
             return None  # from anyone else, the header is ignored
-        for name, value in scope.get("headers", []):
-            if name == _XFCC:
-                return forwarded_certificate(value)
-        return None
+        # every value of the header, in order: the nearest proxy's element is the last
+        return forwarded_certificate(value for name, value in scope.get("headers", []) if name == _XFCC)
 
 
 def identify(keys: list[ApiKey], scope: Scope) -> ApiKey | None:

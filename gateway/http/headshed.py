@@ -143,7 +143,11 @@ class HeadShed:
         admission = self.admission
         headers = scope["headers"]
         request_id = request_id_of(headers)
-        caller = self.gate.plain(request_id, headers, self.proxies.certified(scope))
+        try:
+            certified = self.proxies.certified(scope)
+        except GatewayError:  # a certificate whose name is refused: the route refuses it
+            return None
+        caller = self.gate.plain(request_id, headers, certified)
         if caller is None or not admission.refuses_unread(caller.tenant):
             return None
         try:  # what the route refuses first: its 404 (its 400 for a version that is none)

@@ -47,6 +47,7 @@ from gateway.serving.oip import (
     NOT_SERVED_SETTINGS,
     NOT_SERVED_SHARED_MEMORY,
 )
+from gateway.shared.certificates import verified_name
 from gateway.triton.tensors import DTYPES, Tensor, encode_bytes
 from gateway.triton.wire import (
     RAW_OUTPUT_TAG,
@@ -228,11 +229,11 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         the status, on an answer as on a refusal: initial metadata would cost a send of
         its own on every call (about 0.1 ms of the door's CPU)."""
         rpc = Rpc(
-            tuple((item.key, item.value) for item in context.invocation_metadata() or ()),
-            certified=certified_name(context.auth_context()) if self._certifies else None,
-            peer=context.peer,
+            tuple((item.key, item.value) for item in context.invocation_metadata() or ()), peer=context.peer
         )
         try:
+            if self._certifies:
+                rpc.certified = certified_name(context.auth_context())
             result = await work(rpc)
         except GatewayError as error:
             code, detail = grpc_code(error), error.detail
@@ -388,16 +389,17 @@ def _model_ref(context: Any, kind: Any) -> ReadRef:
 
 
 def certified_name(auth: dict[str, list[bytes]] | None) -> str | None:
-    """The name a verified client certificate gives (its subject's common name, else its
-    first SAN), when the call came over TLS with one (gRPC checked it against the CA)."""
+    """The name a verified client certificate gives (gateway.shared.certificates, as the
+    HTTP door names a forwarded one: the same certificate, the same name), when the call
+    came over TLS with one (gRPC checked it against the CA); 401 for a name not usable."""
     if not auth or auth.get("transport_security_type") != [b"ssl"]:
         return None
-    for field in ("x509_common_name", "x509_subject_alternative_name"):
-        for value in auth.get(field) or ():
-            name = value.decode("utf-8", "replace").strip()
-            if name:
-                return name
-    return None
+    pem = auth.get("x509_pem_cert")
+    common, alternative = (
+        [value.decode("utf-8", "replace") for value in auth.get(field) or ()]
+        for field in ("x509_common_name", "x509_subject_alternative_name")
+    )
+    return verified_name(pem[0] if pem else None, common, alternative)
 
 
 def _handlers(servicer: InferenceService) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from gateway.errors import GatewayError, RateLimitedError, UnauthorizedError
 from gateway.serving.admission import ANONYMOUS, Tenant, tenant_of
-from gateway.shared.keyfiles import ApiKey, find_key, plain_id
+from gateway.shared.keyfiles import CERTIFICATE_PREFIX, ApiKey, find_key
 from gateway.shared.quota import Usage, quota_headers
 from gateway.shared.tokens import bearer_token
 
@@ -179,11 +179,15 @@ class CallerGate:
             self._count(caller.key, "allowed")
 
     def _certified(self, name: str) -> ApiKey:
+        """The caller a certificate names, in the certificates' namespace (``cert:<name>``):
+        the keys file's ``cert:<name> -`` line gives its tier, rate, quotas and models
+        (never an API key's line of the same name), else a plain tenant of that name."""
+        caller_id = CERTIFICATE_PREFIX + name
         if self.keys is not None:
             for key in self.keys.keys:
-                if key.id == name:
+                if key.id == caller_id:
                     return key
-        return ApiKey(plain_id(name, "cert"), b"")
+        return ApiKey(caller_id, b"")
 
     async def admit(self, request_id: str, headers: Headers, certified: str | None = None) -> Caller:
         """The caller of a request with these headers (``request_id``: its

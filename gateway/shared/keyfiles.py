@@ -66,8 +66,13 @@ class ApiKey:
         return not self.models or any(fnmatchcase(model, pattern) for pattern in self.models)
 
 
-# A key id is a metric label and a log field: short and plain.
+# A key id is a metric label and a log field: short and plain, and never holds a colon:
+# the other sources of identity name their callers ``<source>:<name>`` (certificates
+# ``cert:``, each token issuer its own), so no name of theirs is a key's.
 _KEY_ID = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+CERTIFICATE_PREFIX = "cert:"
+# what follows ``cert:`` on a certificate's line (gateway.shared.certificates' names)
+_CERT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@:/~-]{0,230}")
 _TIER = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 _QUOTA = re.compile(r"([0-9]{1,15})/(day|month)")
 _MODEL_PATTERN = re.compile(r"[A-Za-z0-9_.*?\-]{1,128}")
@@ -75,7 +80,8 @@ _OPTIONS = {"tier", "quota", "image-quota", "models"}
 _USAGE = (
     "expected '<id> <sha256 hex> [<rate per second> [<burst>]] [tier=<name>] "
     "[quota=<requests>/<day|month>] [image-quota=<images>/<day|month>] [models=<pattern>,...]' "
-    "(id: letters, digits, '_.-', at most 64; rate and burst: finite, positive, burst >= 1; "
+    "(id: letters, digits, '_.-', at most 64, or cert:<certificate name> with '-' for the hash; "
+    "rate and burst: finite, positive, burst >= 1; "
     "quotas: whole numbers >= 1; models: model names or shell patterns with * and ?)"
 )
 
@@ -138,9 +144,16 @@ def parse_keys(text: str, path: Path, known_tiers: Collection[str] | None = None
         try:
             if words[: len(parts)] != parts:  # options come after the positional fields
                 raise ValueError
-            if len(parts) not in (2, 3, 4) or len(parts[1]) != 64 or not _KEY_ID.fullmatch(parts[0]):
+            if len(parts) not in (2, 3, 4):
                 raise ValueError
-            digest = bytes.fromhex(parts[1])
+            if parts[0].startswith(CERTIFICATE_PREFIX):  # a certificate's line: no key at all
+                if parts[1] != "-" or not _CERT_NAME.fullmatch(parts[0].removeprefix(CERTIFICATE_PREFIX)):
+                    raise ValueError
+                digest = b""  # never equal to a presented key's digest
+            elif len(parts[1]) != 64 or not _KEY_ID.fullmatch(parts[0]):
+                raise ValueError
+            else:
+                digest = bytes.fromhex(parts[1])
             rate = float(parts[2]) if len(parts) > 2 else None
             burst = float(parts[3]) if len(parts) > 3 else (rate if rate else None)
             if rate is not None and not (math.isfinite(rate) and rate > 0):

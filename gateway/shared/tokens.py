@@ -233,7 +233,8 @@ class TokenVerifier:
             or _claim_text(claims, "sub")
             or ""
         )
-        tenant = plain_id(tenant, "token")
+        # in the issuer's namespace: never an API key's id (no colon) nor another issuer's
+        tenant = f"{settings.namespace}:{plain_id(tenant, 'token')}"
         tier = _claim_text(claims, settings.tier_claim) if settings.tier_claim else None
         if tier is None or tier not in self._tiers:
             tier = "standard"

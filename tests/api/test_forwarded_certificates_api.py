@@ -22,7 +22,9 @@ XFCC = {
 
 def _serve(tmp_path: Path, proxies: list[str]) -> ServedApp:
     keys = tmp_path / "keys"
-    keys.write_text(f"partner-a {hash_key('unused-secret')} models=text_*\n")
+    # the certificate's line, in the certificates' namespace; an API key of the same bare
+    # name is another caller (and may use every model)
+    keys.write_text(f"cert:partner-a - models=text_*\npartner-a {hash_key('key-secret')}\n")
     settings = Settings(auth=AuthSettings(keys_file=keys, trusted_proxies=proxies))
     return ServedApp(create_app(settings, backend_factory=lambda *_: FakeBackend()), settings).start()
 
@@ -49,10 +51,36 @@ def test_from_anyone_else_the_header_is_ignored(tmp_path: Path) -> None:
         served.stop()
 
 
-def test_a_forwarded_certificate_names_its_subjects_cn_or_first_san() -> None:
-    from gateway.http.auth import forwarded_certificate
+def test_the_client_cannot_name_itself_before_the_proxys_element(tmp_path: Path) -> None:
+    """With APPEND_FORWARD a client's own XFCC comes first and the proxy appends the
+    element for the certificate it verified: the last is taken. A name that is not plain
+    is refused, not cut down."""
+    served = _serve(tmp_path, ["127.0.0.1/32", "::1/128"])
+    spoofed = {"x-forwarded-client-cert": 'Hash=x;Subject="CN=partner-a",' + 'Hash=y;Subject="CN=stranger"'}
+    slashed = {"x-forwarded-client-cert": 'Hash=y;Subject="CN=partner-a/x,O=Acme"'}
+    try:
+        with httpx.Client(base_url=served.url, timeout=10) as client:
+            # "stranger" is a plain tenant with no line: it may use every model, partner-a not
+            assert client.get("/v2/models/image_classifier", headers=spoofed).status_code == 200
+            assert client.get("/v2/models/image_classifier", headers=XFCC).status_code == 404
+            refused = client.post("/classify", json=TEXT, headers=slashed)
+            assert refused.status_code == 401, refused.text
+            assert refused.headers["content-type"] == "application/problem+json"
+    finally:
+        served.stop()
 
-    assert forwarded_certificate(b'Hash=a;Subject="/C=US/OU=Lyft/CN=lab-7";URI=spiffe://x') == "lab-7"
-    assert forwarded_certificate(b'Hash=a;Subject="CN=first,OU=a,b";URI=,By=b;Subject="CN=second"') == "first"
-    assert forwarded_certificate(b"Hash=a;URI=spiffe://ml/app;DNS=app.ml") == "spiffe://ml/app"
-    assert forwarded_certificate(b"Hash=a") is None
+
+def test_a_certificate_and_a_key_of_one_name_are_two_callers(tmp_path: Path) -> None:
+    served = _serve(tmp_path, ["127.0.0.1/32", "::1/128"])
+    try:
+        with httpx.Client(base_url=served.url, timeout=10) as client:
+            key = {"x-api-key": "key-secret"}
+            assert client.get("/v2/models/image_classifier", headers=key).status_code == 200  # the key's line
+            assert client.get("/v2/models/image_classifier", headers=XFCC).status_code == 404  # the cert's
+            client.post("/classify", json=TEXT, headers=XFCC)
+            client.post("/classify", json=TEXT, headers=key)
+            metrics = client.get("/metrics", headers=key).text
+            assert 'gateway_client_requests_total{client="cert:partner-a",outcome="allowed"}' in metrics
+            assert 'gateway_client_requests_total{client="partner-a",outcome="allowed"}' in metrics
+    finally:
+        served.stop()

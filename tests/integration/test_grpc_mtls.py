@@ -16,7 +16,6 @@ from tritonclient.utils import InferenceServerException
 
 from gateway.dev.tritonserver import TritonServer, free_port
 from gateway.settings import Settings
-from gateway.shared.keyfiles import hash_key
 
 from helpers.certs import Authority
 from helpers.triton_fixtures import gateway_settings
@@ -36,7 +35,7 @@ def test_client_certificates_name_the_caller_on_the_grpc_door(
     authority = Authority(tmp_path / "ca")
     server_chain, server_key = authority.issue("gateway", server=True)
     keys = tmp_path / "keys"
-    keys.write_text(f"partner-a {hash_key('unused-secret')} models=text_*\n")
+    keys.write_text("cert:partner-a - models=text_*\n")
     door = free_port()
     settings = gateway_settings(
         triton,
@@ -71,8 +70,8 @@ def test_client_certificates_name_the_caller_on_the_grpc_door(
     # a certificate the keys file does not name: a tenant of its own, every model
     assert client("lab-7").is_model_ready("image_classifier")
     metrics = http.get("/metrics").text
-    assert 'gateway_client_requests_total{client="partner-a",outcome="allowed"}' in metrics
-    assert 'gateway_client_requests_total{client="lab-7",outcome="allowed"}' in metrics
+    assert 'gateway_client_requests_total{client="cert:partner-a",outcome="allowed"}' in metrics
+    assert 'gateway_client_requests_total{client="cert:lab-7",outcome="allowed"}' in metrics
     # no certificate, or one from another authority: the call never starts
     stranger = Authority(tmp_path / "other-ca", name="other-ca")
     for refused in (client(None), client("partner-a", issuer=stranger)):

@@ -52,8 +52,10 @@ def stack(
     keys = tmp_path / "keys"
     keys.write_text(f"keyed {hash_key('key-secret')}\n")
     door = free_port()
+    # a key whose id is a client's of the provider, with a quota of one request a day
+    keys.write_text(f"keyed {hash_key('key-secret')}\napp {hash_key('app-key')} quota=1/day\n")
     issuer = OidcIssuerSettings(
-        issuer=provider.issuer, audience=AUDIENCE, models_claim="models", leeway_seconds=0
+        issuer=provider.issuer, audience=AUDIENCE, models_claim="models", leeway_seconds=0, name="idp"
     )
     settings = gateway_settings(
         triton,
@@ -102,7 +104,22 @@ def test_a_providers_token_is_taken_on_every_door_beside_keys(
     assert http.post("/classify", json=TEXT, headers={"x-api-key": "key-secret"}).status_code == 200
     # the tenant is the token's client: counted under it
     metrics = http.get("/metrics").text
-    assert 'gateway_client_requests_total{client="app",outcome="allowed"}' in metrics
+    assert 'gateway_client_requests_total{client="idp:app",outcome="allowed"}' in metrics
+
+
+def test_a_token_tenant_named_as_a_key_spends_nothing_of_the_keys(
+    stack: tuple[httpx.Client, str], provider: OidcProvider
+) -> None:
+    """The provider's client "app" and the API key "app" are two callers: the token's
+    requests (tenant idp:app) leave the key's daily quota of one untouched (before, the
+    key's next request was 429)."""
+    http, _ = stack
+    token = provider.token("app")
+    for _ in range(3):
+        assert http.post("/classify", json=TEXT, headers=_bearer(token)).status_code == 200
+    keyed = http.post("/classify", json=TEXT, headers={"x-api-key": "app-key"})
+    assert keyed.status_code == 200, keyed.text
+    assert http.post("/classify", json=TEXT, headers={"x-api-key": "app-key"}).status_code == 429  # its own
 
 
 def test_tokens_the_gateway_must_not_take_are_401(

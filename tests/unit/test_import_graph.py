@@ -67,6 +67,7 @@ BOUNDARIES = {
     "redis": ("gateway.shared",),
     "orjson": ("gateway.jsoncodec",),
     "jwt": ("gateway.shared",),  # PyJWT: OpenID Connect tokens (gateway.shared.tokens)
+    "cryptography": ("gateway.shared",),  # certificate names (gateway.shared.certificates)
 }
 TOOLS = {"gateway.dev", "gateway.bench"}
 

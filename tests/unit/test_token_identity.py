@@ -30,7 +30,7 @@ def _identity(claims: dict[str, object]) -> object:
 def test_the_claims_name_the_tenant_tier_rate_and_models() -> None:
     key = _identity({"azp": "partner-a", "tier": "gold", "models": ["text_*", "sentiment"]})
     assert (key.id, key.tier, key.rate, key.burst, key.models) == (  # type: ignore[attr-defined]
-        "partner-a", "gold", 5, 5, ("text_*", "sentiment"),
+        "oidc-20a69b77:partner-a", "gold", 5, 5, ("text_*", "sentiment"),
     )  # fmt: skip
     assert [(q.unit, q.limit, q.period) for q in key.quotas] == [  # type: ignore[attr-defined]
         ("requests", 2000, "day"),
@@ -45,8 +45,8 @@ def test_the_claims_name_the_tenant_tier_rate_and_models() -> None:
 def test_unknown_tiers_and_odd_tenants_fall_back_safely() -> None:
     key = _identity({"sub": "user@example.com with spaces", "tier": "platinum"})
     assert key.tier == "standard"  # type: ignore[attr-defined]
-    assert key.id.startswith("token-")  # type: ignore[attr-defined]
-    assert len(key.id) == 22  # type: ignore[attr-defined]
+    assert key.id.startswith("oidc-20a69b77:token-")  # type: ignore[attr-defined]
+    assert len(key.id) == 14 + 22  # type: ignore[attr-defined]
     # a models claim that names nothing usable gives no model, not every model
     nothing = _identity({"azp": "c", "models": ["bad/name"]})
     assert not nothing.may_use("text_classifier")  # type: ignore[attr-defined]
@@ -73,7 +73,7 @@ def test_a_remembered_token_stops_at_its_exp_and_when_its_key_is_dropped() -> No
     private = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     jwk = json.loads(RSAAlgorithm.to_jwk(private.public_key()))
     jwk.update(kid="k1", use="sig")
-    issuer = OidcIssuerSettings(issuer="https://id.example", audience="gw", leeway_seconds=0)
+    issuer = OidcIssuerSettings(issuer="https://id.example", audience="gw", leeway_seconds=0, name="idp")
 
     async def scenario() -> None:
         verifier = TokenVerifier([issuer], tiers={"standard"}, refresh_seconds=300)
@@ -83,15 +83,39 @@ def test_a_remembered_token_stops_at_its_exp_and_when_its_key_is_dropped() -> No
         claims = {"iss": "https://id.example", "aud": "gw", "client_id": "app"}
         short = jwt.encode({**claims, "exp": now + 1}, private, algorithm="RS256", headers={"kid": "k1"})
         long = jwt.encode({**claims, "exp": now + 600}, private, algorithm="RS256", headers={"kid": "k1"})
-        assert (await verifier.identify(short.encode())).id == "app"
-        assert (await verifier.identify(long.encode())).id == "app"
+        assert (await verifier.identify(short.encode())).id == "idp:app"
+        assert (await verifier.identify(long.encode())).id == "idp:app"
         await asyncio.sleep(1.2)
         with pytest.raises(UnauthorizedError, match="expired"):
             await verifier.identify(short.encode())
-        assert (await verifier.identify(long.encode())).id == "app"  # remembered
+        assert (await verifier.identify(long.encode())).id == "idp:app"  # remembered
         keys.keys = {}  # the provider dropped the key (and was read since)
         with pytest.raises(UnauthorizedError, match="key"):
             await verifier.identify(long.encode())
         await verifier.stop()
 
     asyncio.run(scenario())
+
+
+def test_each_issuers_tenants_live_in_a_namespace_of_their_own() -> None:
+    """A token tenant can never be an API key (no key id holds a colon), a certificate
+    (``cert:``) or the same tenant of another issuer; an issuer may be named."""
+    import pytest
+    from pydantic import ValidationError
+
+    from gateway.settings import AuthSettings
+
+    other = OidcIssuerSettings(issuer="https://other.example", audience="gw")
+    named = OidcIssuerSettings(issuer="https://id.example", audience="gw", name="corp")
+    verifier = TokenVerifier([ISSUER, other, named], tiers={"standard"}, refresh_seconds=300)
+    try:
+        ids = {verifier._identity(issuer, {"azp": "partner-a"}).id for issuer in (ISSUER, other, named)}
+    finally:
+        asyncio.run(verifier.stop())
+    assert len(ids) == 3
+    assert "corp:partner-a" in ids
+    assert all(":" in i and not i.startswith("cert:") for i in ids)
+    with pytest.raises(ValidationError):
+        AuthSettings(oidc=[named, OidcIssuerSettings(issuer="https://x.example", audience="gw", name="corp")])
+    with pytest.raises(ValidationError):
+        AuthSettings(oidc=[OidcIssuerSettings(issuer="https://x.example", audience="gw", name="cert")])
