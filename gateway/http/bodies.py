@@ -170,6 +170,9 @@ def _capped(request: Request, limit: int, timeout: float) -> Receive:
     if declared is not None and declared > limit:
         raise PayloadTooLargeError(f"the body ({declared} bytes) exceeds the {limit} byte limit")
     reservation = reservation_of(request.scope)
+    caller = request.scope.get("state", {}).get("caller")
+    if reservation.holder is None and caller is not None:
+        reservation.holder = caller.client  # held in its name: no caller holds the whole budget
     reservation.admit(declared)
     receive = request.receive
     seen = 0

@@ -67,6 +67,9 @@ SERVICE = "/inference.GRPCInferenceService/"
 # bytes it hands over, the tensors joined out of them (gateway.triton.wire keeps protobuf
 # from copying them once more) and the elements decoded from those.
 MESSAGE_COPIES = 4
+# ... of which reading it holds two: gRPC's buffer and the bytes it hands over. That much
+# is reserved before the read; the rest once the message is in (Reservation.grow).
+READ_COPIES = 2
 # The largest message of a method other than the inferences: each names a model and a
 # version at most (tens of bytes). Read only once the caller is known, into room reserved
 # for what gRPC may hand over, and refused before it is parsed when larger.
@@ -89,6 +92,15 @@ ReadRef = Callable[[], Awaitable[ModelRef]]
 
 
 @dataclass(frozen=True)
+class Received:
+    """An inference's message as it came: its size, and its parse (run once the room
+    parsing it holds is reserved)."""
+
+    size: int
+    parse: Callable[[], InferMessage]
+
+
+@dataclass(frozen=True)
 class InferMessage:
     """A ModelInfer request as read: where it goes, and its tensors in ``/v2``'s binary
     form (the JSON-shaped header and the tensors' bytes); ``size`` is the message's."""
@@ -101,7 +113,6 @@ class InferMessage:
     size: int
 
 
-R = TypeVar("R", InferMessage, InferMessage | None, ModelRef)
 # The message, the model and version that answered, and the outputs.
 Answered = tuple[InferMessage, str, str, list[Tensor]]
 
@@ -144,7 +155,7 @@ class Door(Protocol):
         ...
 
     async def infer(
-        self, rpc: Rpc, read: Callable[[], Awaitable[InferMessage]], deadline: float | None
+        self, rpc: Rpc, read: Callable[[], Awaitable[Received]], deadline: float | None
     ) -> Answered:
         """The message (``read`` once the caller is known and room is reserved), the model
         and version that answered (a rollout's canary may), and the outputs."""
@@ -153,7 +164,7 @@ class Door(Protocol):
     async def stream(
         self,
         rpc: Rpc,
-        read: Callable[[], Awaitable[InferMessage | None]],
+        read: Callable[[], Awaitable[Received | None]],
         write: Callable[[Answered | GatewayError], Awaitable[None]],
         deadline: Callable[[], float | None],
     ) -> None:
@@ -241,11 +252,8 @@ class InferenceDoor:
         """A model-scoped message, read once its caller is known (the scope admitted it)
         into room reserved for the largest message gRPC hands over (the reader refuses one
         over :data:`SMALL_MESSAGE_BYTES` before parsing it); the model names the outcome."""
-        reservation = Reservation(self.budget)
-        try:
-            ref = await self._read(read, reservation, copies=1)
-        finally:
-            reservation.release()
+        ref, reservation = await self._receive(read, call, copies=1)
+        reservation.release()
         call.labels["model"] = self._label(ref.name)
         return ref
 
@@ -286,27 +294,53 @@ class InferenceDoor:
         async with self._rpc(method, rpc):
             raise (ControlNotServedError if method.startswith("Repository") else NotServedError)(detail)
 
-    async def _read(
-        self, read: Callable[[], Awaitable[R]], reservation: Reservation, copies: int = MESSAGE_COPIES
-    ) -> R:
-        """The call's message (None: a stream's end), read into room reserved for the
-        largest one (``copies`` times it: what reading and converting it holds)."""
-        await reservation.reserve(copies * self.max_message_bytes, self.settings.server.queue_seconds)
+    async def _receive(
+        self, read: Callable[[], Awaitable[T]], call: Call, copies: int
+    ) -> tuple[T, Reservation]:
+        """What ``read`` gives, read into room reserved in the caller's name for what
+        reading the largest message gRPC may hand over holds (``copies`` of it, at most
+        :data:`READ_COPIES`) before the read: a call that sends nothing holds no more than
+        that, and a caller no more than its share (gateway.serving.budget). The caller
+        releases the reservation."""
+        reservation = Reservation(self.budget, None if call.caller is None else call.caller.client)
         try:
-            async with asyncio.timeout(self.settings.server.body_timeout_seconds):
-                message = await read()
-        except TimeoutError:
-            raise RequestTimeoutError("the message did not arrive in time") from None
-        size = message.size if isinstance(message, InferMessage) else 0
-        reservation.settle(copies * size)
-        return message
+            await reservation.reserve(
+                min(copies, READ_COPIES) * self.max_message_bytes, self.settings.server.queue_seconds
+            )
+            try:
+                async with asyncio.timeout(self.settings.server.body_timeout_seconds):
+                    return await read(), reservation
+            except TimeoutError:
+                raise RequestTimeoutError("the message did not arrive in time") from None
+        except BaseException:
+            reservation.release()
+            raise
+
+    async def _read(
+        self, read: Callable[[], Awaitable[Received | None]], call: Call
+    ) -> tuple[InferMessage | None, Reservation]:
+        """An inference's message (None: a stream's end), received (:meth:`_receive`),
+        then parsed once the room grew to what it holds read and converted
+        (:data:`MESSAGE_COPIES` times its size)."""
+        received, reservation = await self._receive(read, call, MESSAGE_COPIES)
+        try:
+            if received is None:
+                reservation.settle(0)
+                return None, reservation
+            need = MESSAGE_COPIES * received.size
+            await reservation.grow(need, self.settings.server.queue_seconds)
+            reservation.settle(need)
+            return received.parse(), reservation
+        except BaseException:
+            reservation.release()
+            raise
 
     async def infer(
-        self, rpc: Rpc, read: Callable[[], Awaitable[InferMessage]], deadline: float | None
+        self, rpc: Rpc, read: Callable[[], Awaitable[Received]], deadline: float | None
     ) -> Answered:
         """The message, the model and version that answered (a rollout's canary may), and
         the outputs. The caller is known, and refused, before a byte of the message is read."""
-        reservation = Reservation(self.budget)
+        held: list[Reservation] = []
         try:
             async with self._rpc("ModelInfer", rpc) as call:
                 # shed from its metadata, unread, as HTTP sheds from the headers
@@ -323,12 +357,16 @@ class InferenceDoor:
                     )
 
                 async def work() -> Answered:
-                    return await self._answer(call, await self._read(read, reservation))
+                    message, reservation = await self._read(read, call)
+                    held.append(reservation)
+                    assert message is not None  # a unary call's read raises instead
+                    return await self._answer(call, message)
 
                 async with logged(self.prediction_log, call, SERVICE + "ModelInfer"):
                     return await self._bounded(work(), deadline)
         finally:
-            reservation.release()
+            for reservation in held:
+                reservation.release()
 
     async def _answer(self, call: Call, message: InferMessage) -> Answered:
         call.labels["body_bytes"] = message.size
@@ -343,51 +381,56 @@ class InferenceDoor:
     async def stream(
         self,
         rpc: Rpc,
-        read: Callable[[], Awaitable[InferMessage | None]],
+        read: Callable[[], Awaitable[Received | None]],
         write: Callable[[Answered | GatewayError], Awaitable[None]],
         deadline: Callable[[], float | None],
     ) -> None:
-        """``ModelStreamInfer``: each message an inference under ``ModelInfer``'s rules
-        (its rate and quota, room in the body budget before it is read, the checks, its
-        outcome, the prediction log), answered in order; a refused message is answered
-        with its error and the stream goes on, as Triton's does. The key is checked before
-        a message is read (401 ends the stream); a spent body budget or a message that
-        does not arrive in time ends it too (no message of it can be read)."""
+        """``ModelStreamInfer``: each message an inference under ``ModelInfer``'s rules,
+        answered in order, a refused message with its error while the stream goes on, as
+        Triton's does. Each message is admitted (its rate and quota) before it is read,
+        and read into room reserved in the budget: a message refused from its caller ends
+        the stream with that refusal (RESOURCE_EXHAUSTED and ``retry-after`` past its rate)
+        and nothing more of it is read; so does a spent body budget or a message that does
+        not arrive in time. The key is checked when the stream opens (401 ends it)."""
         async with self._rpc("ModelStreamInfer", rpc, admit=False):
             pass  # the stream's opening: counted once, as each of its messages is
         while True:
-            reservation = Reservation(self.budget)
+            each = Rpc(rpc.metadata, certified=rpc.certified)
+            scope = self._rpc("ModelStreamInfer", each)
+            held: list[Reservation] = []
             try:
-                try:
-                    message = await self._read(read, reservation)
-                except InvalidInputError as error:  # a message that is not a ModelInferRequest
-                    await write(error)
-                    continue
-                if message is None:
-                    return
-                each = Rpc(rpc.metadata, certified=rpc.certified)
-                try:
-                    async with (
-                        self._rpc("ModelStreamInfer", each) as call,
-                        logged(self.prediction_log, call, SERVICE + "ModelStreamInfer"),
-                    ):
+                async with scope as call:  # admitted before its message is read
+                    message, reservation = await self._read(read, call)
+                    held.append(reservation)
+                    if message is None:  # the stream's end: no call, its admission unused
+                        scope.recorded = True
+                        return
+                    async with logged(self.prediction_log, call, SERVICE + "ModelStreamInfer"):
                         answered = await self._bounded(self._answer(call, message), deadline())
-                except GatewayError as error:
-                    await write(error)
-                else:
-                    await write(answered)
+            except InvalidInputError as error:  # not a ModelInferRequest, or refused by the checks
+                await write(error)
+            except GatewayError as error:
+                if not held:  # refused before its message was read: nothing more is read
+                    raise
+                await write(error)  # refused once read: answered, the stream goes on
+            else:
+                await write(answered)
             finally:
-                reservation.release()
+                for reservation in held:
+                    reservation.release()
 
 
 class _Scope:
     """What :meth:`InferenceDoor._rpc` opens and closes around a call (a class: the
     generator a context-manager decorator makes cost the door's every call a few us)."""
 
-    __slots__ = ("admit", "call", "door", "model", "name", "route", "rpc", "span", "span_scope", "started")
+    __slots__ = (
+        "admit", "call", "door", "model", "name", "recorded", "route", "rpc", "span", "span_scope", "started",
+    )  # fmt: skip
 
     def __init__(self, door: InferenceDoor, name: str, rpc: Rpc, model: str, admit: bool) -> None:
         self.door, self.name, self.rpc, self.model, self.admit = door, name, rpc, model, admit
+        self.recorded = False  # True: no outcome of its own (a stream's end)
 
     async def __aenter__(self) -> Call:
         door, rpc = self.door, self.rpc
@@ -420,6 +463,9 @@ class _Scope:
         """The outcome: 200, the refusal's status, 499 for a caller gone, 500 for a bug
         (never a success)."""
         door, call, route = self.door, self.call, self.route
+        if self.recorded:
+            self.span_scope.__exit__(None, None, None)
+            return
         if error is None:
             status = 200
         elif isinstance(error, asyncio.CancelledError):

@@ -40,7 +40,16 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from gateway.errors import BodyBudgetError, GatewayError, InvalidInputError, PayloadTooLargeError, quoted
 from gateway.periodic import Periodic
-from gateway.rpc.door import SMALL_MESSAGE_BYTES, Answered, Door, InferMessage, ModelRef, ReadRef, Rpc
+from gateway.rpc.door import (
+    SMALL_MESSAGE_BYTES,
+    Answered,
+    Door,
+    InferMessage,
+    ModelRef,
+    ReadRef,
+    Received,
+    Rpc,
+)
 from gateway.serving.budget import BodyBudget, Reservation
 from gateway.serving.oip import (
     NOT_SERVED_CONTROL,
@@ -308,14 +317,14 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         """Registered as client-streaming (:func:`_handlers`), so the message is read here,
         when the door asks for it, not by gRPC before the call starts."""
 
-        async def read() -> InferMessage:
+        async def read() -> Received:
             raw = await context.read()
             if not isinstance(raw, bytes):  # grpc.aio.EOF: no message came
                 # A client that cancels ends its stream first and is cancelled a moment
                 # later: waited for, it is counted as gone (499), not as an empty call.
                 await asyncio.sleep(EOF_GRACE_SECONDS)
                 raise InvalidInputError("the call carried no ModelInferRequest")
-            return infer_message(raw)
+            return Received(len(raw), lambda: infer_message(raw))
 
         async def work(rpc: Rpc) -> Any:
             message, model, version, outputs = await self._door.infer(rpc, read, context.time_remaining())
@@ -328,9 +337,9 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         the door asks for it; each answered in order, a refusal as the response's
         ``error_message`` (the stream goes on), as Triton answers on its stream."""
 
-        async def read() -> InferMessage | None:
+        async def read() -> Received | None:
             raw = await context.read()
-            return infer_message(raw) if isinstance(raw, bytes) else None
+            return Received(len(raw), lambda: infer_message(raw)) if isinstance(raw, bytes) else None
 
         async def write(result: Answered | GatewayError) -> None:
             if isinstance(result, GatewayError):

@@ -102,7 +102,10 @@ def door(
     triton: TritonServer, spawn_gateway: Callable[..., GatewayProcess], tmp_path: Path
 ) -> tuple[str, GatewayProcess]:
     keys = tmp_path / "keys"
-    keys.write_text(f"app {hash_key('client-secret')}\n")
+    keys.write_text(
+        f"app {hash_key('client-secret')}\nother {hash_key('other-secret')}\n"
+        f"slow {hash_key('slow-secret')} 0.01 1\n"  # one request, then one every 100 s
+    )
     port = free_port()
     gateway = spawn_gateway(
         triton,
@@ -209,3 +212,69 @@ def test_a_keyed_non_inference_message_is_capped_small(door: tuple[str, GatewayP
 
 
 SERVICE = "/inference.GRPCInferenceService/"
+
+
+def test_an_idle_call_leaves_another_key_served(door: tuple[str, GatewayProcess]) -> None:
+    """A key that opens ModelInfer and sends nothing holds what reading one message
+    needs (twice the largest), not four times it: before, its reservation (175 MiB of
+    256) left every other key's call RESOURCE_EXHAUSTED until the idle one timed out."""
+    address, _ = door
+    options = [("grpc.max_send_message_length", -1)]
+    idle_channel = grpc.insecure_channel(address, options=options)
+    release = threading.Event()
+
+    def nothing() -> Iterator[bytes]:
+        release.wait(20)
+        return
+        yield b""
+
+    idle = idle_channel.stream_unary(INFER).future(nothing(), metadata=KEY, timeout=30)
+    try:
+        time.sleep(1.0)  # the idle call has reserved its room
+        with grpc.insecure_channel(address) as channel:
+            started = time.monotonic()
+            answer = channel.unary_unary(INFER)(
+                _message(64), metadata=(("authorization", "Bearer other-secret"),), timeout=5
+            )
+            took = time.monotonic() - started
+        assert answer, "an answer"
+        assert took < 1.0, f"served in {took:.2f} s"
+        assert not idle.done()  # still holding
+    finally:
+        release.set()
+        idle.cancel()
+        idle_channel.close()
+
+
+def test_a_stream_over_its_rate_is_read_no_further(door: tuple[str, GatewayProcess]) -> None:
+    """A key at one request per 100 s sends 12 messages of 8 MiB on one
+    ModelStreamInfer: the first is answered, the second is refused before it is read and
+    ends the stream (RESOURCE_EXHAUSTED, with retry-after); before, all 12 were read and
+    parsed, 11 then refused one by one."""
+    address, gateway = door
+    message = _message(8 * MiB)
+    sent = 0
+
+    def messages() -> Iterator[bytes]:
+        nonlocal sent
+        for _ in range(12):
+            sent += 1
+            yield message
+
+    options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+    answers: list[bytes] = []
+    peak = Peak(gateway.process.pid)
+    with peak.watching(), grpc.insecure_channel(address, options=options) as channel:
+        stream = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+        call = stream(messages(), metadata=(("authorization", "Bearer slow-secret"),), timeout=30)
+        with pytest.raises(grpc.RpcError) as ended:
+            answers.extend(call)
+    assert ended.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, ended.value
+    trailing = dict(ended.value.trailing_metadata() or ())
+    assert "retry-after" in trailing, trailing
+    assert len(answers) == 1, len(answers)
+    # the first was read and checked (its 8 MiB text is refused for its length), not refused for the rate
+    first = service_pb2.ModelStreamInferResponse.FromString(answers[0]).error_message
+    assert "characters" in first, first
+    # two messages read at most (the answered one, and what gRPC took of the next)
+    assert peak.rise < 4 * 8 * MiB * 2, f"RSS rose {peak.rise / MiB:.0f} MiB"

@@ -96,3 +96,47 @@ def test_more_than_the_whole_budget_is_refused_at_once() -> None:
 
     with pytest.raises(BodyBudgetError):
         asyncio.run(scenario())
+
+
+def test_no_holder_holds_more_than_its_share_and_others_pass_it() -> None:
+    """A known caller holds at most half the budget before its bytes arrive; past it, its
+    own requests wait (or are refused) while another caller's are granted at once."""
+
+    async def scenario() -> None:
+        budget = BodyBudget(100, retry_after=1)
+        await budget.acquire(30, wait=1, holder="idle")
+        await budget.acquire(20, wait=1, holder="idle")  # 50: its share
+        with pytest.raises(BodyBudgetError):
+            budget.take(1, "idle")
+        blocked = asyncio.create_task(budget.acquire(10, wait=5, holder="idle"))
+        await asyncio.sleep(0.01)
+        # the holder waiting at its share blocks nobody behind it
+        await asyncio.wait_for(budget.acquire(20, wait=5, holder="other"), 0.5)
+        assert not blocked.done()
+        assert budget.holding("idle") == 50
+        budget.give(30, "idle")
+        await asyncio.wait_for(blocked, 0.5)
+        assert budget.holding("idle") == 30
+        with pytest.raises(BodyBudgetError):
+            await budget.acquire(51, wait=1, holder="other")  # more than a share: never
+        await budget.acquire(10, wait=1)  # the unknown crowd has no share of its own
+        assert budget.used == 60
+
+    asyncio.run(scenario())
+
+
+def test_a_reservation_grows_to_what_its_message_needs() -> None:
+    async def scenario() -> None:
+        budget = BodyBudget(100, retry_after=1)
+        reservation = Reservation(budget, holder="a")
+        await reservation.reserve(10, wait=1)
+        await reservation.grow(80, wait=1)  # what a message read needs: past the share
+        assert (reservation.held, budget.holding("a"), budget.used) == (80, 80, 80)
+        with pytest.raises(BodyBudgetError):
+            await Reservation(budget, holder="a").reserve(1, wait=0.05)  # but nothing more before a read
+        reservation.settle(25)
+        assert (reservation.held, budget.used) == (25, 25)
+        reservation.release()
+        assert (budget.used, budget.holding("a")) == (0, 0)
+
+    asyncio.run(scenario())
