@@ -1,0 +1,294 @@
+"""An adversary that walks every door: every HTTP route the app serves (from its own
+route table, the admin surface included) and every method of Triton's gRPC service (from
+its descriptor), for each kind of caller (none, a bad key, a key limited to one model),
+against a real gateway in front of the real Triton. A route or method added without the
+front door's rules fails here:
+
+- a caller that is not known is refused before its body is read: the answer comes while
+  not one body byte has been sent (HTTP), or while no message has been sent (gRPC);
+- an answer given with the body unread ends within its bound: one byte after it, then
+  silence, and the connection is closed within ``linger_seconds``;
+- a model the key may not use answers exactly as a model that does not exist;
+- nothing a caller sends gets a 5xx (HTTP) or INTERNAL/UNKNOWN (gRPC).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import pytest
+from tritonclient.grpc import service_pb2
+
+from gateway.app import create_app, openapi_document
+from gateway.dev.gatewayprocess import GatewayProcess
+from gateway.dev.tritonserver import TritonServer, free_port
+from gateway.http.auth import ALWAYS_OPEN
+from gateway.settings import Settings
+from gateway.shared.keyfiles import hash_key
+
+LINGER = 2.0
+SERVICE = "inference.GRPCInferenceService"
+FULL, LIMITED, ADMIN = "full-secret", "texts-secret", "admin-secret"
+# the documentation routes: open unless configured protected (auth.protect_docs)
+DOCS = [("/docs", "GET"), ("/redoc", "GET"), ("/openapi.json", "GET")]
+OPEN = ALWAYS_OPEN | {path for path, _ in DOCS}
+# Triton's and OpenAI's protocols answer errors in their own JSON shapes, which their
+# clients read (gateway.http.problems); every other route in problem+json
+PROTOCOL_PREFIXES = ("/v2", "/v1/")
+
+
+def _routes() -> list[tuple[str, str]]:
+    """Every (path template, method) the gateway serves, admin surface included: from
+    the app's own route table, as the operators' reference document lists it."""
+    settings = Settings()
+    app = create_app(settings)
+    app.state.admin_included = True  # the admin routes' templates, as a gateway with admin keys serves them
+    paths = openapi_document(app, settings, admin=True)["paths"]
+    routes = [(path, method.upper()) for path, operations in paths.items() for method in operations]
+    assert any(path.startswith("/admin/") for path, _ in routes), "the admin surface is walked too"
+    assert len(routes) >= 25, routes
+    return routes + DOCS
+
+
+def _concrete(template: str, model: str = "text_classifier") -> str:
+    path = re.sub(r"\{(model|model_name|name)\}", model, template)
+    return re.sub(r"\{[a-z_]+\}", "1", path)
+
+
+@pytest.fixture(scope="module")
+def door(
+    triton: TritonServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[GatewayProcess, str]]:
+    folder = tmp_path_factory.mktemp("every-door")
+    keys = folder / "keys"
+    keys.write_text(f"full {hash_key(FULL)}\ntexts {hash_key(LIMITED)} models=text_classifier\n")
+    admin = folder / "admin-keys"
+    admin.write_text(f"operator {hash_key(ADMIN)}\n")
+    port = free_port()
+    gateway = GatewayProcess.start(
+        triton,
+        folder,
+        env={
+            "GATEWAY_AUTH__KEYS_FILE": str(keys),
+            "GATEWAY_ADMIN__KEYS_FILE": str(admin),
+            "GATEWAY_GRPC__PORT": str(port),
+            "GATEWAY_GRPC__HOST": "127.0.0.1",
+            "GATEWAY_SERVER__LINGER_SECONDS": str(LINGER),
+        },
+    ).wait()
+    yield gateway, f"127.0.0.1:{port}"
+    gateway.stop()
+
+
+def _head(path: str, method: str, key: str | None) -> bytes:
+    lines = [
+        f"{method} {path} HTTP/1.1",
+        "Host: x",
+        "Content-Type: application/json",
+        "Content-Length: 1000000",
+    ]
+    if key is not None:
+        lines.append(f"Authorization: Bearer {key}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def _walk(port: int, path: str, method: str, key: str | None) -> tuple[int, bytes, float | None]:
+    """The status and head of the answer to a request whose 1 MB body is never sent, and
+    when the connection closed after one body byte and silence (None: still open)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(_head(path, method, key))
+        sock.settimeout(5)  # the answer must come with no body byte sent
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            piece = sock.recv(65536)
+            if not piece:
+                break
+            answer += piece
+        status = int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/1.1 ") else 0
+        try:
+            sock.sendall(b"{")
+        except OSError:
+            return status, answer, 0.0
+        started = time.monotonic()
+        sock.settimeout(0.2)
+        while time.monotonic() - started < LINGER + 3:
+            try:
+                if sock.recv(65536) == b"":
+                    return status, answer, time.monotonic() - started
+            except TimeoutError:
+                continue
+            except OSError:
+                return status, answer, time.monotonic() - started
+        return status, answer, None
+
+
+@pytest.mark.parametrize("key", [None, "not-a-key"], ids=["no-key", "bad-key"])
+def test_every_route_refuses_an_unknown_caller_unread_and_lets_go_of_it(
+    door: tuple[GatewayProcess, str], key: str | None
+) -> None:
+    gateway, _ = door
+    routes = _routes()
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(lambda r: _walk(gateway.port, _concrete(r[0]), r[1], key), routes))
+    problems = []
+    for (template, method), (status, head, closed) in zip(routes, results, strict=True):
+        where = f"{method} {template}"
+        if status == 0:
+            problems.append(f"{where}: no answer before its body (got {head[:60]!r})")
+            continue
+        if status >= 500 and not (template in OPEN and status == 503):
+            problems.append(f"{where}: {status}")
+        if template not in OPEN and status != 401:
+            problems.append(f"{where}: {status}, not 401, for an unknown caller")
+        shape = b"application/json" if template.startswith(PROTOCOL_PREFIXES) else b"application/problem+json"
+        if status >= 400 and b"content-type: " + shape not in head.lower():
+            problems.append(f"{where}: {status} is not {shape.decode()}")
+        if closed is None or closed > LINGER + 1.5:
+            problems.append(f"{where}: still open {closed} s after its answer and one body byte")
+    assert not problems, "\n".join(problems)
+
+
+def _answer(port: int, path: str, method: str, key: str, model: str) -> tuple[int, dict[str, object]]:
+    """The status and document of an answer, the model's name (which the request gives)
+    and what differs between any two answers (request id, instance) taken out."""
+    body = json.dumps(
+        {"text": "a match", "inputs": [], "model": path.split("/")[2] if "/" in path else ""}
+    ).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        head = (
+            f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {key}\r\nConnection: close\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        sock.sendall(head.encode() + body)
+        data = b""
+        while piece := sock.recv(65536):
+            data += piece
+    head_part, _, payload = data.partition(b"\r\n\r\n")
+    status = int(head_part.split(b" ", 2)[1])
+    try:
+        document = json.loads(payload) if payload else {}
+    except ValueError:
+        document = {"raw": payload.decode("latin-1")}
+    if isinstance(document, dict):
+        for varying in ("request_id", "instance"):
+            document.pop(varying, None)
+    text = json.dumps(document, sort_keys=True).replace(model, "MODEL")
+    return status, json.loads(text) if isinstance(document, dict) else {"list": json.loads(text)}
+
+
+def test_a_model_the_key_may_not_use_answers_as_a_missing_one(door: tuple[GatewayProcess, str]) -> None:
+    gateway, _ = door
+    named = [
+        (t, m)
+        for t, m in _routes()
+        if re.search(r"\{(model|model_name)\}", t) and not t.startswith("/admin/")
+    ]
+    assert len(named) >= 10, named
+    problems = []
+    for template, method in named:
+        forbidden = _answer(
+            gateway.port, _concrete(template, "image_classifier"), method, LIMITED, "image_classifier"
+        )
+        missing = _answer(
+            gateway.port, _concrete(template, "no_such_model"), method, LIMITED, "no_such_model"
+        )
+        if forbidden != missing:
+            problems.append(f"{method} {template}: forbidden {forbidden} but missing {missing}")
+        if forbidden[0] >= 500:
+            problems.append(f"{method} {template}: {forbidden[0]}")
+    assert not problems, "\n".join(problems)
+
+
+def _methods() -> list[tuple[str, bool]]:
+    service = service_pb2.DESCRIPTOR.services_by_name[SERVICE.rsplit(".", 1)[1]]
+    methods = [(m.name, m.server_streaming) for m in service.methods]
+    assert len(methods) >= 20, methods
+    return methods
+
+
+def _unsent(call: Callable[..., object], metadata: tuple[tuple[str, str], ...], timeout: float) -> str:
+    """The status of a call made with ``call`` whose message is never sent."""
+    release = threading.Event()
+
+    def nothing() -> Iterator[bytes]:
+        release.wait(timeout + 5)
+        return
+        yield b""
+
+    try:
+        result = call(nothing(), metadata=metadata, timeout=timeout)
+        if hasattr(result, "__iter__") and not isinstance(result, bytes):
+            list(result)
+        return "OK"
+    except grpc.RpcError as error:
+        return str(error.code())
+    finally:
+        release.set()
+
+
+@pytest.mark.parametrize("key", [None, "not-a-key"], ids=["no-key", "bad-key"])
+def test_every_grpc_method_refuses_an_unknown_caller_before_its_message(
+    door: tuple[GatewayProcess, str], key: str | None
+) -> None:
+    """Each call's message is held back: the refusal must come without it (before, the
+    methods other than the inferences had gRPC read a whole message first, up to 44 MiB,
+    and waited here for one that never came)."""
+    _, address = door
+    metadata = () if key is None else (("authorization", f"Bearer {key}"),)
+    with grpc.insecure_channel(address) as channel:
+
+        def one(method: tuple[str, bool]) -> str:
+            name, streaming = method
+            path = f"/{SERVICE}/{name}"
+            call = channel.stream_stream(path) if streaming else channel.stream_unary(path)
+            return _unsent(call, metadata, timeout=5)
+
+        with ThreadPoolExecutor(8) as pool:
+            codes = dict(zip([m for m, _ in _methods()], pool.map(one, _methods()), strict=True))
+    assert codes == dict.fromkeys(codes, "StatusCode.UNAUTHENTICATED"), codes
+
+
+def test_a_model_the_key_may_not_use_answers_as_a_missing_one_over_grpc(
+    door: tuple[GatewayProcess, str],
+) -> None:
+    _, address = door
+    metadata = (("authorization", f"Bearer {LIMITED}"),)
+    requests = {
+        "ModelMetadata": service_pb2.ModelMetadataRequest,
+        "ModelConfig": service_pb2.ModelConfigRequest,
+        "ModelReady": service_pb2.ModelReadyRequest,
+        "ModelStatistics": service_pb2.ModelStatisticsRequest,
+    }
+    with grpc.insecure_channel(address) as channel:
+
+        def ask(method: str, model: str) -> tuple[str, str]:
+            call = channel.unary_unary(f"/{SERVICE}/{method}")
+            try:
+                answer = call(requests[method](name=model).SerializeToString(), metadata=metadata, timeout=10)
+            except grpc.RpcError as error:
+                return str(error.code()), str(error.details())
+            return "OK", answer.hex()
+
+        for method in requests:
+            forbidden, missing = ask(method, "image_classifier"), ask(method, "no_such_model")
+            forbidden = (forbidden[0], forbidden[1].replace("image_classifier", "MODEL"))
+            missing = (missing[0], missing[1].replace("no_such_model", "MODEL"))
+            assert forbidden == missing, (method, forbidden, missing)
+            assert forbidden[0] not in ("StatusCode.INTERNAL", "StatusCode.UNKNOWN"), (method, forbidden)
+        assert ask("ModelReady", "text_classifier")[0] == "OK"  # the key's own model is there
+
+
+def test_walked_routes_cover_what_the_gateway_serves(tmp_path: Path) -> None:
+    """The walk's list is the app's: a route the app gains is walked (the list is read,
+    not written here), and the admin surface is in it."""
+    templates = {t for t, _ in _routes()}
+    for expected in ("/classify", "/v2/models/{model_name}/infer", "/v1/embeddings", "/metrics"):
+        assert expected in templates
