@@ -114,6 +114,15 @@ class AuthMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not self._protected(scope["path"]):
+            if scope["type"] == "http" and scope["path"] in ALWAYS_OPEN and self.gate.enabled:
+                # open to probes, but only a known caller is told what is behind it
+                # (gateway.http.routes.health): the key is checked, nothing charged
+                state = scope.setdefault("state", {})
+                try:
+                    key = await self.gate.identify(scope.get("headers", []), self.proxies.certified(scope))
+                except GatewayError:
+                    key = None
+                state["known_caller"] = key is not None
             await self.app(scope, receive, send)
             return
         state = scope.setdefault("state", {})

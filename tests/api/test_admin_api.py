@@ -81,7 +81,7 @@ def test_unload_is_reported_by_readyz_and_models_and_the_rest_is_served(
     assert response.json()["models"] == [
         {"name": "text_classifier", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}
     ]
-    ready = client.get("/readyz")
+    ready = client.get("/readyz", headers=CLIENT)  # a known caller is told which
     assert ready.status_code == 200, ready.text
     assert ready.json()["status"] == "degraded"
     assert ready.json()["unloaded"] == ["text_classifier"]

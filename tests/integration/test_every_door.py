@@ -292,3 +292,17 @@ def test_walked_routes_cover_what_the_gateway_serves(tmp_path: Path) -> None:
     templates = {t for t, _ in _routes()}
     for expected in ("/classify", "/v2/models/{model_name}/infer", "/v1/embeddings", "/metrics"):
         assert expected in templates
+
+
+def test_readyz_names_no_model_to_an_unknown_caller(door: tuple[GatewayProcess, str]) -> None:
+    """/readyz stays open to probes, but only a known caller is told what is behind it."""
+    gateway, _ = door
+    import httpx
+
+    with httpx.Client(base_url=gateway.url, timeout=10) as client:
+        anonymous = client.get("/readyz")
+        keyed = client.get("/readyz", headers={"authorization": f"Bearer {FULL}"})
+    assert anonymous.status_code == keyed.status_code == 200
+    assert "classifier" not in anonymous.text, anonymous.text
+    assert anonymous.json()["status"] == "ready"
+    assert "text_classifier" in keyed.json()["models"]

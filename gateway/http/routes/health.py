@@ -55,18 +55,21 @@ async def readyz(
 ) -> Response:
     checks, unloaded = await readiness.checks()
     failing = [name for name, ok in checks.items() if not ok and name.removeprefix("model:") not in unloaded]
+    # callers must identify themselves and this one did not (a probe): the verdict alone,
+    # no model named (the middleware checked a key it may carry)
+    named = request.scope.get("state", {}).get("known_caller", True)
     if not failing:
         body = Readiness(
             status="degraded" if unloaded else "ready",
-            checks=checks,
-            unloaded=sorted(unloaded),
-            models={entry.name: entry.state for entry in catalog.entries()},
+            checks=checks if named else {"ready": True},
+            unloaded=sorted(unloaded) if named else [],
+            models={entry.name: entry.state for entry in catalog.entries()} if named else {},
         )
         return JSONResponse(body.model_dump())
     error = NotReadyError(
-        f"not ready: {', '.join(failing)}",
+        f"not ready: {', '.join(failing)}" if named else "not ready",
         retry_after=settings.triton.retry_after_seconds,
-        extensions={"checks": checks},
+        extensions={"checks": checks} if named else None,
     )
     return problem_response(error, request)
 
