@@ -75,6 +75,7 @@ class KeySet:
     declared: dict[str, str] = field(default_factory=dict)  # kid -> the key's own "alg", if any
     jwks_uri: str = ""
     read_at: float = float("-inf")  # the last read's start (monotonic), failed or not
+    _published: dict[str, Any] = field(default_factory=dict)  # kid -> the JWK as published
     _reading: asyncio.Task[None] | None = None
 
     async def _read(self) -> None:
@@ -92,18 +93,24 @@ class KeySet:
         answer.raise_for_status()
         found: dict[str, jwt.PyJWK] = {}
         declared: dict[str, str] = {}
+        published: dict[str, Any] = {}
         for entry in answer.json().get("keys", []):
             kid, use = entry.get("kid"), entry.get("use", "sig")
             if not isinstance(kid, str) or use != "sig":
                 continue
-            try:
-                found[kid] = jwt.PyJWK(entry)
-            except jwt.PyJWTError:  # a key type or curve PyJWT does not take: skipped
-                continue
+            held = self.keys.get(kid)
+            if held is not None and self._published.get(kid) == entry:
+                found[kid] = held  # the same key, the same object: tokens verified by it stay
+            else:
+                try:
+                    found[kid] = jwt.PyJWK(entry)
+                except jwt.PyJWTError:  # a key type or curve PyJWT does not take: skipped
+                    continue
+            published[kid] = entry
             if isinstance(entry.get("alg"), str):
                 declared[kid] = entry["alg"]
         # the read succeeded: what the provider publishes now
-        self.keys, self.declared = found, declared
+        self.keys, self.declared, self._published = found, declared, published
 
     async def refresh(self) -> None:
         """Read the key set (one read at a time: a second caller waits for the first); a
@@ -152,9 +159,11 @@ class TokenVerifier:
         self._client = httpx.AsyncClient(timeout=FETCH_SECONDS, follow_redirects=False)
         self._sets = {issuer.issuer: KeySet(issuer, self._client, min_refresh_seconds) for issuer in issuers}
         self._loop: Periodic | None = None
-        # token -> (its identity, exp, its key set, kid): a token seen before is not verified
-        # again (RS256 and the claims: ~120 us) while its key is published and it is unexpired
-        self._verified: dict[bytes, tuple[ApiKey, float, KeySet, str]] = {}
+        # token -> (its identity, exp, its key set, kid, the key that verified it): a token
+        # seen before is not verified again (RS256 and the claims: ~120 us) while that very
+        # key is published under its kid (a key replaced under the same kid is not it) and
+        # the token is unexpired
+        self._verified: dict[bytes, tuple[ApiKey, float, KeySet, str, jwt.PyJWK]] = {}
 
     async def start(self) -> None:
         """Read every key set (a provider down at start is read again by the loop) and
@@ -174,7 +183,10 @@ class TokenVerifier:
     async def identify(self, token: bytes) -> ApiKey:
         seen = self._verified.get(token)
         if seen is not None:
-            if seen[3] in seen[2].keys and time.time() <= seen[1] + seen[2].settings.leeway_seconds:
+            if (
+                seen[2].keys.get(seen[3]) is seen[4]
+                and time.time() <= seen[1] + seen[2].settings.leeway_seconds
+            ):
                 return seen[0]
             del self._verified[token]  # expired, or its key dropped: verified again (and refused)
         try:
@@ -223,7 +235,7 @@ class TokenVerifier:
         identity = self._identity(settings, claims)
         if len(self._verified) >= VERIFIED_TOKENS:
             del self._verified[next(iter(self._verified))]  # the oldest
-        self._verified[token] = (identity, float(claims["exp"]), keys, kid)
+        self._verified[token] = (identity, float(claims["exp"]), keys, kid, key)
         return identity
 
     def _identity(self, settings: OidcIssuerSettings, claims: Mapping[str, Any]) -> ApiKey:

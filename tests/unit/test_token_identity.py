@@ -89,6 +89,14 @@ def test_a_remembered_token_stops_at_its_exp_and_when_its_key_is_dropped() -> No
         with pytest.raises(UnauthorizedError, match="expired"):
             await verifier.identify(short.encode())
         assert (await verifier.identify(long.encode())).id == "idp:app"  # remembered
+        # the provider replaced the key under the same kid (and was read since): the
+        # remembered token was verified by the old one, so it is verified again and refused
+        other = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        replaced = json.loads(RSAAlgorithm.to_jwk(other.public_key()))
+        replaced.update(kid="k1", use="sig")
+        keys.keys = {"k1": jwt.PyJWK(replaced)}
+        with pytest.raises(UnauthorizedError, match="signature"):
+            await verifier.identify(long.encode())
         keys.keys = {}  # the provider dropped the key (and was read since)
         with pytest.raises(UnauthorizedError, match="key"):
             await verifier.identify(long.encode())
