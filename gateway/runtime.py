@@ -182,7 +182,13 @@ class Runtime:
             else None
         )
         self.gate = CallerGate(
-            self.api_keys, self.limiter, self.quotas, self.metrics, settings.tiers, self.tokens
+            self.api_keys,
+            self.limiter,
+            self.quotas,
+            self.metrics,
+            settings.tiers,
+            self.tokens,
+            settings.auth.unlisted_certificates,
         )
         self.services: Services | None = None  # while running
 

@@ -385,6 +385,15 @@ class OidcIssuerSettings(BaseModel):
         description="The claim listing the models the token may use (a list, or names separated by "
         "spaces; shell patterns allowed); empty or absent: every model.",
     )
+    require_models_claim: bool = Field(
+        False,
+        description="A token without models_claim is refused (401) instead of given every model.",
+    )
+    tiers: list[str] = Field(
+        default_factory=list,
+        description="The tiers this issuer's tokens may claim (tier_claim); a tier outside them is "
+        "standard. Empty: any of GATEWAY_TIERS.",
+    )
     rate: float | None = Field(
         None, gt=0, description="Requests a second each tenant may send; unset: no rate."
     )
@@ -437,6 +446,11 @@ class AuthSettings(BaseModel):
             raise ValueError(f"each issuer needs a namespace of its own, and none is 'cert': {spaces}")
         return value
 
+    unlisted_certificates: Literal["allow", "refuse"] = Field(
+        "allow",
+        description="A client certificate (gRPC mTLS or a trusted proxy's XFCC) the keys file has no "
+        "`cert:<name> -` line for: allow (a tenant of its own, every model, no limit) or refuse (401).",
+    )
     trusted_proxies: list[str] = Field(
         default_factory=list,
         description="Addresses or networks (CIDR, JSON list) of the proxies that terminate client TLS "

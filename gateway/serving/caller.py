@@ -121,6 +121,7 @@ class CallerGate:
         metrics: GatewayMetrics,
         tiers: Mapping[str, TierSettings],
         tokens: TokenVerifier | None = None,
+        unlisted_certificates: str = "allow",
     ) -> None:
         self.keys = keys
         self.limiter = limiter
@@ -128,6 +129,7 @@ class CallerGate:
         self.metrics = metrics
         self.tiers = tiers
         self.tokens = tokens
+        self.refuse_unlisted = unlisted_certificates == "refuse"
 
     @property
     def enabled(self) -> bool:
@@ -187,6 +189,8 @@ class CallerGate:
             for key in self.keys.keys:
                 if key.id == caller_id:
                     return key
+        if self.refuse_unlisted:  # auth.unlisted_certificates: refuse
+            raise UnauthorizedError("the client certificate is not one the keys file lists")
         return ApiKey(caller_id, b"")
 
     async def admit(self, request_id: str, headers: Headers, certified: str | None = None) -> Caller:

@@ -248,9 +248,15 @@ class TokenVerifier:
         # in the issuer's namespace: never an API key's id (no colon) nor another issuer's
         tenant = f"{settings.namespace}:{plain_id(tenant, 'token')}"
         tier = _claim_text(claims, settings.tier_claim) if settings.tier_claim else None
-        if tier is None or tier not in self._tiers:
+        if tier is None or tier not in self._tiers or (settings.tiers and tier not in settings.tiers):
             tier = "standard"
         models: tuple[str, ...] = ()
+        if settings.require_models_claim and (
+            not settings.models_claim or settings.models_claim not in claims
+        ):
+            raise _refused(
+                f"it carries no {settings.models_claim or 'models'} claim, which this issuer's tokens must"
+            )
         if settings.models_claim:
             raw = claims.get(settings.models_claim)
             names = raw.split() if isinstance(raw, str) else raw if isinstance(raw, list) else []

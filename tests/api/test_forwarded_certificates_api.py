@@ -84,3 +84,20 @@ def test_a_certificate_and_a_key_of_one_name_are_two_callers(tmp_path: Path) -> 
             assert 'gateway_client_requests_total{client="partner-a",outcome="allowed"}' in metrics
     finally:
         served.stop()
+
+
+def test_unlisted_certificates_may_be_refused(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("cert:partner-a - models=text_*\n")
+    settings = Settings(
+        auth=AuthSettings(keys_file=keys, trusted_proxies=["127.0.0.1/32"], unlisted_certificates="refuse")
+    )
+    served = ServedApp(create_app(settings, backend_factory=lambda *_: FakeBackend()), settings).start()
+    stranger = {"x-forwarded-client-cert": 'Hash=y;Subject="CN=stranger"'}
+    try:
+        with httpx.Client(base_url=served.url, timeout=10) as client:
+            assert client.post("/classify", json=TEXT, headers=XFCC).status_code == 200  # listed
+            refused = client.post("/classify", json=TEXT, headers=stranger)
+            assert refused.status_code == 401, refused.text
+    finally:
+        served.stop()

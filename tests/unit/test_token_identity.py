@@ -127,3 +127,28 @@ def test_each_issuers_tenants_live_in_a_namespace_of_their_own() -> None:
         AuthSettings(oidc=[named, OidcIssuerSettings(issuer="https://x.example", audience="gw", name="corp")])
     with pytest.raises(ValidationError):
         AuthSettings(oidc=[OidcIssuerSettings(issuer="https://x.example", audience="gw", name="cert")])
+
+
+def test_an_issuer_may_require_the_models_claim_and_narrow_its_tiers() -> None:
+    import pytest
+
+    from gateway.errors import UnauthorizedError
+
+    strict = OidcIssuerSettings(
+        issuer="https://id.example",
+        audience="gw",
+        tier_claim="tier",
+        models_claim="models",
+        require_models_claim=True,
+        tiers=["standard"],
+    )
+    verifier = TokenVerifier([strict], tiers={"standard", "gold"}, refresh_seconds=300)
+    try:
+        with pytest.raises(UnauthorizedError, match="models"):
+            verifier._identity(strict, {"azp": "a"})  # before: every model
+        key = verifier._identity(strict, {"azp": "a", "models": ["text_*"], "tier": "gold"})
+        assert key.tier == "standard"  # gold is a gateway tier, not one this issuer may grant
+        assert key.may_use("text_classifier")
+        assert not key.may_use("image_classifier")
+    finally:
+        asyncio.run(verifier.stop())
