@@ -105,6 +105,7 @@ def create_app(
             protect_metrics=settings.auth.protect_metrics,
             protect_docs=settings.auth.protect_docs,
             proxies=proxies,
+            metrics_readers=settings.auth.metrics_readers,
         )
     if admin_keys is not None:
         app.add_middleware(

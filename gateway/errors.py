@@ -13,6 +13,7 @@ Every error a client can see is a :class:`GatewayError`; each class has a stable
     │   │   └── ControlNotServedError  403 not-served          repository control (/admin's)
     │   ├── MethodNotAllowedError      405 method-not-allowed
     │   ├── UnauthorizedError          401 unauthorized        no or unknown API key (+ WWW-Authenticate)
+    │   ├── ForbiddenError             403 forbidden           a known caller without the right (/metrics)
     │   ├── RequestTimeoutError        408 request-timeout     the body did not arrive in time
     │   ├── ConflictError              409 conflict            not possible in the model's state (admin)
     │   │   └── ModelLoadError         409 model-load-failed   Triton could not load the model (admin)
@@ -211,6 +212,15 @@ class UnauthorizedError(ClientError):
     slug = "unauthorized"
     advice = "Send a valid key as `Authorization: Bearer <key>` or `X-API-Key`."
     title = "Unauthorized"
+
+
+class ForbiddenError(ClientError):
+    """A known caller asked for what its key does not allow (``/metrics`` to a key that is
+    not one of ``auth.metrics_readers``)."""
+
+    status = 403
+    slug = "forbidden"
+    title = "Forbidden"
 
 
 class RequestTimeoutError(ClientError):

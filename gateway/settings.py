@@ -482,6 +482,12 @@ class AuthSettings(BaseModel):
         description="With a keys file: /metrics needs a key too (it names client key ids; Prometheus "
         "scrapes with a key of its own). False: /metrics is open to anyone who reaches the port.",
     )
+    metrics_readers: list[str] = Field(
+        default_factory=lambda: ["prometheus"],
+        description="With protect_metrics: the caller ids that may read /metrics (it names every client "
+        "and model), by default the key `make keys` writes for Prometheus; any other key is 403. Empty: "
+        "any known caller.",
+    )
     protect_docs: bool = Field(False, description="Require a key for /docs, /redoc and /openapi.json too.")
     cors_origins: list[str] = Field(
         default_factory=list, description="Origins allowed by CORS (JSON list); empty: CORS off."

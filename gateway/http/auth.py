@@ -19,13 +19,14 @@ opens it, and an admin body has its own small cap and deadline.
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from starlette.datastructures import MutableHeaders
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.errors import GatewayError
+from gateway.errors import ForbiddenError, GatewayError
 from gateway.http.bodies import limited_body
 from gateway.http.problems import log_problem, problem_response
 from gateway.observe.metrics import GatewayMetrics
@@ -95,6 +96,7 @@ class AuthMiddleware:
         protect_metrics: bool,
         protect_docs: bool,
         proxies: TrustedProxies | None = None,
+        metrics_readers: Collection[str] = (),
     ) -> None:
         self.app = app
         self.gate = gate
@@ -102,6 +104,7 @@ class AuthMiddleware:
         self.protect_metrics = protect_metrics
         self.protect_docs = protect_docs
         self.proxies = proxies or TrustedProxies([])
+        self.metrics_readers = frozenset(metrics_readers)
 
     def _protected(self, path: str) -> bool:
         if path in ALWAYS_OPEN or path.startswith(ADMIN_PREFIX):
@@ -130,6 +133,12 @@ class AuthMiddleware:
             caller = await self.gate.admit(
                 state["request_id"], scope.get("headers", []), self.proxies.certified(scope)
             )
+            if (
+                self.metrics_readers
+                and scope["path"] == "/metrics"
+                and caller.client not in self.metrics_readers
+            ):
+                raise ForbiddenError("this key may not read /metrics (auth.metrics_readers)")
         except GatewayError as error:
             await refuse(self.metrics, scope, receive, send, error)
             return

@@ -30,7 +30,9 @@ def keys_file(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def client(keys_file: Path) -> Iterator[TestClient]:
-    settings = Settings(auth=AuthSettings(keys_file=keys_file, protect_metrics=True))
+    settings = Settings(
+        auth=AuthSettings(keys_file=keys_file, protect_metrics=True, metrics_readers=["alice"])
+    )
     with TestClient(create_app(settings, backend_factory=lambda *_: FakeBackend())) as test_client:
         yield test_client
 
@@ -62,6 +64,10 @@ def test_probes_stay_open_and_metrics_are_protected(client: TestClient) -> None:
     assert client.get("/readyz").status_code == 200
     assert client.get("/metrics").status_code == 401
     assert client.get("/metrics", headers={"X-API-Key": "alice-secret"}).status_code == 200
+    # a known caller that is not a metrics reader: /metrics names every client and model
+    refused = client.get("/metrics", headers={"X-API-Key": "bob-secret"})
+    assert refused.status_code == 403
+    assert refused.json()["type"].endswith(":forbidden")
     assert client.get("/openapi.json").status_code == 200  # docs not protected unless asked
 
 

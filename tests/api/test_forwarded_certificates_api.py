@@ -25,7 +25,9 @@ def _serve(tmp_path: Path, proxies: list[str]) -> ServedApp:
     # the certificate's line, in the certificates' namespace; an API key of the same bare
     # name is another caller (and may use every model)
     keys.write_text(f"cert:partner-a - models=text_*\npartner-a {hash_key('key-secret')}\n")
-    settings = Settings(auth=AuthSettings(keys_file=keys, trusted_proxies=proxies))
+    settings = Settings(
+        auth=AuthSettings(keys_file=keys, trusted_proxies=proxies, metrics_readers=["partner-a"])
+    )
     return ServedApp(create_app(settings, backend_factory=lambda *_: FakeBackend()), settings).start()
 
 

@@ -71,7 +71,7 @@ CASES: list[tuple[str, dict[str, str], bool]] = [
 def _served(tmp_path: Path, head: bool) -> ServedApp:
     keys = tmp_path / f"keys-{head}"
     keys.write_text(f"plain {hash_key('plain-secret')}\nrated {hash_key('rated-secret')} 1000 1000\n")
-    settings = Settings(auth={"keys_file": keys})
+    settings = Settings(auth={"keys_file": keys, "metrics_readers": []})  # any key reads /metrics
     app = create_app(settings, backend_factory=lambda *_: FakeBackend())
     if not head:  # the server reads it when it starts: every request goes the full path
         app.state.head_shed = None

@@ -104,6 +104,7 @@ def stack(triton: TritonServer, tmp_path: Path, redis: RedisServer | None, **env
     settings = {
         "GATEWAY_AUTH__KEYS_FILE": str(keys),
         "GATEWAY_AUTH__RELOAD_SECONDS": "0.5",
+        "GATEWAY_AUTH__METRICS_READERS": '["steady"]',  # the bystanders' key reads /metrics
         "GATEWAY_ADMIN__KEYS_FILE": str(admin),
         **env,
     }

@@ -225,7 +225,7 @@ def test_a_kubernetes_secret_swap_applies(tmp_path: Path) -> None:
     keys_file(second / "keys", key="swapped-key", key_id="swapped")
     (volume / "..data").symlink_to(first.name)
     (volume / "keys").symlink_to("..data/keys")
-    settings = Settings(auth={"keys_file": volume / "keys", "reload_seconds": 0.2})
+    settings = Settings(auth={"keys_file": volume / "keys", "reload_seconds": 0.2, "metrics_readers": []})
     backend = FakeBackend()
     with TestClient(create_app(settings, backend_factory=lambda *_: backend)) as client:
         assert client.post("/classify", json=TEXT, headers=KEY).status_code == 200

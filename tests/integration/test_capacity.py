@@ -156,7 +156,10 @@ def test_a_flooding_key_leaves_another_its_latency(
     The knee without that (tolerance 100) read 21x."""
     keys = tmp_path / "api-keys"
     keys.write_text(f"flood {hash_key('flood-key')}\nquiet {hash_key('quiet-key')}\n")
-    gateway = spawn_gateway(triton, GATEWAY_AUTH__KEYS_FILE=str(keys))  # the defaults
+    # the defaults, but for who reads /metrics: the quiet key reads its gauges
+    gateway = spawn_gateway(
+        triton, GATEWAY_AUTH__KEYS_FILE=str(keys), GATEWAY_AUTH__METRICS_READERS='["quiet"]'
+    )
     flood_key = {"authorization": "Bearer flood-key"}
     quiet_key = {"authorization": "Bearer quiet-key"}
     hey(gateway.url, 8, 3, flood_key)  # warm
