@@ -26,7 +26,8 @@ from gateway.triton.tensors import encode_bytes
 MiB = 1024 * 1024
 BUDGET = 256 * MiB
 KEY = (("authorization", "Bearer client-secret"),)
-INFER = "/inference.GRPCInferenceService/ModelInfer"
+SERVICE = "/inference.GRPCInferenceService/"
+INFER = SERVICE + "ModelInfer"
 
 
 def _message(size: int) -> bytes:
@@ -72,7 +73,12 @@ class Peak:
 
 
 def _flood(
-    address: str, message: bytes, calls: int, channels: int, metadata: tuple[tuple[str, str], ...]
+    address: str,
+    message: bytes,
+    calls: int,
+    channels: int,
+    metadata: tuple[tuple[str, str], ...],
+    method: str = INFER,
 ) -> list[str]:
     """``calls`` concurrent ModelInfer calls of ``message`` over ``channels`` connections:
     the status code each ended with."""
@@ -81,7 +87,7 @@ def _flood(
     try:
         for pipe in pipes:
             grpc.channel_ready_future(pipe).result(timeout=10)
-        stubs = [pipe.unary_unary(INFER) for pipe in pipes]  # bytes in, bytes out
+        stubs = [pipe.unary_unary(method) for pipe in pipes]  # bytes in, bytes out
 
         def one(index: int) -> str:
             try:
@@ -148,31 +154,6 @@ def test_an_anonymous_call_is_refused_before_its_message_is_read(door: tuple[str
     assert peak.rise < 64 * MiB, f"RSS rose {peak.rise / MiB:.0f} MiB"
 
 
-def _small_flood(
-    address: str, method: str, message: bytes, calls: int, metadata: tuple[tuple[str, str], ...]
-) -> list[str]:
-    """``calls`` concurrent calls of ``method`` (raw bytes) over two connections."""
-    options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
-    pipes = [grpc.insecure_channel(address, options=options) for _ in range(2)]
-    try:
-        for pipe in pipes:
-            grpc.channel_ready_future(pipe).result(timeout=10)
-        stubs = [pipe.unary_unary(method) for pipe in pipes]
-
-        def one(index: int) -> str:
-            try:
-                stubs[index % 2](message, metadata=metadata, timeout=60)
-                return "OK"
-            except grpc.RpcError as error:
-                return str(error.code())
-
-        with ThreadPoolExecutor(calls) as pool:
-            return list(pool.map(one, range(calls)))
-    finally:
-        for pipe in pipes:
-            pipe.close()
-
-
 def test_64_anonymous_metadata_and_config_calls_of_40_mib_are_not_read(
     door: tuple[str, GatewayProcess],
 ) -> None:
@@ -184,8 +165,8 @@ def test_64_anonymous_metadata_and_config_calls_of_40_mib_are_not_read(
     config = service_pb2.ModelConfigRequest(name="a" * (40 * MiB)).SerializeToString()
     peak = Peak(gateway.process.pid)
     with peak.watching(), ThreadPoolExecutor(2) as pool:
-        metadata = pool.submit(_small_flood, address, SERVICE + "ModelMetadata", big, 32, ())
-        configs = pool.submit(_small_flood, address, SERVICE + "ModelConfig", config, 32, ())
+        metadata = pool.submit(_flood, address, big, 32, 2, (), SERVICE + "ModelMetadata")
+        configs = pool.submit(_flood, address, config, 32, 2, (), SERVICE + "ModelConfig")
         codes = metadata.result() + configs.result()
     assert codes == ["StatusCode.UNAUTHENTICATED"] * 64, codes
     assert peak.rise < 64 * MiB, f"RSS rose {peak.rise / MiB:.0f} MiB"
@@ -197,21 +178,16 @@ def test_a_keyed_non_inference_message_is_capped_small(door: tuple[str, GatewayP
     health service's own budget: never the inferences')."""
     address, _ = door
     big = service_pb2.ModelMetadataRequest(name="a" * MiB).SerializeToString()
-    assert (
-        _small_flood(address, SERVICE + "ModelMetadata", big, 2, KEY) == ["StatusCode.INVALID_ARGUMENT"] * 2
-    )
+    assert _flood(address, big, 2, 2, KEY, SERVICE + "ModelMetadata") == ["StatusCode.INVALID_ARGUMENT"] * 2
     small = service_pb2.ModelMetadataRequest(name="text_classifier").SerializeToString()
-    assert _small_flood(address, SERVICE + "ModelMetadata", small, 2, KEY) == ["OK"] * 2
+    assert _flood(address, small, 2, 2, KEY, SERVICE + "ModelMetadata") == ["OK"] * 2
     from grpc_health.v1 import health_pb2
 
     check = health_pb2.HealthCheckRequest(service="x" * (40 * MiB)).SerializeToString()
     assert (
-        _small_flood(address, "/grpc.health.v1.Health/Check", check, 2, ())
+        _flood(address, check, 2, 2, (), "/grpc.health.v1.Health/Check")
         == ["StatusCode.INVALID_ARGUMENT"] * 2
     )
-
-
-SERVICE = "/inference.GRPCInferenceService/"
 
 
 def test_an_idle_call_leaves_another_key_served(door: tuple[str, GatewayProcess]) -> None:

@@ -69,6 +69,22 @@ def _closed_within(sock: socket.socket, seconds: float) -> float | None:
     return None
 
 
+def _closed_under_trickle(
+    sock: socket.socket, byte: bytes, seconds: float, every: float = 1.0
+) -> float | None:
+    """When the server closed ``sock`` (seconds from now) while ``byte`` was sent every
+    ``every`` seconds; None if still open after ``seconds``."""
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:
+        try:
+            sock.sendall(byte)
+        except OSError:
+            return time.monotonic() - started
+        if _closed_within(sock, every) is not None:
+            return time.monotonic() - started
+    return None
+
+
 ANONYMOUS = (
     b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n"
 )
@@ -84,19 +100,7 @@ def test_a_socket_answered_before_its_body_is_closed_within_the_linger_bound(
 ) -> None:
     sock = _held(door.port, head)
     try:
-        # a byte a second does not extend it either
-        started = time.monotonic()
-        closed = None
-        while time.monotonic() - started < LINGER + 3:
-            try:
-                sock.sendall(b" ")
-            except OSError:
-                closed = time.monotonic() - started
-                break
-            closed_after = _closed_within(sock, 1.0)
-            if closed_after is not None:
-                closed = time.monotonic() - started
-                break
+        closed = _closed_under_trickle(sock, b" ", LINGER + 3)  # a byte a second does not extend it
         assert closed is not None, f"still open {LINGER + 3:.0f} s after its answer (linger bound {LINGER} s)"
         assert closed <= LINGER + 1.5, closed
     finally:
@@ -132,17 +136,7 @@ def test_bytes_trickled_between_requests_do_not_extend_the_connection(door: Gate
     try:
         sock.sendall(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
         assert sock.recv(65536).startswith(b"HTTP/1.1 200")
-        started = time.monotonic()
-        closed = None
-        while time.monotonic() - started < HEAD + 4:
-            try:
-                sock.sendall(b"\r\n")
-            except OSError:
-                closed = time.monotonic() - started
-                break
-            if _closed_within(sock, 0.5) is not None:
-                closed = time.monotonic() - started
-                break
+        closed = _closed_under_trickle(sock, b"\r\n", HEAD + 4, every=0.5)
         assert closed is not None, f"still open {HEAD + 4:.0f} s into a trickle (head deadline {HEAD} s)"
         assert closed <= HEAD + 1.5, closed
     finally:
