@@ -21,6 +21,7 @@ from gateway.errors import (
     PROBLEM_MEDIA_TYPE,
     ClientError,
     ConflictError,
+    ForbiddenError,
     GatewayError,
     ImageTooLargeError,
     InvalidImageError,
@@ -196,6 +197,10 @@ def install_error_handlers(app: FastAPI, metrics: GatewayMetrics) -> None:
 _EXAMPLES: dict[int, tuple[str, GatewayError]] = {
     400: ("Malformed JSON, multipart or base64.", MalformedRequestError("the body is not valid JSON")),
     401: ("No key, or not one of the keys.", UnauthorizedError("send a valid API key")),
+    403: (
+        "A known caller without the right (/metrics: a key not in auth.metrics_readers).",
+        ForbiddenError("this key may not read /metrics (auth.metrics_readers)"),
+    ),
     404: (
         "No such model (not in the catalog, or not exposed).",
         NotFoundError("there is no such model"),

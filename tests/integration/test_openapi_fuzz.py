@@ -37,7 +37,7 @@ def test_every_operation_conforms_to_its_document(triton: TritonServer, tmp_path
     """With API keys on (as every deployment runs): the client presents a valid key."""
     keys = tmp_path / "keys"
     keys.write_text(f"fuzzer {hash_key(KEY)}\n")
-    settings = gateway_settings(triton, auth=AuthSettings(keys_file=keys))
+    settings = gateway_settings(triton, auth=AuthSettings(keys_file=keys, metrics_readers=["fuzzer"]))
     gateway = ServedApp(create_app(settings), settings).start()
     try:
         run_schemathesis(gateway, tmp_path)

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from gateway.http.dependencies import CatalogDep, MetricsDep, ReadinessDep, TritonMetricsDep
+from gateway.http.problems import problem_responses
 from gateway.observe.metrics import EXPOSITION_CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE
 
 router = APIRouter(tags=["health"])
@@ -22,7 +23,8 @@ router = APIRouter(tags=["health"])
             "content": {EXPOSITION_CONTENT_TYPE: {}, OPENMETRICS_CONTENT_TYPE: {}},
             "description": "Prometheus text format 0.0.4, or OpenMetrics 1.0 (with exemplars: trace "
             "ids on the request-latency histogram) when the Accept header asks for it.",
-        }
+        },
+        **problem_responses(401, 403),
     },
 )
 async def metrics(
