@@ -394,6 +394,11 @@ class OidcIssuerSettings(BaseModel):
         description="The tiers this issuer's tokens may claim (tier_claim); a tier outside them is "
         "standard. Empty: any of GATEWAY_TIERS.",
     )
+    metric_tenants: list[str] = Field(
+        default_factory=list,
+        description="Tenants named in metrics as `<name>:<tenant>`; every other tenant of this issuer "
+        "is counted under `<name>:*` (one series, however many tenants the provider mints).",
+    )
     rate: float | None = Field(
         None, gt=0, description="Requests a second each tenant may send; unset: no rate."
     )

@@ -126,6 +126,7 @@ class AuthMiddleware:
                 except GatewayError:
                     key = None
                 state["known_caller"] = key is not None
+                state["probe_key"] = key  # its models= list: the only models it is told of
             await self.app(scope, receive, send)
             return
         state = scope.setdefault("state", {})

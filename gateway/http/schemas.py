@@ -198,11 +198,13 @@ class ModelInfo(BaseModel):
         description="The model's gateway_task: 'image-classification' or 'text-classification'."
     )
     default: bool = Field(description="POST /classify sends inputs of this kind to this model.")
-    ready: bool
+    ready: bool = Field(
+        description="Triton has it ready, and every step of it (the steps themselves are named to "
+        "operators only: GET /admin/served)."
+    )
     versions: list[str] = Field(description="Versions Triton has ready.")
     platform: str
     accepts: list[str] = Field(description="Input media types.")
-    composing_models: list[ComposingModel]
     caps: dict[str, Any] = Field(
         description="What the model takes, read from its configuration and narrowed by the settings: "
         "max_top_k, max_inputs, formats and pixel caps (images), candidate_labels and max_tokens (texts)."
@@ -311,6 +313,9 @@ class ServedVersion(BaseModel):
     name: str
     task: str
     version: str = Field(description="Empty: Triton's latest.")
+    composing_models: list[ComposingModel] = Field(
+        description="Its ensemble's steps and whether Triton has each ready (empty: not an ensemble)."
+    )
 
 
 class PinRequest(BaseModel):

@@ -35,6 +35,7 @@ from gateway.observe.metrics import CapacityReading
 from gateway.serving.knee import KneeLimit, KneeSettings
 from gateway.serving.limit import AdaptiveLimit, LimitSettings
 from gateway.serving.retries import RetryDamper
+from gateway.shared.swept import Swept
 
 if TYPE_CHECKING:
     from gateway.settings import ServerSettings, TierSettings
@@ -226,7 +227,8 @@ class Admission:
         self._waiting: dict[str, deque[_Waiter]] = {}
         self.waiting = 0
         # when each key last had a request wait for a slot or refused (a key of the keys file)
-        self._pressed: dict[str, float] = {}
+        # (forgotten LIGHT_SECONDS after: the same as never)
+        self._pressed: Swept[str, float] = Swept(lambda when, now: now - when >= LIGHT_SECONDS)
         self._queued_since: float | None = None  # when the queue last stopped being empty
         self.utilization = Utilization()
         self.throughput = Throughput()
@@ -345,7 +347,8 @@ class Admission:
         if self.draining:
             return self._shutting_down()
         self.shed += 1
-        self._pressed[tenant.id] = self._clock()
+        now = self._clock()
+        self._pressed.put(tenant.id, now, now)
         return OverloadedError(
             f"over {self.limit} requests are in flight or waiting; retry shortly",
             retry_after=self._retry_after,
@@ -391,7 +394,7 @@ class Admission:
             return self._take(tenant, now)
         future: asyncio.Future[Ticket] = asyncio.get_running_loop().create_future()
         waiter = _Waiter(tenant, future, now)
-        self._pressed[tenant.id] = now
+        self._pressed.put(tenant.id, now, now)
         self._waiting.setdefault(tenant.id, deque()).append(waiter)
         self._queued(+1, now)
         self._enter(tenant)
@@ -496,7 +499,8 @@ class Admission:
         slot or was refused lately. The limit keeps such a key's latency near one
         request's alone (gateway.serving.knee), since it has no throughput to gain from
         Triton's queue, only a wait in it; a key that floods gets the knee."""
-        return ticket.favoured and now - self._pressed.get(ticket.tenant.id, -math.inf) >= LIGHT_SECONDS
+        pressed = self._pressed.get(ticket.tenant.id)
+        return ticket.favoured and (pressed is None or now - pressed >= LIGHT_SECONDS)
 
     def release(self, ticket: Ticket, cost: Hashable | None = None, served: bool = True) -> None:
         """Give back the slot taken by :meth:`acquire`; with ``cost``, the request's

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from gateway.errors import GatewayError, RateLimitedError, UnauthorizedError
 from gateway.serving.admission import ANONYMOUS, Tenant, tenant_of
-from gateway.shared.keyfiles import CERTIFICATE_PREFIX, ApiKey, find_key
+from gateway.shared.keyfiles import CERTIFICATE_PREFIX, SHARED_LABEL, ApiKey, find_key
 from gateway.shared.quota import Usage, quota_headers
 from gateway.shared.tokens import bearer_token
 
@@ -191,7 +191,7 @@ class CallerGate:
                     return key
         if self.refuse_unlisted:  # auth.unlisted_certificates: refuse
             raise UnauthorizedError("the client certificate is not one the keys file lists")
-        return ApiKey(caller_id, b"")
+        return ApiKey(caller_id, b"", label=CERTIFICATE_PREFIX + SHARED_LABEL)  # one series for all
 
     async def admit(self, request_id: str, headers: Headers, certified: str | None = None) -> Caller:
         """The caller of a request with these headers (``request_id``: its
@@ -240,4 +240,4 @@ class CallerGate:
         caller.quota.extend(await self.quotas.charge(key, "images", count))
 
     def _count(self, key: ApiKey, outcome: str) -> None:
-        self.metrics.client_requests.labels(client=key.id, outcome=outcome).inc()
+        self.metrics.client_requests.labels(client=key.metric_label, outcome=outcome).inc()

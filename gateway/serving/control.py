@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from gateway.errors import ConflictError, InvalidInputError, NotFoundError
-from gateway.serving.catalog import Catalog, CatalogEntry
+from gateway.serving.catalog import Catalog, CatalogEntry, StepState
 from gateway.serving.rollout import RolloutRunner, RolloutStats
 from gateway.shared.routing import Rollout, Target
 from gateway.triton.backend import InferenceBackend, RepositoryModel
@@ -34,11 +34,13 @@ class ControlResult:
 
 @dataclass(frozen=True)
 class Served:
-    """A classifier of the catalog and the version it is pinned to ("": Triton's latest)."""
+    """A classifier of the catalog, the version it is pinned to ("": Triton's latest) and
+    its ensemble's steps."""
 
     name: str
     task: str
     version: str
+    steps: tuple[StepState, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -136,7 +138,7 @@ class RoutingControl:
         self.routing = catalog.routing
 
     def served(self) -> list[Served]:
-        return [Served(e.name, e.task, self.catalog.version(e.name)) for e in self.catalog.entries()]
+        return [Served(e.name, e.task, self.catalog.version(e.name), e.steps) for e in self.catalog.entries()]
 
     def _classifier(self, name: str) -> CatalogEntry:
         entry = self.catalog.find(name)
@@ -155,7 +157,7 @@ class RoutingControl:
             raise ConflictError(f"{name} version {version or '(latest)'} is not ready in Triton")
         await self.catalog.pin(name, version)
         logger.info("admin %s: pinned %s to version %s", admin, name, version or "(latest)")
-        return Served(name, entry.task, version)
+        return Served(name, entry.task, version, entry.steps)
 
     async def _target(self, text: str, entry: CatalogEntry) -> Target:
         target = Target.parse(text)

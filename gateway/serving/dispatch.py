@@ -213,7 +213,12 @@ class Dispatcher:
         canary = rollout.canary
         if canary is not None and rollout.canary_for(entry.name, call.client):
             candidate = self.catalog.find(canary.model)
-            if candidate is not None and candidate.kind is entry.kind:
+            # a canary of another model serves only callers who may use that model
+            if (
+                candidate is not None
+                and candidate.kind is entry.kind
+                and may_use(call.caller, candidate.name)
+            ):
                 served, arm, version = candidate, "canary", canary.version
         call.model = served.name
         k = self._top_k(served, payload, top_k, threshold)  # once per request, for the arm that serves it
@@ -250,8 +255,8 @@ class Dispatcher:
         if shadow is None or not rollout.shadowed():
             return
         target = self.catalog.find(shadow.model)
-        if target is None or target.kind is not entry.kind:
-            return
+        if target is None or target.kind is not entry.kind or not may_use(call.caller, target.name):
+            return  # nor is a caller's input sent to a model it may not use
         version = shadow.version or self.catalog.version(target.name)
         k = min(top_k, target.caps.max_top_k)
 

@@ -84,8 +84,8 @@ class Readiness:
         unloaded = await self._unloaded(statuses) if server.live else set()
         checks = {"accepting": True, "triton_live": server.live}
         for status in statuses:
-            checks[f"model:{status.name}"] = status.ready
-            checks.update({f"model:{step.name}": step.ready for step in status.composing})
+            # an ensemble is ready with all its steps (which stay unnamed: /admin/served names them)
+            checks[f"model:{status.name}"] = status.ready and all(step.ready for step in status.composing)
         if statuses and len(unloaded) == len(statuses):
             unloaded = set()  # nothing left to serve: not ready
         return checks, unloaded

@@ -60,6 +60,13 @@ class ApiKey:
     # the models it may use, as shell-style patterns (``models=text_*,image_classifier``);
     # empty: every model the gateway exposes
     models: tuple[str, ...] = ()
+    # what metrics name it ("": its id): a token tenant outside its issuer's
+    # ``metric_tenants``, or an unlisted certificate, shares one label with its kind
+    label: str = ""
+
+    @property
+    def metric_label(self) -> str:
+        return self.label or self.id
 
     def may_use(self, model: str) -> bool:
         """Whether this key may call (or see) ``model``."""
@@ -71,6 +78,8 @@ class ApiKey:
 # ``cert:``, each token issuer its own), so no name of theirs is a key's.
 _KEY_ID = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 CERTIFICATE_PREFIX = "cert:"
+# the label the callers of a source share past its named ones: "*" is in no caller's id
+SHARED_LABEL = "*"
 # what follows ``cert:`` on a certificate's line (gateway.shared.certificates' names)
 _CERT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@:/~-]{0,230}")
 _TIER = re.compile(r"[a-z][a-z0-9_-]{0,31}")

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from gateway.settings import RedisSettings
 from gateway.shared.fallback import SharedWithFallback
+from gateway.shared.swept import Swept
 
 if TYPE_CHECKING:
     from gateway.observe.metrics import GatewayMetrics
@@ -36,6 +37,10 @@ class TokenBucket:
 
     def __post_init__(self) -> None:
         self.tokens = self.burst
+
+    def full(self, now: float) -> bool:
+        """Whether it has refilled by ``now`` (a fresh bucket is the same)."""
+        return self.tokens + (now - self.stamp) * self.rate >= self.burst
 
     def take(self, now: float) -> float:
         """0 when a token was taken; else the seconds until one will be there."""
@@ -62,18 +67,21 @@ class RateLimiter(SharedWithFallback):
         self, store: SharedState | None, settings: RedisSettings, metrics: GatewayMetrics | None = None
     ) -> None:
         super().__init__(store, settings, metrics)
-        self._local: dict[tuple[str, float, float], TokenBucket] = {}
+        # a full bucket is a fresh one: forgotten, so tenants that come and go leave nothing
+        self._local: Swept[tuple[str, float, float], TokenBucket] = Swept(TokenBucket.full)
 
-    def _bucket(self, key_id: str, rate: float, burst: float) -> TokenBucket:
+    def _bucket(self, key_id: str, rate: float, burst: float, now: float) -> TokenBucket:
         # Keyed by the limit too: a rotated keys file that changes a key's rate starts afresh.
         found = self._local.get((key_id, rate, burst))
         if found is None:
-            found = self._local[(key_id, rate, burst)] = TokenBucket(rate, burst)
+            found = TokenBucket(rate, burst, stamp=now)
+            self._local.put((key_id, rate, burst), found, now)
         return found
 
     def _local_verdict(self, key_id: str, rate: float, burst: float) -> Verdict:
-        bucket = self._bucket(key_id, rate, burst)
-        wait = bucket.take(time.monotonic())
+        now = time.monotonic()
+        bucket = self._bucket(key_id, rate, burst, now)
+        wait = bucket.take(now)
         return Verdict(wait, bucket.tokens, rate, burst)
 
     async def check(self, key: ApiKey) -> Verdict | None:

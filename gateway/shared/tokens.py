@@ -37,7 +37,7 @@ import jwt
 from gateway.errors import UnauthorizedError
 from gateway.periodic import Periodic
 from gateway.settings import TOKEN_ALGORITHMS, OidcIssuerSettings
-from gateway.shared.keyfiles import ApiKey, Quota, model_pattern, plain_id
+from gateway.shared.keyfiles import SHARED_LABEL, ApiKey, Quota, model_pattern, plain_id
 
 logger = logging.getLogger("gateway.tokens")
 FETCH_SECONDS = 5.0
@@ -246,7 +246,9 @@ class TokenVerifier:
             or ""
         )
         # in the issuer's namespace: never an API key's id (no colon) nor another issuer's
-        tenant = f"{settings.namespace}:{plain_id(tenant, 'token')}"
+        plain = plain_id(tenant, "token")
+        tenant = f"{settings.namespace}:{plain}"
+        label = "" if plain in settings.metric_tenants else f"{settings.namespace}:{SHARED_LABEL}"
         tier = _claim_text(claims, settings.tier_claim) if settings.tier_claim else None
         if tier is None or tier not in self._tiers or (settings.tiers and tier not in settings.tiers):
             tier = "standard"
@@ -271,4 +273,4 @@ class TokenVerifier:
             for limit, period in [text.split("/")]
             if int(limit) >= 1
         )
-        return ApiKey(tenant, b"", settings.rate, burst, tier, quotas, models)
+        return ApiKey(tenant, b"", settings.rate, burst, tier, quotas, models, label)

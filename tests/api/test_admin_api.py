@@ -126,7 +126,15 @@ def test_the_pin_moves_to_a_ready_version_only(client: TestClient, backend: Fake
     )
     moved = client.put("/admin/served/image_classifier", json={"version": "2"}, headers=ADMIN)
     assert moved.status_code == 200
-    assert moved.json() == {"name": "image_classifier", "task": "image-classification", "version": "2"}
+    assert moved.json() == {
+        "name": "image_classifier",
+        "task": "image-classification",
+        "version": "2",
+        "composing_models": [
+            {"name": "image_classifier.pre", "ready": True, "versions": ["1", "2", "3"]},
+            {"name": "image_classifier.net", "ready": True, "versions": ["1", "2", "3"]},
+        ],
+    }
     client.post("/classify", content=chelsea_jpeg(), headers=jpeg)
     assert backend.versions_called == ["", "2"]
     models = {m["name"]: m for m in client.get("/models", headers=CLIENT).json()["models"]}

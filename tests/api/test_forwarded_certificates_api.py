@@ -81,9 +81,15 @@ def test_a_certificate_and_a_key_of_one_name_are_two_callers(tmp_path: Path) -> 
             assert client.get("/v2/models/image_classifier", headers=XFCC).status_code == 404  # the cert's
             client.post("/classify", json=TEXT, headers=XFCC)
             client.post("/classify", json=TEXT, headers=key)
+            # certificates the keys file does not list share one series, however many come
+            for name in ("stranger-1", "stranger-2"):
+                unlisted = {"x-forwarded-client-cert": f'Hash=y;Subject="CN={name}"'}
+                assert client.post("/classify", json=TEXT, headers=unlisted).status_code == 200
             metrics = client.get("/metrics", headers=key).text
             assert 'gateway_client_requests_total{client="cert:partner-a",outcome="allowed"}' in metrics
             assert 'gateway_client_requests_total{client="partner-a",outcome="allowed"}' in metrics
+            assert 'gateway_client_requests_total{client="cert:*",outcome="allowed"} 2.0' in metrics
+            assert "stranger" not in metrics
     finally:
         served.stop()
 

@@ -206,7 +206,8 @@ def test_lite2_added_by_the_command_on_a_running_stack_answers_beside_lite0(stac
     models = {m["name"]: m for m in httpx.get(f"{stack.url}/models", timeout=30).json()["models"]}
     assert models["lite2"]["task"] == "image-classification"
     assert models["lite2"]["state"] == "ready"
-    steps = [step["name"] for step in models["lite2"]["composing_models"]]
+    served = {m["name"]: m for m in stack.admin("GET", "/admin/served").json()}
+    steps = [step["name"] for step in served["lite2"]["composing_models"]]
     assert sorted(steps) == ["lite2_model", "lite2_postprocess", "lite2_preprocess"]
     photos = {"cat": (chelsea_jpeg(), "image/jpeg", CATS), "coffee": (coffee_png(), "image/png", COFFEE)}
     for model in ("image_classifier", "lite2"):

@@ -55,7 +55,12 @@ def stack(
     # a key whose id is a client's of the provider, with a quota of one request a day
     keys.write_text(f"keyed {hash_key('key-secret')}\napp {hash_key('app-key')} quota=1/day\n")
     issuer = OidcIssuerSettings(
-        issuer=provider.issuer, audience=AUDIENCE, models_claim="models", leeway_seconds=0, name="idp"
+        issuer=provider.issuer,
+        audience=AUDIENCE,
+        models_claim="models",
+        leeway_seconds=0,
+        name="idp",
+        metric_tenants=["app"],
     )
     settings = gateway_settings(
         triton,
@@ -102,9 +107,13 @@ def test_a_providers_token_is_taken_on_every_door_beside_keys(
     )
     # keys stay
     assert http.post("/classify", json=TEXT, headers={"x-api-key": "key-secret"}).status_code == 200
-    # the tenant is the token's client: counted under it
+    # the tenant is the token's client: counted under it, being one of the issuer's
+    # metric_tenants; any other tenant of the issuer shares one series
+    assert http.post("/classify", json=TEXT, headers=_bearer(provider.token("texts"))).status_code == 200
     metrics = http.get("/metrics").text
     assert 'gateway_client_requests_total{client="idp:app",outcome="allowed"}' in metrics
+    assert 'gateway_client_requests_total{client="idp:*",outcome="allowed"}' in metrics
+    assert "idp:texts" not in metrics
 
 
 def test_a_token_tenant_named_as_a_key_spends_nothing_of_the_keys(

@@ -152,3 +152,16 @@ def test_an_issuer_may_require_the_models_claim_and_narrow_its_tiers() -> None:
         assert not key.may_use("image_classifier")
     finally:
         asyncio.run(verifier.stop())
+
+
+def test_tenants_past_the_issuers_metric_tenants_share_one_label() -> None:
+    issuer = OidcIssuerSettings(issuer="https://id.example", audience="gw", name="idp", metric_tenants=["a"])
+    verifier = TokenVerifier([issuer], tiers={"standard"}, refresh_seconds=300)
+    try:
+        named = verifier._identity(issuer, {"azp": "a"})
+        others = [verifier._identity(issuer, {"azp": f"tenant-{n}"}) for n in range(2000)]
+    finally:
+        asyncio.run(verifier.stop())
+    assert (named.id, named.metric_label) == ("idp:a", "idp:a")
+    assert {key.metric_label for key in others} == {"idp:*"}
+    assert len({key.id for key in others}) == 2000  # still 2,000 tenants for quotas and rates

@@ -32,6 +32,7 @@ from gateway.http.drift import drift_state
 from gateway.http.problems import problem_responses
 from gateway.http.schemas import (
     CanarySpec,
+    ComposingModel,
     DriftReference,
     DriftState,
     KeyStanding,
@@ -83,7 +84,8 @@ def _result(result: ControlResult) -> ModelControlResult:
 
 
 def _served(served: Served) -> ServedVersion:
-    return ServedVersion(name=served.name, task=served.task, version=served.version)
+    steps = [ComposingModel(name=s.name, ready=s.ready, versions=list(s.versions)) for s in served.steps]
+    return ServedVersion(name=served.name, task=served.task, version=served.version, composing_models=steps)
 
 
 def _rollout_state(view: RolloutView) -> RolloutState:

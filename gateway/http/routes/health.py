@@ -20,7 +20,6 @@ from gateway.http.dependencies import (
 from gateway.http.drift import drift_state
 from gateway.http.problems import problem_response, problem_responses
 from gateway.http.schemas import (
-    ComposingModel,
     Liveness,
     ModelInfo,
     ModelsResponse,
@@ -57,19 +56,27 @@ async def readyz(
     failing = [name for name, ok in checks.items() if not ok and name.removeprefix("model:") not in unloaded]
     # callers must identify themselves and this one did not (a probe): the verdict alone,
     # no model named (the middleware checked a key it may carry)
-    named = request.scope.get("state", {}).get("known_caller", True)
+    state = request.scope.get("state", {})
+    named = state.get("known_caller", True)
+    key = state.get("probe_key")  # a key limited to some models is told of those only
+
+    def shown(name: str) -> bool:
+        return named and (key is None or key.may_use(name.removeprefix("model:")))
+
+    told = {n: ok for n, ok in checks.items() if not n.startswith("model:") or shown(n)} if named else {}
     if not failing:
         body = Readiness(
             status="degraded" if unloaded else "ready",
-            checks=checks if named else {"ready": True},
-            unloaded=sorted(unloaded) if named else [],
-            models={entry.name: entry.state for entry in catalog.entries()} if named else {},
+            checks=told if named else {"ready": True},
+            unloaded=sorted(n for n in unloaded if shown(n)),
+            models={entry.name: entry.state for entry in catalog.entries() if shown(entry.name)},
         )
         return JSONResponse(body.model_dump())
+    named_failing = [name for name in failing if name in told]
     error = NotReadyError(
-        f"not ready: {', '.join(failing)}" if named else "not ready",
+        f"not ready: {', '.join(named_failing)}" if named_failing else "not ready",
         retry_after=settings.triton.retry_after_seconds,
-        extensions={"checks": checks} if named else None,
+        extensions={"checks": told} if named else None,
     )
     return problem_response(error, request)
 
@@ -77,8 +84,9 @@ async def readyz(
 async def _info(
     catalog: Catalog, drift: DriftMonitor, entry: CatalogEntry, defaults: set[str], live: bool
 ) -> ModelInfo:
-    # the catalog as last read, but nothing is ready while Triton does not answer
-    ready = entry.ready and live
+    # the catalog as last read, but nothing is ready while Triton does not answer, nor
+    # while a step is not (its steps are named to operators only: /admin/served)
+    ready = entry.ready and live and all(step.ready for step in entry.steps)
     return ModelInfo(
         name=entry.name,
         task=entry.task,
@@ -87,10 +95,6 @@ async def _info(
         versions=list(entry.versions),
         platform=entry.platform,
         accepts=list(entry.kind.accepts),
-        composing_models=[
-            ComposingModel(name=step.name, ready=step.ready, versions=list(step.versions))
-            for step in entry.steps
-        ],
         caps=entry.caps.as_json(),
         labels=await catalog.labels(entry) if ready else None,
         pinned_version=catalog.version(entry.name),
