@@ -39,6 +39,7 @@ from gateway.serving.guard import GuardedBackend
 from gateway.serving.observed import PredictionObserver
 from gateway.serving.plane import InferencePlane
 from gateway.serving.readiness import Readiness
+from gateway.serving.refusal import Refusals
 from gateway.serving.rollout import RolloutRunner
 from gateway.serving.workers import CheckWorkers
 from gateway.settings import PredictionLogSettings, Settings
@@ -141,6 +142,8 @@ class Runtime:
         )
         self.tracing = Tracing(settings.tracing)
         self.admission = build_admission(settings.server)
+        # refusing before the body, for every door (the HTTP head's, the routes', gRPC's)
+        self.refusals = Refusals(self.admission, settings.server.shed_from_headers)
         # one budget of body bytes for every door
         self.budget = BodyBudget(
             settings.server.max_body_bytes_in_flight, settings.server.retry_after_seconds
@@ -255,7 +258,7 @@ class Runtime:
             allow_listed = [*settings.v2_models, *settings.openai.embedding_models]
             exposure = Exposure(catalog, backend, allow_listed)
             observer = PredictionObserver(metrics, settings.predictions, drift)
-            dispatcher = Dispatcher(catalog, plane, rollouts, exposure, observer, self.gate)
+            dispatcher = Dispatcher(catalog, plane, rollouts, exposure, observer, self.gate, self.refusals)
             # the models /v2 health names: the defaults and GATEWAY_V2_MODELS (an embedding
             # model is served, but decides readiness no more than a non-default classifier)
             readiness = Readiness(

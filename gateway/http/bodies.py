@@ -28,9 +28,9 @@ from gateway.errors import (
 from gateway.http.budget import reservation_of
 from gateway.http.multipart import FileParts, boundary_of
 from gateway.http.schemas import ClassifyJSONRequest, classify_json_model
-from gateway.serving.admission import UnreadBody
 from gateway.serving.jsonguard import WHOLE_BYTES, JsonBounds, JsonScan, parse_scanned
 from gateway.serving.payload import RAW_IMAGE_TYPES, ClassifyInput
+from gateway.serving.refusal import UnreadBody
 from gateway.serving.validation import (
     check_count,
     decode_base64_image,
@@ -54,7 +54,7 @@ SMALL_UNREAD_BYTES = 64 * 1024
 
 
 def unread_body(request: Request) -> UnreadBody:
-    """What the request's headers say of its body (gateway.serving.call.UnreadBody)."""
+    """What the request's headers say of its body (gateway.serving.refusal.UnreadBody)."""
     return unread_body_of(request.scope)
 
 

@@ -1,8 +1,8 @@
 """Overload refused from the request head, in the HTTP protocol, before any task or
 framework runs.
 
-When the gateway sheds a request from its headers (gateway.serving.admission:
-``refuses_unread``: draining, or no slot and more waiting than complete within the queue
+When the gateway sheds a request from its headers (gateway.serving.refusal, the rule
+every door asks: draining, or no slot and more waiting than complete within the queue
 wait), answering it through uvicorn's request cycle, every middleware and the route costs
 about 0.2 ms of gateway CPU; under a retry storm (clients that send again the moment a
 503 comes back) that is most of what the gateway spends, on a host whose cores Triton
@@ -12,7 +12,7 @@ request's head is parsed; for the requests the classify lane takes (gateway.http
 door's inferences (``POST /v2/models/{model}[/versions/{version}]/infer``) and the task
 routes' (``POST /v1/classify``, ``/v1/embeddings``) that the route
 would refuse, it gets the route's answer back (:class:`HeadRefusal`: the same error from
-``Admission.unread_refusal``, with its hold and its ``Connection: close``; the same
+``Refusals.unread_refusal``, with its hold and its ``Connection: close``; the same
 problem body and headers) and writes it itself. The refusal is counted and logged as the
 route's (``gateway_rejections_total``, the sampled problem line, the caller's
 ``allowed``) and its outcome recorded as the telemetry layer records every request
@@ -47,8 +47,8 @@ from gateway.http.routes.classify import template
 from gateway.http.routes.oip import INFER, INFER_VERSION
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.outcome import Outcome, record
-from gateway.serving.admission import Admission
 from gateway.serving.caller import CallerGate, request_id_of
+from gateway.serving.refusal import Refusals
 from gateway.settings import Settings
 
 # the OIP door's inference paths (gateway.http.routes.oip), as the router matches them
@@ -84,14 +84,14 @@ class HeadShed:
 
     def __init__(
         self,
-        admission: Admission,
+        refusals: Refusals,
         gate: CallerGate,
         metrics: GatewayMetrics,
         routes: list[BaseRoute],
         proxies: TrustedProxies,
         admin_port: int | None,
     ) -> None:
-        self.admission = admission
+        self.refusals = refusals
         self.gate = gate
         self.metrics = metrics
         self.lane = ClassifyRoutes(routes)
@@ -102,7 +102,7 @@ class HeadShed:
     def build(
         cls,
         settings: Settings,
-        admission: Admission,
+        refusals: Refusals,
         gate: CallerGate,
         metrics: GatewayMetrics,
         routes: list[BaseRoute],
@@ -114,13 +114,12 @@ class HeadShed:
             return None
         if settings.tracing.enabled or settings.auth.cors_origins:
             return None
-        return cls(admission, gate, metrics, routes, proxies, settings.admin_listener_port)
+        return cls(refusals, gate, metrics, routes, proxies, settings.admin_listener_port)
 
     def armed(self) -> bool:
         """The cheap test first (every request head asks): nothing is shed while the queue
         is shorter than the limit, unless the gateway drains."""
-        admission = self.admission
-        return admission.draining or admission.waiting >= admission.limit
+        return self.refusals.armed()
 
     def refuse(self, scope: Scope) -> HeadRefusal | None:
         """The route's refusal of the request whose head ``scope`` holds (method, path,
@@ -140,7 +139,7 @@ class HeadShed:
         log = state.get("prediction_log")
         if log is None or log.enabled:
             return None
-        admission = self.admission
+        refusals = self.refusals
         headers = scope["headers"]
         request_id = request_id_of(headers)
         try:
@@ -148,7 +147,7 @@ class HeadShed:
         except GatewayError:  # a certificate whose name is refused: the route refuses it
             return None
         caller = self.gate.plain(request_id, headers, certified)
-        if caller is None or not admission.refuses_unread(caller.tenant):
+        if caller is None or not refusals.refuses(caller.tenant):
             return None
         try:  # what the route refuses first: its 404 (its 400 for a version that is none)
             if lane is not None:
@@ -163,7 +162,7 @@ class HeadShed:
         except GatewayError:
             return None
         self.gate.count_allowed(caller)
-        refusal, hold = admission.unread_refusal(unread_body_of(scope), caller.tenant)
+        refusal, hold = refusals.unread_refusal(unread_body_of(scope), caller.tenant)
         return self._answer(refusal, hold, route, model, request_id, started, scope)
 
     def _answer(
@@ -183,7 +182,7 @@ class HeadShed:
         problem = refusal.problem(request_id, route)
         media_type = in_door_form(problem, refusal, scope["path"])
         body = jsoncodec.dumps(problem)
-        close = self.admission.draining or refusal.headers.get("Connection") == "close"
+        close = self.refusals.admission.draining or refusal.headers.get("Connection") == "close"
         headers = [
             (name.lower().encode("latin-1"), value.encode("latin-1"))
             for name, value in refusal.headers.items()

@@ -46,7 +46,6 @@ from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.outcome import CLIENT_GONE, Outcome, record
 from gateway.observe.predictionlog import PredictionLog
 from gateway.observe.tracing import Tracing, describe_server_span
-from gateway.serving.admission import UnreadBody
 from gateway.serving.budget import BodyBudget, Reservation
 from gateway.serving.call import Call
 from gateway.serving.caller import Caller, CallerGate, request_id_of
@@ -55,6 +54,7 @@ from gateway.serving.exposure import Exposure
 from gateway.serving.oip import EXTENSIONS, GATEWAY_NAME, SERVER_NAME
 from gateway.serving.predictions import logged
 from gateway.serving.readiness import Readiness
+from gateway.serving.refusal import UnreadBody
 from gateway.settings import Settings
 from gateway.triton.backend import InferenceBackend
 from gateway.triton.tensors import Tensor
@@ -342,17 +342,22 @@ class InferenceDoor:
         the outputs. The caller is known, and refused, before a byte of the message is read."""
         held: list[Reservation] = []
         try:
-            async with self._rpc("ModelInfer", rpc) as call:
-                # shed from its metadata, unread, as HTTP sheds from the headers
-                admission = self.dispatcher.plane.admission
-                if admission.refuses_unread(call.tenant):
+            async with (
+                self._rpc("ModelInfer", rpc) as call,
+                # refusals included, as /v2 logs them (its route refuses inside the log too)
+                logged(self.prediction_log, call, SERVICE + "ModelInfer"),
+            ):
+                # shed from its metadata, unread, as HTTP sheds from the headers (the one
+                # rule: gateway.serving.refusal)
+                refusals = self.dispatcher.refusals
+                if refusals.refuses(call.tenant):
                     # held as HTTP holds a refusal (gateway.serving.retries), keyed by the
                     # call's HTTP/2 connection: a channel multiplexes its calls on one, so
                     # its concurrent calls are a streak too; never past half the call's
                     # deadline (the client hears UNAVAILABLE, not DEADLINE_EXCEEDED)
                     connection = None if rpc.peer is None else ("grpc", rpc.peer())
                     unread = UnreadBody(small=True, connection=connection)
-                    raise await admission.held_refusal(
+                    raise await refusals.held_refusal(
                         unread, call.tenant, None if deadline is None else deadline / 2
                     )
 
@@ -362,8 +367,7 @@ class InferenceDoor:
                     assert message is not None  # a unary call's read raises instead
                     return await self._answer(call, message)
 
-                async with logged(self.prediction_log, call, SERVICE + "ModelInfer"):
-                    return await self._bounded(work(), deadline)
+                return await self._bounded(work(), deadline)
         finally:
             for reservation in held:
                 reservation.release()

@@ -34,7 +34,6 @@ from gateway.errors import OverloadedError, ShuttingDownError, TritonTimeoutErro
 from gateway.observe.metrics import CapacityReading
 from gateway.serving.knee import KneeLimit, KneeSettings
 from gateway.serving.limit import AdaptiveLimit, LimitSettings
-from gateway.serving.retries import RetryDamper
 from gateway.shared.swept import Swept
 
 if TYPE_CHECKING:
@@ -187,16 +186,6 @@ class Utilization:
         return self.value
 
 
-@dataclass(frozen=True)
-class UnreadBody:
-    """What a request's headers say of its body, before a byte of it is read (what a
-    refusal from the headers needs: :meth:`Admission.unread_refusal`)."""
-
-    expects_continue: bool = False  # the client waits for 100 Continue before sending it
-    small: bool = False  # announced, and small enough for the server to read away
-    connection: Hashable | None = None  # the connection it came on (a retry there waits)
-
-
 class Admission:
     """Slots for inference requests; built by the app factory, shared with the server."""
 
@@ -206,13 +195,11 @@ class Admission:
         queue_seconds: float,
         retry_after: int,
         clock: Any = monotonic,
-        shed_unread: bool = True,
     ) -> None:
         self.limiter: ConcurrencyLimit = StaticLimit(limit) if isinstance(limit, int) else limit
-        self._queue_seconds = queue_seconds
-        self._retry_after = retry_after
-        self._clock = clock
-        self._shed_unread = shed_unread  # off: only a draining gateway refuses unread
+        self.queue_seconds = queue_seconds
+        self.retry_after = retry_after
+        self.clock = clock
         # the slots under the ceiling a key over its share may not take (1 in 16: none
         # under 16), so a key arriving beside one that holds the ceiling is admitted at
         # once instead of waiting for a completion that may be 100s of ms away
@@ -240,23 +227,21 @@ class Admission:
         self.shed = 0
         self.admitted = 0
         self.waited_seconds = 0.0
-        # a retry that comes at once waits at most the Retry-After it was told to wait
-        self.damper = RetryDamper(longest_seconds=float(retry_after), forget_seconds=float(retry_after))
 
     @property
     def limit(self) -> int:
         return self.limiter.limit
 
-    def _shutting_down(self) -> ShuttingDownError:
+    def shutting_down(self) -> ShuttingDownError:
         return ShuttingDownError(
             "the gateway is shutting down; retry on another replica",
-            retry_after=self._retry_after,
+            retry_after=self.retry_after,
             headers={"Connection": "close"},
         )
 
     def _check_open(self) -> None:
         if self.draining:
-            raise self._shutting_down()
+            raise self.shutting_down()
 
     def _enter(self, tenant: Tenant) -> None:
         count = self._present.get(tenant.id, 0)
@@ -284,7 +269,7 @@ class Admission:
         shares = self._shares if present else self._shares + tenant.share
         return max(1, int(self.limit * tenant.share / shares))
 
-    def _below_share(self, tenant: Tenant) -> bool:
+    def below_share(self, tenant: Tenant) -> bool:
         """Whether ``tenant`` holds less than its guaranteed share while other keys contend:
         such a request is admitted at once, past the limit and into the reserve if need
         be (never past the ceiling), so a key that floods cannot make another wait while
@@ -314,82 +299,18 @@ class Admission:
         favoured = guaranteed is not None and held < guaranteed
         return Ticket(tenant, now, self.in_flight - 1, favoured, saturated, self.admitted)
 
-    def refuses_unread(self, tenant: Tenant = ANONYMOUS) -> bool:
-        """Whether a request for ``tenant`` would be shed if it waited for a slot, judged
-        before its body is read: no slot is free for it, at least a limit's worth of
-        requests already wait for one, and at the rate requests have completed lately
-        they would not all be served within the queue wait. Let in: a request while the
-        queue is shorter than the limit (a burst), a key under its share, and any request
-        while fewer than a limit's worth completed lately (a cold replica or a stalled
-        Triton: nothing says how fast the queue moves; it waits for its slot as before).
-
-        Requests still uploading are not counted ahead: a client that opens a request and
-        sends its body slowly (or never) must not make the gateway refuse others."""
-        if self.draining:
-            return True
-        if not self._shed_unread:
-            return False
-        ahead, limit = self.waiting, self.limit
-        if ahead < limit or self._below_share(tenant):
-            return False
-        now = self._clock()
-        completed = self.throughput.recent(now)
-        if completed < limit:
-            return False
-        return ahead + 1 > completed / self.throughput.tau * self._queue_seconds
-
-    def refusal(self, tenant: Tenant = ANONYMOUS, close: bool = True) -> OverloadedError | ShuttingDownError:
-        """What :meth:`refuses_unread` turns into for ``tenant`` (refused: not a light key
-        for a while). Its body is left unread: with ``close``, the connection closes after
-        the answer (a large body, or one the client waits to send); without, the server
-        reads the small rest away and keeps the connection (a new one for each retry
-        costs twice the refusal)."""
-        if self.draining:
-            return self._shutting_down()
+    def refused(self, tenant: Tenant) -> None:
+        """A request of ``tenant`` was refused before it waited (gateway.serving.refusal):
+        counted as shed, and the key is not a light one for a while."""
         self.shed += 1
-        now = self._clock()
+        now = self.clock()
         self._pressed.put(tenant.id, now, now)
-        return OverloadedError(
-            f"over {self.limit} requests are in flight or waiting; retry shortly",
-            retry_after=self._retry_after,
-            headers={"Connection": "close"} if close else {},
-        )
-
-    def unread_refusal(
-        self, unread: UnreadBody, tenant: Tenant = ANONYMOUS
-    ) -> tuple[OverloadedError | ShuttingDownError, float]:
-        """The refusal of a request :meth:`refuses_unread` sheds, its body unread, and how
-        long to hold it: ``Connection: close`` unless the body is small enough for the
-        server to read away (and the client is not waiting to send it), held a little when
-        the connection was refused moments ago (gateway.serving.retries). Every refusal
-        from the headers (the route's, and the request head's: gateway.http.headshed)."""
-        refusal = self.refusal(tenant, close=unread.expects_continue or not unread.small)
-        hold = 0.0 if self.draining else self.refusal_hold(unread.connection)
-        return refusal, hold
-
-    async def held_refusal(
-        self, unread: UnreadBody, tenant: Tenant = ANONYMOUS, at_most: float | None = None
-    ) -> OverloadedError | ShuttingDownError:
-        """:meth:`unread_refusal`, its hold waited out (``at_most`` that long: the gRPC
-        door's half of a call's deadline). The route's and the gRPC door's; the request
-        head's hold is a timer in the protocol (gateway.http.server)."""
-        refusal, hold = self.unread_refusal(unread, tenant)
-        if at_most is not None:
-            hold = min(hold, at_most)
-        if hold > 0:
-            await asyncio.sleep(hold)
-        return refusal
-
-    def refusal_hold(self, connection: Hashable | None) -> float:
-        """Seconds to hold a refusal to ``connection`` (gateway.serving.retries): none
-        for its first, longer for each retry that comes at once."""
-        return self.damper.hold(connection, self._clock())
 
     async def acquire(self, tenant: Tenant = ANONYMOUS) -> Ticket:
         """Take one in-flight slot for a request, or raise a 503 error (then do not release)."""
         self._check_open()
-        now = self._clock()
-        if (self.in_flight < self._room(tenant) and not self._waiting) or self._below_share(tenant):
+        now = self.clock()
+        if (self.in_flight < self._room(tenant) and not self._waiting) or self.below_share(tenant):
             self._enter(tenant)
             return self._take(tenant, now)
         future: asyncio.Future[Ticket] = asyncio.get_running_loop().create_future()
@@ -399,16 +320,16 @@ class Admission:
         self._queued(+1, now)
         self._enter(tenant)
         try:
-            await asyncio.wait({future}, timeout=self._queue_seconds)
+            await asyncio.wait({future}, timeout=self.queue_seconds)
         except asyncio.CancelledError:  # the client went away while it waited
             self._leave(waiter)
             raise
-        self.waited_seconds += self._clock() - now
+        self.waited_seconds += self.clock() - now
         if not future.done():
             self._leave(waiter)
             self.shed += 1
             raise OverloadedError(
-                f"over {self.limit} requests are in flight; retry shortly", retry_after=self._retry_after
+                f"over {self.limit} requests are in flight; retry shortly", retry_after=self.retry_after
             )
         ticket = future.result()
         if self.draining:  # it started draining while this one queued
@@ -426,7 +347,7 @@ class Admission:
         queue = self._waiting.get(waiter.tenant.id)
         if queue is not None:
             queue.remove(waiter)
-            self._queued(-1, self._clock())
+            self._queued(-1, self.clock())
             if not queue:
                 del self._waiting[waiter.tenant.id]
         self._exit(waiter.tenant.id)
@@ -445,7 +366,7 @@ class Admission:
         so as many are refused, no sooner (a faster 503 only brings the next request
         sooner), but the requests admitted have waited milliseconds, not the whole queue."""
         since = self._queued_since
-        return since is not None and now - since >= self._queue_seconds
+        return since is not None and now - since >= self.queue_seconds
 
     def _best_queue(self, now: float) -> str | None:
         """The key whose waiter a free slot goes to: highest priority, then fewest slots
@@ -475,7 +396,7 @@ class Admission:
         granted = False
         while (chosen := self._best_queue(now)) is not None:
             tenant = self._waiting[chosen][0].tenant  # a key's waiters share its tenant
-            if self.in_flight >= self._room(tenant) and not self._below_share(tenant):
+            if self.in_flight >= self._room(tenant) and not self.below_share(tenant):
                 break
             self._grant_to(chosen, now)
             granted = True
@@ -506,7 +427,7 @@ class Admission:
         """Give back the slot taken by :meth:`acquire`; with ``cost``, the request's
         latency (admission to now) feeds the adaptive limit under that cost class.
         ``served`` False: the slot did no work (a probe), and is no completion."""
-        now = self._clock()
+        now = self.clock()
         if cost is not None:
             # the others it shared Triton with: in flight when it came, and admitted since
             # (a request admitted alone, joined at once by a burst, did not run alone)
@@ -568,7 +489,7 @@ class Admission:
             ceiling=limiter.ceiling,
             in_flight=self.in_flight,
             waiting=self.waiting,
-            in_use=self.utilization.read(self._clock()),
+            in_use=self.utilization.read(self.clock()),
             latency_ratio=limiter.sample_ratio,
             probing=limiter.probing,
             protecting=limiter.protecting,
@@ -621,9 +542,7 @@ def build_admission(server: ServerSettings) -> Admission:
                 probe_samples=adaptive.probe_samples,
             )
         )
-    return Admission(
-        limit, server.queue_seconds, server.retry_after_seconds, shed_unread=server.shed_from_headers
-    )
+    return Admission(limit, server.queue_seconds, server.retry_after_seconds)
 
 
 def tenant_of(key: ApiKey, tiers: Mapping[str, TierSettings]) -> Tenant:

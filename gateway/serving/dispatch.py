@@ -17,8 +17,8 @@ on every route.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 from time import perf_counter
 from typing import Any
@@ -27,11 +27,9 @@ from gateway.errors import (
     GatewayError,
     InvalidInputError,
     NotFoundError,
-    ServiceUnavailableError,
     WrongInputKindError,
 )
 from gateway.names import is_version
-from gateway.serving.admission import UnreadBody
 from gateway.serving.call import Answer, Call
 from gateway.serving.caller import Caller, CallerGate, may_use
 from gateway.serving.catalog import Catalog, CatalogEntry
@@ -43,6 +41,7 @@ from gateway.serving.observed import PredictionObserver
 from gateway.serving.oip import InferRequest, bytes_checks, caps_for, check_top_k, parse_infer_request
 from gateway.serving.payload import ClassifyInput
 from gateway.serving.plane import InferencePlane
+from gateway.serving.refusal import Refusals, UnreadBody
 from gateway.serving.rollout import RolloutRunner
 from gateway.serving.validation import resolve_threshold, resolve_top_k
 from gateway.settings import Settings
@@ -72,42 +71,22 @@ class Dispatcher:
         exposure: Exposure,
         observer: PredictionObserver,
         gate: CallerGate | None = None,
+        refusals: Refusals | None = None,
     ) -> None:
         self.gate = gate
+        self.refusals = refusals or Refusals(plane.admission)
         self.exposure = exposure
         self.observer = observer
         self.catalog = catalog
         self.plane = plane
         self.rollouts = rollouts
 
-    # -- admission before the body ------------------------------------------------------
-    @asynccontextmanager
-    async def admission_before_body(self, call: Call, unread: UnreadBody) -> AsyncIterator[None]:
-        """Every request that would be shed is refused from its headers, before a byte of
-        its body is read (Admission.refuses_unread): draining, or no slot free and more
-        requests queued ahead of it than complete within the queue wait. A small body is
-        read away by the server after the answer, which keeps the connection; a large
-        one (or one of unknown length) gets ``Connection: close`` (the server lingers to
-        read it away, so the client reads its answer: gateway.http.server). A refusal to
-        a connection refused moments ago is held a little (gateway.serving.retries).
-
-        A request that declared ``Expect: 100-continue`` waits for a slot first (the queue
-        wait), and is refused if none comes: the 503 goes out before the body is sent (the
-        server sends ``100 Continue`` only when the body is first read). It does not keep
-        the slot while it uploads: a client that asks politely and then sends nothing
-        would hold it for the whole body timeout (max_in_flight such clients starved
-        everyone). Like any other request, it takes its slot once its body is in."""
-        admission = self.plane.admission
-        if admission.refuses_unread(call.tenant):
-            raise await admission.held_refusal(unread, call.tenant)
-        if unread.expects_continue:
-            try:
-                ticket = await admission.acquire(call.tenant)
-            except ServiceUnavailableError as exc:
-                exc.headers = {**exc.headers, "Connection": "close"}
-                raise
-            admission.release(ticket, served=False)
-        yield
+    # -- refusal before the body -------------------------------------------------------
+    def before_body(self, call: Call, unread: UnreadBody) -> AbstractAsyncContextManager[None]:
+        """Every inference route enters this before it reads a body: refused from its
+        headers when the gateway would shed it (gateway.serving.refusal, the one rule
+        every door asks)."""
+        return self.refusals.before_body(call.tenant, unread)
 
     # -- /classify and /models/{model}[/versions/{v}]/classify ------------------------
     def check_model(

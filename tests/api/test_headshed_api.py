@@ -22,13 +22,14 @@ from gateway.http.routes import oip as oip_routes
 from gateway.http.routes import openai as openai_routes
 from gateway.http.routes.classify import classify_request
 from gateway.serving.admission import Admission
+from gateway.serving.refusal import Refusals
 from gateway.settings import Settings
 from gateway.shared.keyfiles import hash_key
 
 from helpers.counters import Totals, moved, totals
 from helpers.support import FakeBackend, ServedApp
 
-REFUSES_UNREAD = Admission.refuses_unread
+REFUSES_UNREAD = Refusals.refuses
 LIMIT = Admission.__dict__["limit"]
 METRICS_LINE = (
     "gateway_requests_total",
@@ -81,7 +82,7 @@ def _served(tmp_path: Path, head: bool) -> ServedApp:
 @pytest.fixture
 def shedding(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every admission sheds from the headers: a full queue that moves too slowly."""
-    monkeypatch.setattr(Admission, "refuses_unread", lambda self, tenant=None: True)
+    monkeypatch.setattr(Refusals, "refuses", lambda self, tenant=None: True)
     monkeypatch.setattr(Admission, "limit", property(lambda self: 0))
 
 
@@ -190,7 +191,7 @@ def test_a_retry_at_once_is_held_and_the_connection_kept(
             retries = [client.post("/classify", headers=PLAIN, **TEXT) for _ in range(3)]
             held = time.monotonic() - started  # 10, 20 and 40 ms (gateway.serving.retries)
             second = retries[-1]
-            monkeypatch.setattr(Admission, "refuses_unread", REFUSES_UNREAD)
+            monkeypatch.setattr(Refusals, "refuses", REFUSES_UNREAD)
             monkeypatch.setattr(Admission, "limit", LIMIT)
             third = client.post("/classify", headers=PLAIN, **TEXT)
             connections = {

@@ -85,6 +85,8 @@ KEYS = {
     "capped-grpc": "capped-grpc-secret",
     "pictures-http": "pictures-http-secret",
     "pictures-grpc": "pictures-grpc-secret",
+    "shed-http": "shed-http-secret",
+    "shed-grpc": "shed-grpc-secret",
 }
 
 
@@ -104,6 +106,8 @@ def stack(triton: TritonServer, tmp_path_factory: pytest.TempPathFactory) -> Ite
         f"capped-grpc {hash_key(KEYS['capped-grpc'])} quota=1/day\n"
         f"pictures-http {hash_key(KEYS['pictures-http'])} image-quota=1/day\n"
         f"pictures-grpc {hash_key(KEYS['pictures-grpc'])} image-quota=1/day\n"
+        f"shed-http {hash_key(KEYS['shed-http'])}\n"
+        f"shed-grpc {hash_key(KEYS['shed-grpc'])}\n"
     )
     log = folder / "predictions.jsonl"
     port = free_port()
@@ -232,11 +236,13 @@ def _counters(stack: Stack) -> Totals:
     return totals(stack.http.get("/metrics").text, ("gateway_requests", "gateway_rejections"))
 
 
-def _neutral(delta: dict[Any, float], route: str) -> dict[Any, float]:
-    """The counts with the door's own route and method taken out (what both must share)."""
+def _neutral(delta: dict[Any, float], route: str, unread: bool = False) -> dict[Any, float]:
+    """The counts with the door's own route and method taken out (what both must share);
+    ``unread``: and the model (a call refused before its message is read names none)."""
+    varies = ("route", "method", "model") if unread else ("route", "method")
     out: dict[Any, float] = {}
     for (name, labels), value in delta.items():
-        kept = tuple((k, v) for k, v in labels if k not in ("route", "method"))
+        kept = tuple((k, v) for k, v in labels if k not in varies)
         routes = [v for k, v in labels if k == "route"]
         if routes and routes[0] != route:
             continue  # the /metrics scrape itself, say
@@ -271,6 +277,7 @@ CASES = [
     Case("version not a number", version="abc"),
     Case("bad tensors", top_k_type="FP32"),
     Case("too large", texts=("x" * 12_000,)),
+    Case("overloaded", key="shed"),
 ]
 # the doors' statuses for each case (the gRPC code is the map's, checked beside)
 EXPECTED = {
@@ -285,12 +292,36 @@ EXPECTED = {
     "version not a number": (404, "INVALID_ARGUMENT"),  # Triton's codes on each door
     "bad tensors": (422, "INVALID_ARGUMENT"),
     "too large": (413, "INVALID_ARGUMENT"),
+    "overloaded": (503, "UNAVAILABLE"),
 }
+# refused before the message is read: the gRPC door cannot know the model the message
+# names (HTTP reads it from the path), so the model is left out of what is compared
+UNREAD = {"overloaded"}
+
+
+def _shed_the_shed_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Overload, as the one rule every door asks decides it (gateway.serving.refusal), for
+    the ``shed`` keys only: a real overload cannot be had on demand for one request of
+    each door, and what is compared here is what each door does with the decision."""
+    from gateway.serving.refusal import Refusals
+
+    real = Refusals.refuses
+
+    def refuses(self: Refusals, tenant: Any = None) -> bool:
+        if tenant is not None and tenant.id.startswith("shed-"):
+            return True
+        return real(self, tenant) if tenant is not None else real(self)
+
+    monkeypatch.setattr(Refusals, "refuses", refuses)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
-def test_both_doors_end_a_case_alike(stack: Stack, case: Case, caplog: pytest.LogCaptureFixture) -> None:
+def test_both_doors_end_a_case_alike(
+    stack: Stack, case: Case, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     caplog.set_level(logging.INFO, logger="gateway.access")
+    if case.key == "shed":
+        _shed_the_shed_keys(monkeypatch)
     outcomes: dict[str, Outcome] = {}
     counted: dict[str, dict[Any, float]] = {}
     lines: dict[str, list[tuple[str, int, str]]] = {}
@@ -304,7 +335,7 @@ def test_both_doors_end_a_case_alike(stack: Stack, case: Case, caplog: pytest.Lo
         outcomes[door] = send(stack, case, request_id)
         route = V2_ROUTE["v" if case.version else ""] if door == "http" else GRPC_ROUTE
         time.sleep(0.05)  # the outcome is recorded as the call ends, after its answer left
-        counted[door] = _neutral(moved(before, _counters(stack)), route)
+        counted[door] = _neutral(moved(before, _counters(stack)), route, case.name in UNREAD)
         assert outcomes[door].request_id == request_id, f"{door} gave back another request id"
         lines[door] = [
             (r.route, r.status, r.model)  # type: ignore[attr-defined]
@@ -321,7 +352,8 @@ def test_both_doors_end_a_case_alike(stack: Stack, case: Case, caplog: pytest.Lo
     # one access-log line each, with the same status and model (the route is the door's)
     route = V2_ROUTE["v" if case.version else ""]
     assert lines["http"] == [(route, http.status, lines["http"][0][2])]
-    assert lines["grpc"] == [(GRPC_ROUTE, http.status, lines["http"][0][2])]
+    model = "" if case.name in UNREAD else lines["http"][0][2]
+    assert lines["grpc"] == [(GRPC_ROUTE, http.status, model)]
     assert counted["http"] == counted["grpc"], "the doors count the case differently"
     assert any(name == "gateway_requests_total" for name, _ in counted["http"])
     # the prediction log: the same record from each door (but the route and the timings)
@@ -329,6 +361,8 @@ def test_both_doors_end_a_case_alike(stack: Stack, case: Case, caplog: pytest.Lo
     for record in (*logged["http"], *logged["grpc"]):
         for varies in ("route", "latency_seconds", "time", "request_id", "trace_id"):
             record.pop(varies, None)
+        if case.name in UNREAD:
+            record.pop("model", None)
         if record["client"]:  # the stateful keys are one per door
             record["client"] = record["client"].removesuffix("-http").removesuffix("-grpc")
     assert logged["http"] == logged["grpc"]

@@ -9,6 +9,7 @@ import asyncio
 import pytest
 
 from gateway.serving.admission import LIGHT_SECONDS, Admission, Tenant
+from gateway.serving.refusal import Refusals
 from gateway.settings import RedisSettings
 from gateway.shared.keyfiles import ApiKey
 from gateway.shared.ratelimit import RateLimiter
@@ -69,9 +70,10 @@ def test_a_bucket_that_still_limits_is_never_forgotten(monkeypatch: pytest.Monke
 def test_keys_pressed_long_ago_are_forgotten_by_admission() -> None:
     clock = Clock()
     admission = Admission(4, queue_seconds=1, retry_after=1, clock=clock)
+    refusals = Refusals(admission)
     for wave in range(4):
         for n in range(2000):
-            admission.refusal(Tenant(f"idp:tenant-{wave}-{n}"), close=False)
+            refusals.refusal(Tenant(f"idp:tenant-{wave}-{n}"), close=False)
         clock.now += LIGHT_SECONDS
     assert len(admission._pressed) <= 4000  # 8,000 before
 

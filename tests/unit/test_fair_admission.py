@@ -13,6 +13,7 @@ import pytest
 
 from gateway.errors import OverloadedError
 from gateway.serving.admission import Admission, StaticLimit, Tenant, Ticket
+from gateway.serving.refusal import Refusals
 
 FLOOD = Tenant("flood")
 QUIET = Tenant("quiet")
@@ -292,7 +293,7 @@ async def test_a_light_keys_requests_beside_a_flood_are_reported_protected() -> 
     admission.release(later, cost="text")
     assert limiter.light[-1] is True
     # nor one refused from its headers
-    assert isinstance(admission.refusal(QUIET), OverloadedError)
+    assert isinstance(Refusals(admission).refusal(QUIET), OverloadedError)
     refused = await admission.acquire(QUIET)
     admission.release(refused, cost="text")
     assert limiter.light[-1] is False

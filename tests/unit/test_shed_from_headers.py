@@ -1,4 +1,4 @@
-"""Admission decides from the headers whether a request would be shed: a long queue that
+"""The refusal before the body (gateway.serving.refusal) decides from the headers whether a request would be shed: a long queue that
 the recent completion rate would not serve within the queue wait; never a cold replica's
 burst, a short queue, or a key under its share."""
 
@@ -11,6 +11,7 @@ from typing import Any
 
 from gateway.errors import OverloadedError, ShuttingDownError
 from gateway.serving.admission import ANONYMOUS, Admission, Tenant, Ticket
+from gateway.serving.refusal import Refusals
 
 LIMIT = 4
 
@@ -65,7 +66,7 @@ async def test_a_cold_replica_lets_a_burst_wait_for_its_slot() -> None:
     admission = Admission(LIMIT, queue_seconds=0.5, retry_after=1, clock=clock)
     _held, waiting = await _full(admission, queued=3 * LIMIT)
     # nothing completed yet: how fast the queue moves is unknown
-    assert not admission.refuses_unread()
+    assert not Refusals(admission).refuses()
     await _cancel(waiting)
 
 
@@ -75,12 +76,12 @@ async def test_a_queue_the_recent_rate_cannot_serve_in_time_is_refused_unread() 
     admission = Admission(LIMIT, queue_seconds=0.5, retry_after=1, clock=clock)
     _complete(admission, clock, count=8, seconds=2.0)  # about 4 a second lately
     _held, waiting = await _full(admission, queued=LIMIT - 1)
-    assert not admission.refuses_unread()  # a queue shorter than the limit: a burst
+    assert not Refusals(admission).refuses()  # a queue shorter than the limit: a burst
     more = [asyncio.create_task(admission.acquire()) for _ in range(2)]
     await asyncio.sleep(0)
     # 5 queued, about 2 served in the 0.5 s wait: this one would be shed
-    assert admission.refuses_unread()
-    refusal = admission.refusal()
+    assert Refusals(admission).refuses()
+    refusal = Refusals(admission).refusal()
     assert isinstance(refusal, OverloadedError)
     assert refusal.headers.get("Connection") == "close"
     await _cancel(waiting + more)
@@ -92,7 +93,7 @@ async def test_a_fast_queue_is_waited_in() -> None:
     admission = Admission(LIMIT, queue_seconds=0.5, retry_after=1, clock=clock)
     _complete(admission, clock, count=400, seconds=2.0)  # about 200 a second: 100 in the wait
     _held, waiting = await _full(admission, queued=3 * LIMIT)
-    assert not admission.refuses_unread()
+    assert not Refusals(admission).refuses()
     await _cancel(waiting)
 
 
@@ -105,8 +106,8 @@ async def test_a_key_under_its_share_is_let_in_past_a_flood() -> None:
     held = [await admission.acquire(flood) for _ in range(admission.limit - admission.reserve)]
     waiting = [asyncio.create_task(admission.acquire(flood)) for _ in range(3 * admission.limit)]
     await asyncio.sleep(0)
-    assert admission.refuses_unread(flood)
-    assert not admission.refuses_unread(quiet)
+    assert Refusals(admission).refuses(flood)
+    assert not Refusals(admission).refuses(quiet)
     await _cancel(waiting)
     del held
 
@@ -115,8 +116,8 @@ async def test_a_key_under_its_share_is_let_in_past_a_flood() -> None:
 async def test_a_draining_gateway_refuses_every_request_unread() -> None:
     admission = Admission(LIMIT, queue_seconds=0.5, retry_after=1)
     admission.start_draining()
-    assert admission.refuses_unread()
-    assert isinstance(admission.refusal(), ShuttingDownError)
+    assert Refusals(admission).refuses()
+    assert isinstance(Refusals(admission).refusal(), ShuttingDownError)
 
 
 @run

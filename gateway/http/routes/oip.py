@@ -215,7 +215,7 @@ async def _infer(request: Request, name: str, version: str) -> Response:
     route = INFER_VERSION if version else INFER
     async with logged(state["prediction_log"], call, route):
         target = state["exposure"].target(name, version, call)  # the pin applies to an unversioned call
-        async with dispatcher.admission_before_body(call, unread_body(request)):
+        async with dispatcher.before_body(call, unread_body(request)):
             json_bytes = byte_count(request.headers.get(HEADER_LENGTH), HEADER_LENGTH)
             with tracing.span("read body"):
                 body = await read_json(

@@ -142,7 +142,7 @@ async def classify(request: Request) -> Response:
     dispatcher = state["dispatcher"]
     async with (
         logged(state["prediction_log"], call, "/v1/classify"),
-        dispatcher.admission_before_body(call, unread_body(request)),
+        dispatcher.before_body(call, unread_body(request)),
     ):
         parsed: ClassifyTaskRequest = await _body(request, state, ClassifyTaskRequest)
         texts = _texts(parsed.input, state["settings"])
@@ -160,7 +160,7 @@ async def embeddings(request: Request) -> Response:
     state = gateway_state(request)
     settings, dispatcher = state["settings"], state["dispatcher"]
     call = new_call(request, state)
-    async with dispatcher.admission_before_body(call, unread_body(request)):
+    async with dispatcher.before_body(call, unread_body(request)):
         parsed: EmbeddingsRequest = await _body(request, state, EmbeddingsRequest)
         texts = _texts(parsed.input, settings)
         vectors = await embed(dispatcher, settings.openai, parsed.model, texts, call)

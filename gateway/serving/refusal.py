@@ -1,0 +1,138 @@
+"""Refusing a request before a byte of its body is read: one decision and one answer for
+every place that can refuse unread.
+
+Three places can: the HTTP protocol once a request's head is parsed
+(gateway.http.headshed), a route before it reads its body (the dispatcher's
+:meth:`Refusals.before_body`, which every inference route enters), and the gRPC door
+before it reads a ``ModelInfer`` message (gateway.rpc.door). All three ask
+:meth:`Refusals.refuses` and answer with :meth:`Refusals.unread_refusal` (or its held form):
+a new door inherits the rule by calling this module, and a change to the rule is made
+once.
+
+The rule (:meth:`Refusals.refuses`): draining; or no slot is free for the caller, at least
+a limit's worth of requests already wait for one, and at the rate requests have completed
+lately they would not all be served within the queue wait. Let in: a burst (a queue
+shorter than the limit), a key under its share, and any request while fewer than a
+limit's worth completed lately (a cold replica or a stalled Triton: nothing says how fast
+the queue moves). Requests still uploading are not counted ahead: a client that opens a
+request and sends its body slowly (or never) must not make the gateway refuse others.
+
+The answer: 503 ``overloaded`` with ``Retry-After`` (``shutting-down`` while draining), with
+``Connection: close`` unless the body is small enough for the server to read away and the
+client is not waiting to send it; held a little when the connection was refused moments
+ago (gateway.serving.retries), so a client retrying in a loop does not spin the gateway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Hashable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from gateway.errors import OverloadedError, ServiceUnavailableError, ShuttingDownError
+from gateway.serving.admission import ANONYMOUS, Admission, Tenant
+from gateway.serving.retries import RetryDamper
+
+
+@dataclass(frozen=True)
+class UnreadBody:
+    """What a request's headers say of its body, before a byte of it is read."""
+
+    expects_continue: bool = False  # the client waits for 100 Continue before sending it
+    small: bool = False  # announced, and small enough for the server to read away
+    connection: Hashable | None = None  # the connection it came on (a retry there waits)
+
+
+class Refusals:
+    """Built once by the runtime beside the admission it judges; every door asks it."""
+
+    def __init__(self, admission: Admission, shed_unread: bool = True) -> None:
+        self.admission = admission
+        self.shed_unread = shed_unread  # off: only a draining gateway refuses unread
+        # a retry that comes at once waits at most the Retry-After it was told to wait
+        retry_after = float(admission.retry_after)
+        self.damper = RetryDamper(longest_seconds=retry_after, forget_seconds=retry_after)
+
+    def armed(self) -> bool:
+        """The cheap test first (every HTTP request head asks): nothing is refused while
+        the queue is shorter than the limit, unless the gateway drains."""
+        admission = self.admission
+        return admission.draining or admission.waiting >= admission.limit
+
+    def refuses(self, tenant: Tenant = ANONYMOUS) -> bool:
+        """Whether a request for ``tenant`` would be shed if it waited for a slot (the
+        module's rule)."""
+        admission = self.admission
+        if admission.draining:
+            return True
+        if not self.shed_unread:
+            return False
+        ahead, limit = admission.waiting, admission.limit
+        if ahead < limit or admission.below_share(tenant):
+            return False
+        completed = admission.throughput.recent(admission.clock())
+        if completed < limit:
+            return False
+        return ahead + 1 > completed / admission.throughput.tau * admission.queue_seconds
+
+    def refusal(self, tenant: Tenant = ANONYMOUS, close: bool = True) -> OverloadedError | ShuttingDownError:
+        """What :meth:`refuses` turns into for ``tenant`` (counted as shed; the key is not a
+        light one for a while). With ``close``, the connection closes after the answer."""
+        admission = self.admission
+        if admission.draining:
+            return admission.shutting_down()
+        admission.refused(tenant)
+        return OverloadedError(
+            f"over {admission.limit} requests are in flight or waiting; retry shortly",
+            retry_after=admission.retry_after,
+            headers={"Connection": "close"} if close else {},
+        )
+
+    def unread_refusal(
+        self, unread: UnreadBody, tenant: Tenant = ANONYMOUS
+    ) -> tuple[OverloadedError | ShuttingDownError, float]:
+        """The refusal of a request :meth:`refuses` sheds, its body unread, and how long to
+        hold it: ``Connection: close`` unless the body is small enough for the server to
+        read away (and the client is not waiting to send it)."""
+        refusal = self.refusal(tenant, close=unread.expects_continue or not unread.small)
+        hold = 0.0 if self.admission.draining else self.hold(unread.connection)
+        return refusal, hold
+
+    async def held_refusal(
+        self, unread: UnreadBody, tenant: Tenant = ANONYMOUS, at_most: float | None = None
+    ) -> OverloadedError | ShuttingDownError:
+        """:meth:`unread_refusal`, its hold waited out (``at_most`` that long: the gRPC
+        door's half of a call's deadline). The HTTP head's hold is a timer in the protocol."""
+        refusal, hold = self.unread_refusal(unread, tenant)
+        if at_most is not None:
+            hold = min(hold, at_most)
+        if hold > 0:
+            await asyncio.sleep(hold)
+        return refusal
+
+    def hold(self, connection: Hashable | None) -> float:
+        """Seconds to hold a refusal to ``connection``: none for its first, longer for each
+        retry that comes at once."""
+        return self.damper.hold(connection, self.admission.clock())
+
+    @asynccontextmanager
+    async def before_body(self, tenant: Tenant, unread: UnreadBody) -> AsyncIterator[None]:
+        """What a route does before it reads a body: refused (raised) if :meth:`refuses`
+        says so, held as a retry is. A request that declared ``Expect: 100-continue``
+        waits for a slot first (the queue wait), and is refused if none comes: the 503
+        goes out before the body is sent (the server sends ``100 Continue`` only when the
+        body is first read). It does not keep the slot while it uploads: a client that
+        asks politely and then sends nothing would hold it for the whole body timeout.
+        Like any other request, it takes its slot once its body is in."""
+        admission = self.admission
+        if self.refuses(tenant):
+            raise await self.held_refusal(unread, tenant)
+        if unread.expects_continue:
+            try:
+                ticket = await admission.acquire(tenant)
+            except ServiceUnavailableError as exc:
+                exc.headers = {**exc.headers, "Connection": "close"}
+                raise
+            admission.release(ticket, served=False)
+        yield
