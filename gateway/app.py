@@ -92,7 +92,7 @@ def create_app(
     app.state.admission = admission
     # Added last = outermost: the request id and telemetry wrap everything else.
     # Innermost: the classify routes answered beneath the framework (gateway.http.fastlane).
-    app.add_middleware(FastLane, routes=classify.router.routes)
+    app.add_middleware(FastLane, routes=classify.router.routes, handler=classify.classify_request)
     app.add_middleware(OipCompression)  # compresses /v2 answers only
     proxies = TrustedProxies(settings.auth.trusted_proxies)
     if runtime.gate.enabled or settings.auth.trusted_proxies:

@@ -28,6 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.errors import ForbiddenError, GatewayError
 from gateway.http.bodies import limited_body
+from gateway.http.paths import ADMIN_PREFIX, ALWAYS_OPEN, DOCS_PREFIXES, METRICS
 from gateway.http.problems import log_problem, problem_response
 from gateway.observe.metrics import GatewayMetrics
 from gateway.serving.caller import Caller, CallerGate, missing_key_error
@@ -36,10 +37,6 @@ from gateway.shared.keyfiles import ApiKey, find_key
 
 if TYPE_CHECKING:
     from gateway.shared.keyfiles import KeyRing
-
-ALWAYS_OPEN = frozenset({"/livez", "/readyz", "/v2/health/live", "/v2/health/ready"})
-DOCS_PREFIXES = ("/docs", "/redoc", "/openapi.json")
-ADMIN_PREFIX = "/admin/"
 
 
 _XFCC = b"x-forwarded-client-cert"
@@ -109,7 +106,7 @@ class AuthMiddleware:
     def _protected(self, path: str) -> bool:
         if path in ALWAYS_OPEN or path.startswith(ADMIN_PREFIX):
             return False  # /admin checks its own keys (gateway.http.routes.admin)
-        if path == "/metrics":
+        if path == METRICS:
             return self.protect_metrics
         if path.startswith(DOCS_PREFIXES):
             return self.protect_docs
@@ -136,7 +133,7 @@ class AuthMiddleware:
             )
             if (
                 self.metrics_readers
-                and scope["path"] == "/metrics"
+                and scope["path"] == METRICS
                 and caller.client not in self.metrics_readers
             ):
                 raise ForbiddenError("this key may not read /metrics (auth.metrics_readers)")

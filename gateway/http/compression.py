@@ -11,6 +11,8 @@ from __future__ import annotations
 from starlette.middleware.gzip import GZipMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway.http.paths import is_oip_infer
+
 # Smaller answers cost more to compress than they save.
 MINIMUM_SIZE = 512
 
@@ -24,7 +26,7 @@ class OipCompression:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"] if scope["type"] == "http" else ""
-        if path.startswith("/v2/") and path.endswith("/infer"):
+        if is_oip_infer(path):
             await self.gzip(scope, receive, send)
         else:
             await self.app(scope, receive, send)

@@ -15,20 +15,21 @@ the reference: the lane never answers differently, only sooner.
 from __future__ import annotations
 
 import re
+from collections.abc import Awaitable
 from dataclasses import dataclass
+from typing import Protocol
 from urllib.parse import parse_qsl
 
 from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.errors import GatewayError
+from gateway.http.paths import CLASSIFY_PATH, classify_template
 from gateway.http.problems import gateway_error_response
-from gateway.http.routes.classify import classify_request, template
 from gateway.settings import TOP_K_CEILING
 
-# path -> (route template, model, version); the segments as FastAPI's {param} matches them
-_PATH = re.compile(r"/(?:classify|models/([^/]+)/(?:versions/([^/]+)/)?classify)")
 _TOP_K = re.compile(r"[1-9][0-9]{0,3}")
 _THRESHOLD = re.compile(r"(?:0\.[0-9]{1,17}|1(?:\.0{1,17})?)")
 
@@ -111,12 +112,12 @@ class ClassifyRoutes:
     def match(self, scope: Scope) -> LaneMatch | None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
             return None
-        match = _PATH.fullmatch(scope["path"])
+        match = CLASSIFY_PATH.fullmatch(scope["path"])
         if match is None:
             return None
         query = _query(scope.get("query_string", b""))
         model, version = match.group(1), match.group(2)
-        route = self._route(template(model, version))
+        route = self._route(classify_template(model, version))
         if query is None or route is None:
             return None
         return LaneMatch(route, query[0], query[1], model, version)
@@ -131,12 +132,27 @@ def enter_route(scope: Scope, lane: LaneMatch) -> None:
     }
 
 
-class FastLane:
-    """Answers the classify routes directly; everything else passes to ``app``."""
+class ClassifyHandler(Protocol):
+    """What the classify routes call (gateway.http.routes.classify.classify_request)."""
 
-    def __init__(self, app: ASGIApp, routes: list[BaseRoute]) -> None:
+    def __call__(
+        self,
+        request: Request,
+        top_k: int | None,
+        threshold: float | None,
+        model: str | None,
+        version: str | None,
+    ) -> Awaitable[Response]: ...
+
+
+class FastLane:
+    """Answers the classify routes directly (``handler``, the routes' own); everything else
+    passes to ``app``."""
+
+    def __init__(self, app: ASGIApp, routes: list[BaseRoute], handler: ClassifyHandler) -> None:
         self.app = app
         self.lane = ClassifyRoutes(routes)
+        self.handler = handler
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         lane = self.lane.match(scope)
@@ -149,7 +165,7 @@ class FastLane:
         enter_route(scope, lane)
         request = Request(scope, receive, send)
         try:
-            response = await classify_request(request, lane.top_k, lane.threshold, lane.model, lane.version)
+            response = await self.handler(request, lane.top_k, lane.threshold, lane.model, lane.version)
         except GatewayError as exc:
             # as the framework's handler would (anything else rises to its 500 handler)
             response = await gateway_error_response(request, exc)

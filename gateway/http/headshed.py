@@ -29,7 +29,6 @@ or CORS on, or ``server.shed_at_head`` off.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from time import perf_counter
 
@@ -42,20 +41,14 @@ from gateway.errors import GatewayError, ServiceUnavailableError
 from gateway.http.auth import TrustedProxies
 from gateway.http.bodies import unread_body_of
 from gateway.http.fastlane import ClassifyRoutes
+from gateway.http.paths import INFER, INFER_VERSION, OIP_INFER_PATH, TASK_ROUTES, classify_template
 from gateway.http.problems import in_door_form, log_problem
-from gateway.http.routes.classify import template
-from gateway.http.routes.oip import INFER, INFER_VERSION
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.outcome import Outcome, record
 from gateway.serving.caller import CallerGate, request_id_of
 from gateway.serving.refusal import Refusals
 from gateway.settings import Settings
 
-# the OIP door's inference paths (gateway.http.routes.oip), as the router matches them
-_OIP_INFER = re.compile(r"/v2/models/([^/]+)/(?:versions/([^/]+)/)?infer")
-# the task routes that refuse from the headers (gateway.http.routes.openai), their
-# templates their paths
-_TASK_ROUTES = frozenset({"/v1/classify", "/v1/embeddings"})
 _NOSNIFF = (b"x-content-type-options", b"nosniff")
 _NO_STORE = (b"cache-control", b"no-store")
 _CLOSE = (b"connection", b"close")
@@ -132,8 +125,8 @@ class HeadShed:
         if lane is None:
             if scope["method"] != "POST" or scope.get("root_path"):
                 return None
-            oip = _OIP_INFER.fullmatch(scope["path"])
-            if oip is None and scope["path"] not in _TASK_ROUTES:
+            oip = OIP_INFER_PATH.fullmatch(scope["path"])
+            if oip is None and scope["path"] not in TASK_ROUTES:
                 return None
         state = scope["state"]
         log = state.get("prediction_log")
@@ -152,7 +145,7 @@ class HeadShed:
         try:  # what the route refuses first: its 404 (its 400 for a version that is none)
             if lane is not None:
                 state["dispatcher"].check_model(lane.model, lane.version, caller)
-                route, model = template(lane.model, lane.version), ""
+                route, model = classify_template(lane.model, lane.version), ""
             elif oip is not None:
                 name, version = oip.group(1), oip.group(2) or ""
                 state["exposure"].target(name, version, caller=caller)

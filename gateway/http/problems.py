@@ -38,6 +38,7 @@ from gateway.errors import (
     UnsupportedImageFormatError,
     summarise_validation_errors,
 )
+from gateway.http.paths import on_oip_door, on_task_door
 from gateway.observe.logs import Sampler
 from gateway.observe.outcome import CLIENT_GONE
 from gateway.observe.tracing import current_trace_id, record_problem
@@ -79,10 +80,10 @@ def in_door_form(body: dict[str, Any], error: GatewayError, path: str) -> str:
     its media type: the Open Inference Protocol's on ``/v2`` (``error``, what tritonclient
     reads), OpenAI's on ``/v1/`` (as its clients, vLLM's and SGLang's parse it), else
     problem+json; the problem members stay alongside."""
-    if path == "/v2" or path.startswith("/v2/"):
+    if on_oip_door(path):
         body["error"] = error.detail
         return "application/json"
-    if path.startswith("/v1/"):
+    if on_task_door(path):
         body["error"] = {
             "message": error.detail,
             "type": _OPENAI_TYPES.get(

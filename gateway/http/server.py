@@ -31,7 +31,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.errors import NotFoundError
-from gateway.http.auth import ADMIN_PREFIX
+from gateway.http.paths import ADMIN_PREFIX
 from gateway.http.problems import problem_response
 from gateway.http.protocol import HeaderTimeoutProtocol
 from gateway.observe.logs import flush_logs

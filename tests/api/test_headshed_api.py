@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from gateway.app import create_app
-from gateway.http import fastlane
 from gateway.http.dependencies import new_call
+from gateway.http.routes import classify as classify_routes
 from gateway.http.routes import oip as oip_routes
 from gateway.http.routes import openai as openai_routes
 from gateway.http.routes.classify import classify_request
@@ -104,7 +104,7 @@ def route_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         ran.append(request.url.path)
         return new_call(request, state)
 
-    monkeypatch.setattr(fastlane, "classify_request", spy)
+    monkeypatch.setattr(classify_routes, "classify_request", spy)  # the lane is given it at build
     monkeypatch.setattr(oip_routes, "_infer", oip_spy)
     monkeypatch.setattr(openai_routes, "new_call", task_spy)  # what the task routes call first
     return ran

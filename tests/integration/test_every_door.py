@@ -30,7 +30,7 @@ from tritonclient.grpc import service_pb2
 from gateway.app import create_app, openapi_document
 from gateway.dev.gatewayprocess import GatewayProcess
 from gateway.dev.tritonserver import TritonServer, free_port
-from gateway.http.auth import ALWAYS_OPEN
+from gateway.http.paths import ALWAYS_OPEN
 from gateway.settings import Settings
 from gateway.shared.keyfiles import hash_key
 

@@ -231,3 +231,19 @@ def test_neither_door_imports_the_other() -> None:
         in {("gateway.http", "gateway.rpc"), ("gateway.rpc", "gateway.http")}
     ]
     assert not crossing, crossing
+
+
+def test_only_the_app_imports_route_modules() -> None:
+    """Code beneath the router (the protocol, the fast lane, the refusal from the head,
+    authentication) takes paths from one table, gateway.http.paths, and is given what it
+    calls: a route module is imported by the app that mounts it, and by nothing else."""
+    graph = _graph()
+    importing = sorted(
+        f"{module} -> {m}"
+        for module, imported in graph.items()
+        for m in imported
+        if m.startswith("gateway.http.routes")
+        and module != "gateway.app"
+        and not module.startswith("gateway.http.routes")
+    )
+    assert not importing, importing

@@ -10,6 +10,7 @@ from fastapi.responses import Response
 from gateway.errors import InvalidInputError
 from gateway.http.bodies import read_classify_input, unread_body
 from gateway.http.dependencies import gateway_state, new_call
+from gateway.http.paths import CLASSIFY, CLASSIFY_MODEL, CLASSIFY_VERSION, classify_template
 from gateway.http.problems import problem_responses
 from gateway.http.schemas import EXAMPLE_PNG_BASE64, ClassifyResponse, classify_response_json
 from gateway.http.tasks import task_response
@@ -18,17 +19,6 @@ from gateway.serving.tasks import classify_every_class
 from gateway.settings import TOP_K_CEILING
 
 router = APIRouter(tags=["classify"])
-# The routes' templates (also what gateway.http.fastlane serves and labels them by).
-CLASSIFY = "/classify"
-CLASSIFY_MODEL = "/models/{model}/classify"
-CLASSIFY_VERSION = "/models/{model}/versions/{version}/classify"
-
-
-def template(model: str | None, version: str | None) -> str:
-    """The route template a classify request with these path parameters matches."""
-    if model is None:
-        return CLASSIFY
-    return CLASSIFY_MODEL if version is None else CLASSIFY_VERSION
 
 
 _BINARY = {"schema": {"type": "string", "format": "binary"}}
@@ -160,7 +150,7 @@ async def classify_request(
     state = gateway_state(request)
     call = new_call(request, state)
     dispatcher = state["dispatcher"]
-    async with logged(state["prediction_log"], call, template(model, version)):
+    async with logged(state["prediction_log"], call, classify_template(model, version)):
         # an unknown model (or one the caller may not use) is refused before its body is read
         dispatcher.check_model(model, version, call.caller)
         # The body is read before admission: a slot bounds work (checks, Triton), and a slow

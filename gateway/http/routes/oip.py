@@ -31,6 +31,7 @@ from gateway.http.dependencies import (
     gateway_state,
     new_call,
 )
+from gateway.http.paths import INFER, INFER_VERSION, OIP_PREFIX, relative
 from gateway.http.problems import problem_responses as _problem_responses
 from gateway.serving.caller import Caller
 from gateway.serving.exposure import Exposure
@@ -54,7 +55,7 @@ def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return _problem_responses(*statuses, media_type="application/json")
 
 
-router = APIRouter(prefix="/v2", tags=["open inference protocol"])
+router = APIRouter(prefix=OIP_PREFIX, tags=["open inference protocol"])
 
 
 # Unconstrained on purpose: a name off the allow-list or a version that is not a number is
@@ -253,12 +254,8 @@ INFER_DOC = {
 }
 
 
-INFER = "/v2/models/{model_name}/infer"
-INFER_VERSION = "/v2/models/{model_name}/versions/{model_version}/infer"
-
-
 @router.post(
-    "/models/{model_name}/infer",
+    relative(INFER, OIP_PREFIX),
     summary="Inference (OIP)",
     responses=problem_responses(400, 404, 408, 413, 422, 502, 503, 504),
     openapi_extra=INFER_DOC,
@@ -268,7 +265,7 @@ async def infer(request: Request, model_name: ModelName) -> Response:
 
 
 @router.post(
-    "/models/{model_name}/versions/{model_version}/infer",
+    relative(INFER_VERSION, OIP_PREFIX),
     summary="Inference on one model version (OIP)",
     responses=problem_responses(400, 404, 408, 413, 422, 502, 503, 504),
     openapi_extra=INFER_DOC,

@@ -28,6 +28,7 @@ from gateway import jsoncodec
 from gateway.errors import InvalidInputError, summarise_validation_errors
 from gateway.http.bodies import read_json, unread_body
 from gateway.http.dependencies import GatewayState, gateway_state, new_call
+from gateway.http.paths import TASK_CLASSIFY, TASK_EMBEDDINGS, TASK_PREFIX, relative
 from gateway.http.problems import problem_responses
 from gateway.http.tasks import ClassifyTaskResponse, Usage, task_response
 from gateway.names import TEXT_TASK
@@ -38,7 +39,7 @@ from gateway.serving.tasks import classify_every_class, embed
 from gateway.serving.validation import check_count, normalize_text
 from gateway.settings import Settings
 
-router = APIRouter(prefix="/v1", tags=["openai"])
+router = APIRouter(prefix=TASK_PREFIX, tags=["openai"])
 
 TextInput = Annotated[
     StrictStr | list[StrictStr], Field(description="One text or several, answered in order.")
@@ -131,7 +132,7 @@ def _json(model: BaseModel) -> Response:
 
 
 @router.post(
-    "/classify",
+    relative(TASK_CLASSIFY, TASK_PREFIX),
     summary="Classify texts as vLLM, SGLang and Dynamo do (probs over every class)",
     response_model=ClassifyTaskResponse,
     responses=problem_responses(400, 404, 408, 413, 422, 503, 504, media_type="application/json"),
@@ -141,7 +142,7 @@ async def classify(request: Request) -> Response:
     call = new_call(request, state)
     dispatcher = state["dispatcher"]
     async with (
-        logged(state["prediction_log"], call, "/v1/classify"),
+        logged(state["prediction_log"], call, TASK_CLASSIFY),
         dispatcher.before_body(call, unread_body(request)),
     ):
         parsed: ClassifyTaskRequest = await _body(request, state, ClassifyTaskRequest)
@@ -151,7 +152,7 @@ async def classify(request: Request) -> Response:
 
 
 @router.post(
-    "/embeddings",
+    relative(TASK_EMBEDDINGS, TASK_PREFIX),
     summary="Embed texts as OpenAI's embeddings API does",
     response_model=EmbeddingsResponse,
     responses=problem_responses(400, 404, 408, 413, 422, 503, 504, media_type="application/json"),
