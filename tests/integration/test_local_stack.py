@@ -32,6 +32,18 @@ def _health(port: int) -> str:
     return str(health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status))
 
 
+def _readme_image() -> Path:
+    """The file the README's first curl uploads (``curl -F file=@<path> ...``), in the clone."""
+    import re
+
+    root = Path(__file__).resolve().parents[2]
+    found = re.search(r"curl -F file=@(\S+) localhost:8080/classify", (root / "README.md").read_text())
+    assert found, "the README's first curl is not an image upload any more"
+    path = root / found.group(1)
+    assert path.is_file(), f"the README's first curl uploads {found.group(1)}, which the clone lacks"
+    return path
+
+
 def _tritonservers_in(workdir: Path) -> list[int]:
     """PIDs of tritonserver processes using this workdir (its backends dir is only on their command line)."""
     text = f"--backend-directory={workdir / 'backends'}"
@@ -95,8 +107,10 @@ def test_local_command_serves_and_shuts_down_cleanly(
             time.sleep(0.1)
         assert banner in (tmp_path / "local.log").read_text()
 
+        # the README's first curl, with the image it names (shipped in the clone)
+        photo = _readme_image()
         response = httpx.post(
-            f"http://127.0.0.1:{port}/classify", files={"file": ("cat.jpg", chelsea_jpeg())}, timeout=60
+            f"http://127.0.0.1:{port}/classify", files={"file": (photo.name, photo.read_bytes())}, timeout=60
         )
         assert response.json()["results"][0]["predictions"][0]["label"] in CATS
         assert _tritonservers_in(workdir), "tritonserver should be running"
