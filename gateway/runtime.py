@@ -37,6 +37,7 @@ from gateway.serving.dispatch import Dispatcher
 from gateway.serving.exposure import Exposure
 from gateway.serving.guard import GuardedBackend
 from gateway.serving.observed import PredictionObserver
+from gateway.serving.oipcall import OipCalls
 from gateway.serving.plane import InferencePlane
 from gateway.serving.readiness import Readiness
 from gateway.serving.refusal import Refusals
@@ -120,6 +121,7 @@ class Services:
     exposure: Exposure
     gate: CallerGate
     budget: BodyBudget
+    oip_calls: OipCalls
 
 
 class Runtime:
@@ -290,6 +292,7 @@ class Runtime:
                 exposure=exposure,
                 gate=self.gate,
                 budget=self.budget,
+                oip_calls=OipCalls(dispatcher, exposure, prediction_log, settings),
             )
             if settings.grpc.port:
                 stack.push_async_callback((await self._grpc_door(services)).stop, settings.grpc.grace_seconds)
@@ -317,6 +320,7 @@ class Runtime:
             services.budget,
             services.prediction_log,
             services.readiness,
+            services.oip_calls,
         )
         return await serve(
             door,

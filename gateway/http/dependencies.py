@@ -16,12 +16,14 @@ from gateway.observe.metrics import GatewayMetrics, TritonMetricsScraper
 from gateway.observe.predictionlog import PredictionLog
 from gateway.observe.tracing import Tracing
 from gateway.serving.admission import Admission
+from gateway.serving.budget import BodyBudget
 from gateway.serving.call import Call
-from gateway.serving.caller import Caller
+from gateway.serving.caller import Caller, CallerGate
 from gateway.serving.catalog import Catalog
 from gateway.serving.control import ModelControl, RoutingControl
 from gateway.serving.dispatch import Dispatcher
 from gateway.serving.exposure import Exposure
+from gateway.serving.oipcall import OipCalls
 from gateway.serving.plane import InferencePlane
 from gateway.serving.readiness import Readiness
 from gateway.serving.rollout import RolloutRunner
@@ -54,6 +56,9 @@ class GatewayState(TypedDict):
     quotas: QuotaKeeper
     readiness: Readiness
     exposure: Exposure
+    gate: CallerGate
+    budget: BodyBudget
+    oip_calls: OipCalls
     # per request: set by the telemetry and caller middlewares, and the route
     request_id: NotRequired[str]
     caller: NotRequired[Caller]  # who called (gateway.serving.caller)

@@ -52,7 +52,7 @@ from gateway.serving.caller import Caller, CallerGate, request_id_of
 from gateway.serving.dispatch import Dispatcher
 from gateway.serving.exposure import Exposure
 from gateway.serving.oip import EXTENSIONS, GATEWAY_NAME, SERVER_NAME
-from gateway.serving.predictions import logged
+from gateway.serving.oipcall import OipAnswer, OipBody, OipCalls
 from gateway.serving.readiness import Readiness
 from gateway.serving.refusal import UnreadBody
 from gateway.settings import Settings
@@ -196,6 +196,7 @@ class InferenceDoor:
         budget: BodyBudget,
         prediction_log: PredictionLog,
         readiness: Readiness,
+        oip_calls: OipCalls,
     ) -> None:
         self.settings = settings
         self.dispatcher = dispatcher
@@ -207,6 +208,7 @@ class InferenceDoor:
         self.budget = budget
         self.prediction_log = prediction_log
         self._readiness = readiness
+        self.oip_calls = oip_calls
         # the largest OIP request the gateway takes (and its answer), no larger than one
         # call reading and checking it can hold within the body budget
         self.max_message_bytes = min(
@@ -342,45 +344,56 @@ class InferenceDoor:
         the outputs. The caller is known, and refused, before a byte of the message is read."""
         held: list[Reservation] = []
         try:
-            async with (
-                self._rpc("ModelInfer", rpc) as call,
-                # refusals included, as /v2 logs them (its route refuses inside the log too)
-                logged(self.prediction_log, call, SERVICE + "ModelInfer"),
-            ):
-                # shed from its metadata, unread, as HTTP sheds from the headers (the one
-                # rule: gateway.serving.refusal)
-                refusals = self.dispatcher.refusals
-                if refusals.refuses(call.tenant):
-                    # held as HTTP holds a refusal (gateway.serving.retries), keyed by the
-                    # call's HTTP/2 connection: a channel multiplexes its calls on one, so
-                    # its concurrent calls are a streak too; never past half the call's
-                    # deadline (the client hears UNAVAILABLE, not DEADLINE_EXCEEDED)
-                    connection = None if rpc.peer is None else ("grpc", rpc.peer())
-                    unread = UnreadBody(small=True, connection=connection)
-                    raise await refusals.held_refusal(
-                        unread, call.tenant, None if deadline is None else deadline / 2
-                    )
+            async with self._rpc("ModelInfer", rpc) as call:
+                # refused from its metadata, unread, as HTTP refuses from the headers, and
+                # held as HTTP holds a refusal (gateway.serving.retries), keyed by the call's
+                # HTTP/2 connection: a channel multiplexes its calls on one, so its
+                # concurrent calls are a streak too; never past half the call's deadline
+                # (the client hears UNAVAILABLE, not DEADLINE_EXCEEDED)
+                peer = rpc.peer
+                unread = UnreadBody(
+                    small=True, connection_of=None if peer is None else lambda: ("grpc", peer())
+                )
+                messages: list[InferMessage] = []
 
-                async def work() -> Answered:
+                async def read_message() -> OipBody:
                     message, reservation = await self._read(read, call)
                     held.append(reservation)
                     assert message is not None  # a unary call's read raises instead
-                    return await self._answer(call, message)
+                    messages.append(message)
+                    return self._body(call, message)
 
-                return await self._bounded(work(), deadline)
+                done = await self._bounded(
+                    self.oip_calls.infer(
+                        call,
+                        SERVICE + "ModelInfer",
+                        unread,
+                        read_message,
+                        hold_at_most=None if deadline is None else deadline / 2,
+                    ),
+                    deadline,
+                )
+                return self._answered(messages[0], done)
         finally:
             for reservation in held:
                 reservation.release()
 
-    async def _answer(self, call: Call, message: InferMessage) -> Answered:
+    @staticmethod
+    def _body(call: Call, message: InferMessage) -> OipBody:
         call.labels["body_bytes"] = message.size
-        call.model = self._label(message.name) or None
-        # the pin applies to an unversioned call
-        target = self.exposure.target(message.name, message.version, caller=call.caller)
-        _, answer, served = await self.dispatcher.infer_request(
-            target, message.header, message.binary, len(message.binary), call, self.settings
-        )
-        return message, served.name, answer.model_version, list(answer.outputs.values())
+        return OipBody(message.header, message.binary, len(message.binary), message.name, message.version)
+
+    @classmethod
+    def _already_read(cls, call: Call, message: InferMessage) -> Callable[[], Awaitable[OipBody]]:
+        async def read() -> OipBody:
+            return cls._body(call, message)
+
+        return read
+
+    @staticmethod
+    def _answered(message: InferMessage, done: OipAnswer) -> Answered:
+        outputs = list(done.result.outputs.values())
+        return message, done.served.name, done.result.model_version, outputs
 
     async def stream(
         self,
@@ -409,8 +422,18 @@ class InferenceDoor:
                     if message is None:  # the stream's end: no call, its admission unused
                         scope.recorded = True
                         return
-                    async with logged(self.prediction_log, call, SERVICE + "ModelStreamInfer"):
-                        answered = await self._bounded(self._answer(call, message), deadline())
+                    # the sequence ModelInfer and /v2 share (the refusal from the one rule
+                    # included: no hold, the stream's connection is not a retry's)
+                    done = await self._bounded(
+                        self.oip_calls.infer(
+                            call,
+                            SERVICE + "ModelStreamInfer",
+                            UnreadBody(small=True),
+                            self._already_read(call, message),  # read: its end was to be seen
+                        ),
+                        deadline(),
+                    )
+                    answered = self._answered(message, done)
             except InvalidInputError as error:  # not a ModelInferRequest, or refused by the checks
                 await write(error)
             except GatewayError as error:

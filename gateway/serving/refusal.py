@@ -26,7 +26,7 @@ ago (gateway.serving.retries), so a client retrying in a loop does not spin the 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Hashable
+from collections.abc import AsyncIterator, Callable, Hashable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -42,6 +42,13 @@ class UnreadBody:
     expects_continue: bool = False  # the client waits for 100 Continue before sending it
     small: bool = False  # announced, and small enough for the server to read away
     connection: Hashable | None = None  # the connection it came on (a retry there waits)
+    # or how to name it, asked only when refused (gRPC's peer is a call into its core)
+    connection_of: Callable[[], Hashable] | None = None
+
+    def named_connection(self) -> Hashable | None:
+        if self.connection is None and self.connection_of is not None:
+            return self.connection_of()
+        return self.connection
 
 
 class Refusals:
@@ -96,7 +103,7 @@ class Refusals:
         hold it: ``Connection: close`` unless the body is small enough for the server to
         read away (and the client is not waiting to send it)."""
         refusal = self.refusal(tenant, close=unread.expects_continue or not unread.small)
-        hold = 0.0 if self.admission.draining else self.hold(unread.connection)
+        hold = 0.0 if self.admission.draining else self.hold(unread.named_connection())
         return refusal, hold
 
     async def held_refusal(
@@ -117,17 +124,20 @@ class Refusals:
         return self.damper.hold(connection, self.admission.clock())
 
     @asynccontextmanager
-    async def before_body(self, tenant: Tenant, unread: UnreadBody) -> AsyncIterator[None]:
+    async def before_body(
+        self, tenant: Tenant, unread: UnreadBody, hold_at_most: float | None = None
+    ) -> AsyncIterator[None]:
         """What a route does before it reads a body: refused (raised) if :meth:`refuses`
         says so, held as a retry is. A request that declared ``Expect: 100-continue``
         waits for a slot first (the queue wait), and is refused if none comes: the 503
         goes out before the body is sent (the server sends ``100 Continue`` only when the
         body is first read). It does not keep the slot while it uploads: a client that
         asks politely and then sends nothing would hold it for the whole body timeout.
-        Like any other request, it takes its slot once its body is in."""
+        Like any other request, it takes its slot once its body is in. A refusal is held
+        at most ``hold_at_most`` seconds (the gRPC door's half of a call's deadline)."""
         admission = self.admission
         if self.refuses(tenant):
-            raise await self.held_refusal(unread, tenant)
+            raise await self.held_refusal(unread, tenant, hold_at_most)
         if unread.expects_continue:
             try:
                 ticket = await admission.acquire(tenant)

@@ -46,7 +46,7 @@ from gateway.serving.oip import (
     encode_infer_response,
     oip_bounds,
 )
-from gateway.serving.predictions import logged
+from gateway.serving.oipcall import OipBody
 from gateway.settings import Settings
 
 
@@ -211,28 +211,29 @@ async def model_version_ready(
 
 async def _infer(request: Request, name: str, version: str) -> Response:
     state = gateway_state(request)
-    settings, tracing, dispatcher = state["settings"], state["tracing"], state["dispatcher"]
+    settings, tracing = state["settings"], state["tracing"]
     call = new_call(request, state)
-    route = INFER_VERSION if version else INFER
-    async with logged(state["prediction_log"], call, route):
-        target = state["exposure"].target(name, version, call)  # the pin applies to an unversioned call
-        async with dispatcher.before_body(call, unread_body(request)):
-            json_bytes = byte_count(request.headers.get(HEADER_LENGTH), HEADER_LENGTH)
-            with tracing.span("read body"):
-                body = await read_json(
-                    request,
-                    settings.max_json_body_bytes,
-                    settings.server.body_timeout_seconds,
-                    oip_bounds(settings),
-                    state["workers"],
-                    json_bytes,
-                )
-            parsed, answer, served = await dispatcher.infer_request(
-                target, body.document, body.rest, body.size, call, settings
+
+    async def read() -> OipBody:
+        json_bytes = byte_count(request.headers.get(HEADER_LENGTH), HEADER_LENGTH)
+        with tracing.span("read body"):
+            body = await read_json(
+                request,
+                settings.max_json_body_bytes,
+                settings.server.body_timeout_seconds,
+                oip_bounds(settings),
+                state["workers"],
+                json_bytes,
             )
+        return OipBody(body.document, body.rest, body.size)
+
+    # the sequence both doors share (gateway.serving.oipcall); the model is the path's
+    route = INFER_VERSION if version else INFER
+    done = await state["oip_calls"].infer(call, route, unread_body(request), read, named=(name, version))
+    answer, parsed = done.result, done.request
     outputs = list(answer.outputs.values())
     content, header_length = encode_infer_response(
-        served.name, answer.model_version, parsed.id, outputs, parsed.binary_outputs
+        done.served.name, answer.model_version, parsed.id, outputs, parsed.binary_outputs
     )
     if header_length is None:
         return Response(content, media_type="application/json")
