@@ -307,6 +307,7 @@ class Runtime:
         """The gRPC door, a peer of the HTTP app on the same services."""
         from gateway.rpc.door import InferenceDoor
         from gateway.rpc.service import serve
+        from gateway.shared.certificates import TrustedProxies
 
         settings = services.settings
         door = InferenceDoor(
@@ -330,6 +331,7 @@ class Runtime:
             settings.grpc.max_concurrent_calls,
             settings.grpc.max_streams_per_connection,
             tls=_door_tls(settings),
+            proxies=TrustedProxies(settings.auth.trusted_proxies),
         )
 
 

@@ -460,8 +460,8 @@ class AuthSettings(BaseModel):
         default_factory=list,
         description="Addresses or networks (CIDR, JSON list) of the proxies that terminate client TLS "
         "in front of the gateway (Envoy, Istio): from them only, Envoy's x-forwarded-client-cert "
-        "names the caller as a client certificate does on the gRPC door; from anyone else it is "
-        "ignored.",
+        "(an HTTP header or gRPC metadata) names the caller as a client certificate does on the gRPC "
+        "door; from anyone else it is ignored.",
     )
     jwks_refresh_seconds: float = Field(
         300.0,

@@ -18,7 +18,6 @@ opens it, and an admin body has its own small cap and deadline.
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
@@ -32,7 +31,7 @@ from gateway.http.paths import ADMIN_PREFIX, ALWAYS_OPEN, DOCS_PREFIXES, METRICS
 from gateway.http.problems import log_problem, problem_response
 from gateway.observe.metrics import GatewayMetrics
 from gateway.serving.caller import Caller, CallerGate, missing_key_error
-from gateway.shared.certificates import forwarded_certificate
+from gateway.shared.certificates import TrustedProxies as ForwardingProxies
 from gateway.shared.keyfiles import ApiKey, find_key
 
 if TYPE_CHECKING:
@@ -43,25 +42,21 @@ _XFCC = b"x-forwarded-client-cert"
 
 
 class TrustedProxies:
-    """The peers whose ``x-forwarded-client-cert`` is believed (auth.trusted_proxies)."""
+    """The peers whose ``x-forwarded-client-cert`` is believed (auth.trusted_proxies), on
+    a request's scope (gateway.shared.certificates.TrustedProxies: the gRPC door's too)."""
 
     def __init__(self, networks: list[str]) -> None:
-        self._networks = [ipaddress.ip_network(n, strict=False) for n in networks]
+        self._trusted = ForwardingProxies(networks)
 
     def certified(self, scope: Scope) -> str | None:
         """The forwarded client certificate's name, when a trusted proxy forwarded it
-        (gateway.shared.certificates: 401 for one whose name is not usable)."""
-        if not self._networks:
+        (401 for one whose name is not usable)."""
+        if not self._trusted:
             return None
         client = scope.get("client")
-        try:
-            peer = ipaddress.ip_address(client[0]) if client else None
-        except ValueError:
-            return None
-        if peer is None or not any(peer in network for network in self._networks):
-            return None  # from anyone else, the header is ignored
         # every value of the header, in order: the nearest proxy's element is the last
-        return forwarded_certificate(value for name, value in scope.get("headers", []) if name == _XFCC)
+        values = (value for name, value in scope.get("headers", []) if name == _XFCC)
+        return self._trusted.certified(client[0] if client else None, values)
 
 
 def identify(keys: list[ApiKey], scope: Scope) -> ApiKey | None:

@@ -56,7 +56,7 @@ from gateway.serving.oip import (
     NOT_SERVED_SETTINGS,
     NOT_SERVED_SHARED_MEMORY,
 )
-from gateway.shared.certificates import verified_name
+from gateway.shared.certificates import XFCC, TrustedProxies, grpc_peer_address, verified_name
 from gateway.triton.tensors import DTYPES, Tensor, encode_bytes
 from gateway.triton.wire import (
     RAW_OUTPUT_TAG,
@@ -226,11 +226,14 @@ def stream_response(answer: bytes) -> bytes:
 class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     """The servicer: each RPC to the door, its refusals to gRPC status codes."""
 
-    def __init__(self, door: Door, certifies: bool = False) -> None:
+    def __init__(self, door: Door, certifies: bool = False, proxies: TrustedProxies | None = None) -> None:
         self._door = door
         # clients present certificates only over TLS with a client CA: without one, the
         # call's auth context (a dict built per call) has no name to give
         self._certifies = certifies
+        # a mesh proxy that terminated the client's mTLS forwards what it verified (XFCC),
+        # believed from the proxies auth.trusted_proxies names, as on the HTTP door
+        self._proxies = proxies if proxies else None
 
     async def _run(self, context: Any, work: Callable[[Rpc], Awaitable[T]]) -> T:
         """``work`` on the call's metadata, a refusal aborted with its code. What the door
@@ -243,6 +246,11 @@ class InferenceService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: 
         try:
             if self._certifies:
                 rpc.certified = certified_name(context.auth_context())
+            if rpc.certified is None and self._proxies is not None:
+                rpc.certified = self._proxies.certified(
+                    grpc_peer_address(context.peer()),
+                    (v.encode("latin-1") for k, v in rpc.metadata if k == XFCC and isinstance(v, str)),
+                )
             result = await work(rpc)
         except GatewayError as error:
             code, detail = grpc_code(error), error.detail
@@ -558,6 +566,7 @@ async def serve(
     max_streams: int,
     health_seconds: float = 2.0,
     tls: tuple[bytes, bytes, bytes | None] | None = None,
+    proxies: TrustedProxies | None = None,
 ) -> FrontDoor:
     """Start the gRPC door on ``host:port`` (an aio server, on the running loop), with the
     health service; at most ``max_calls`` calls at once (more: RESOURCE_EXHAUSTED at once)
@@ -575,7 +584,8 @@ async def serve(
         ],
         maximum_concurrent_rpcs=max_calls,
     )
-    handlers = _handlers(InferenceService(door, certifies=tls is not None and tls[2] is not None))
+    certifies = tls is not None and tls[2] is not None
+    handlers = _handlers(InferenceService(door, certifies, proxies))
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
     health = DoorHealth(max_message_bytes)

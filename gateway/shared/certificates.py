@@ -18,8 +18,10 @@ Names live in a namespace of their own (``cert:<name>``): gateway.serving.caller
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Iterable, Sequence
+from urllib.parse import unquote
 
 from cryptography import x509
 from cryptography.x509.oid import ExtensionOID, NameOID
@@ -148,3 +150,43 @@ def forwarded_certificate(values: Iterable[bytes]) -> str | None:
         except ValueError:
             raise _refused("its subject is not an RFC 4514 distinguished name") from None
     return certificate_name(name, uris, dns)
+
+
+XFCC = "x-forwarded-client-cert"
+
+
+class TrustedProxies:
+    """The peers whose ``x-forwarded-client-cert`` is believed (``auth.trusted_proxies``),
+    on either door: a mesh's proxy (Envoy, Istio) terminates the client's mTLS and
+    forwards what it verified, over HTTP and gRPC alike."""
+
+    def __init__(self, networks: Sequence[str]) -> None:
+        self._networks = [ipaddress.ip_network(n, strict=False) for n in networks]
+
+    def __bool__(self) -> bool:
+        return bool(self._networks)
+
+    def certified(self, peer: str | None, values: Iterable[bytes]) -> str | None:
+        """The forwarded client certificate's name when ``peer`` (an address) is a trusted
+        proxy and the header (``values``, every one, in order) names one; 401 for one
+        whose name is not usable. From anyone else the header is ignored."""
+        if not self._networks or not peer:
+            return None
+        try:
+            address = ipaddress.ip_address(peer)
+        except ValueError:
+            return None
+        if not any(address in network for network in self._networks):
+            return None
+        return forwarded_certificate(values)
+
+
+def grpc_peer_address(peer: str) -> str | None:
+    """The address in gRPC's peer string (``ipv4:10.0.0.1:5000``, ``ipv6:[::1]:5000``, the
+    latter percent-encoded by recent releases: ``ipv6:%5B::1%5D:5000``)."""
+    kind, _, rest = unquote(peer).partition(":")
+    if kind == "ipv4":
+        return rest.rpartition(":")[0] or None
+    if kind == "ipv6":
+        return rest.rpartition(":")[0].strip("[]") or None
+    return None

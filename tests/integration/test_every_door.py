@@ -1,7 +1,8 @@
 """An adversary that walks every door: every HTTP route the app serves (from its own
 route table, the admin surface included) and every method of Triton's gRPC service (from
-its descriptor), for each kind of caller (none, a bad key, a key limited to one model),
-against a real gateway in front of the real Triton. A route or method added without the
+its descriptor), for each kind of caller (none, a bad key, and limited to one model: a key,
+a token from a real OpenID provider, a certificate a trusted proxy forwards), against a
+real gateway in front of the real Triton. A route or method added without the
 front door's rules fails here:
 
 - a caller that is not known is refused before its body is read: the answer comes while
@@ -34,6 +35,8 @@ from gateway.http.paths import ALWAYS_OPEN
 from gateway.settings import Settings
 from gateway.shared.keyfiles import hash_key
 
+from helpers.oidc import AUDIENCE, OidcProvider
+
 LINGER = 2.0
 SERVICE = "inference.GRPCInferenceService"
 FULL, LIMITED, ADMIN = "full-secret", "texts-secret", "admin-secret"
@@ -64,12 +67,26 @@ def _concrete(template: str, model: str = "text_classifier") -> str:
 
 
 @pytest.fixture(scope="module")
+def provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OidcProvider]:
+    provider = OidcProvider(
+        tmp_path_factory.mktemp("every-door-idp"), clients={"texts": {"models": ["text_classifier"]}}
+    )
+    provider.start()
+    yield provider
+    provider.stop()
+
+
+@pytest.fixture(scope="module")
 def door(
-    triton: TritonServer, tmp_path_factory: pytest.TempPathFactory
+    triton: TritonServer, tmp_path_factory: pytest.TempPathFactory, provider: OidcProvider
 ) -> Iterator[tuple[GatewayProcess, str]]:
     folder = tmp_path_factory.mktemp("every-door")
     keys = folder / "keys"
-    keys.write_text(f"full {hash_key(FULL)}\ntexts {hash_key(LIMITED)} models=text_classifier\n")
+    keys.write_text(
+        f"full {hash_key(FULL)}\ntexts {hash_key(LIMITED)} models=text_classifier\n"
+        "cert:lab - models=text_classifier\n"
+    )
+    issuer = {"issuer": provider.issuer, "audience": AUDIENCE, "models_claim": "models", "name": "idp"}
     admin = folder / "admin-keys"
     admin.write_text(f"operator {hash_key(ADMIN)}\n")
     port = free_port()
@@ -82,6 +99,9 @@ def door(
             "GATEWAY_GRPC__PORT": str(port),
             "GATEWAY_GRPC__HOST": "127.0.0.1",
             "GATEWAY_SERVER__LINGER_SECONDS": str(LINGER),
+            "GATEWAY_AUTH__OIDC": json.dumps([issuer]),
+            # a proxy on this host forwards verified certificates (Envoy's XFCC)
+            "GATEWAY_AUTH__TRUSTED_PROXIES": '["127.0.0.1/32"]',
         },
     ).wait()
     yield gateway, f"127.0.0.1:{port}"
@@ -156,16 +176,17 @@ def test_every_route_refuses_an_unknown_caller_unread_and_lets_go_of_it(
     assert not problems, "\n".join(problems)
 
 
-def _answer(port: int, path: str, method: str, key: str, model: str) -> tuple[int, dict[str, object]]:
+def _answer(port: int, path: str, method: str, credential: str, model: str) -> tuple[int, dict[str, object]]:
     """The status and document of an answer, the model's name (which the request gives)
-    and what differs between any two answers (request id, instance) taken out."""
+    and what differs between any two answers (request id, instance) taken out;
+    ``credential`` is a header line naming the caller."""
     body = json.dumps(
         {"text": "a match", "inputs": [], "model": path.split("/")[2] if "/" in path else ""}
     ).encode()
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         head = (
             f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"Authorization: Bearer {key}\r\nConnection: close\r\nContent-Length: {len(body)}\r\n\r\n"
+            f"{credential}\r\nConnection: close\r\nContent-Length: {len(body)}\r\n\r\n"
         )
         sock.sendall(head.encode() + body)
         data = b""
@@ -184,8 +205,21 @@ def _answer(port: int, path: str, method: str, key: str, model: str) -> tuple[in
     return status, json.loads(text) if isinstance(document, dict) else {"list": json.loads(text)}
 
 
-def test_a_model_the_key_may_not_use_answers_as_a_missing_one(door: tuple[GatewayProcess, str]) -> None:
+def _credential(kind: str, provider: OidcProvider) -> str:
+    """A header line naming a caller limited to text_classifier, of each kind."""
+    if kind == "key":
+        return f"Authorization: Bearer {LIMITED}"
+    if kind == "token":
+        return f"Authorization: Bearer {provider.token('texts')}"
+    return 'X-Forwarded-Client-Cert: Hash=ab;Subject="CN=lab"'  # kind == "certificate"
+
+
+@pytest.mark.parametrize("kind", ["key", "token", "certificate"])
+def test_a_model_the_caller_may_not_use_answers_as_a_missing_one(
+    door: tuple[GatewayProcess, str], provider: OidcProvider, kind: str
+) -> None:
     gateway, _ = door
+    credential = _credential(kind, provider)
     named = [
         (t, m)
         for t, m in _routes()
@@ -195,16 +229,19 @@ def test_a_model_the_key_may_not_use_answers_as_a_missing_one(door: tuple[Gatewa
     problems = []
     for template, method in named:
         forbidden = _answer(
-            gateway.port, _concrete(template, "image_classifier"), method, LIMITED, "image_classifier"
+            gateway.port, _concrete(template, "image_classifier"), method, credential, "image_classifier"
         )
         missing = _answer(
-            gateway.port, _concrete(template, "no_such_model"), method, LIMITED, "no_such_model"
+            gateway.port, _concrete(template, "no_such_model"), method, credential, "no_such_model"
         )
         if forbidden != missing:
             problems.append(f"{method} {template}: forbidden {forbidden} but missing {missing}")
         if forbidden[0] >= 500:
             problems.append(f"{method} {template}: {forbidden[0]}")
     assert not problems, "\n".join(problems)
+    # and the caller is the one it says: its own model answers
+    own = _answer(gateway.port, "/v2/models/text_classifier", "GET", credential, "text_classifier")
+    assert own[0] == 200, own
 
 
 def _methods() -> list[tuple[str, bool]]:
@@ -256,11 +293,13 @@ def test_every_grpc_method_refuses_an_unknown_caller_before_its_message(
     assert codes == dict.fromkeys(codes, "StatusCode.UNAUTHENTICATED"), codes
 
 
-def test_a_model_the_key_may_not_use_answers_as_a_missing_one_over_grpc(
-    door: tuple[GatewayProcess, str],
+@pytest.mark.parametrize("kind", ["key", "token", "certificate"])
+def test_a_model_the_caller_may_not_use_answers_as_a_missing_one_over_grpc(
+    door: tuple[GatewayProcess, str], provider: OidcProvider, kind: str
 ) -> None:
     _, address = door
-    metadata = (("authorization", f"Bearer {LIMITED}"),)
+    name, _, value = _credential(kind, provider).partition(": ")
+    metadata = ((name.lower(), value),)
     requests = {
         "ModelMetadata": service_pb2.ModelMetadataRequest,
         "ModelConfig": service_pb2.ModelConfigRequest,

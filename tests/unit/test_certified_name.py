@@ -109,3 +109,20 @@ def test_nothing_over_plaintext_and_the_reported_names_without_a_pem() -> None:
     assert certified_name(tls) is None  # TLS without a client certificate
     assert certified_name({"transport_security_type": [b"insecure"], "x509_common_name": [b"forged"]}) is None
     assert certified_name(None) is None
+
+
+def test_a_forwarded_certificate_is_believed_from_trusted_proxies_only_on_either_door() -> None:
+    from gateway.shared.certificates import TrustedProxies, grpc_peer_address
+
+    proxies = TrustedProxies(["10.0.0.0/8", "::1/128"])
+    header = [b'Hash=ab;Subject="CN=lab"']
+    assert proxies.certified("10.1.2.3", header) == "lab"
+    assert proxies.certified("::1", header) == "lab"
+    assert proxies.certified("192.168.1.1", header) is None  # anyone else: ignored
+    assert proxies.certified(None, header) is None
+    assert TrustedProxies([]).certified("10.1.2.3", header) is None
+    # gRPC's peer strings, as its core writes them
+    assert grpc_peer_address("ipv4:10.1.2.3:50123") == "10.1.2.3"
+    assert grpc_peer_address("ipv6:[::1]:50123") == "::1"
+    assert grpc_peer_address("ipv6:%5B%3A%3A1%5D:50123") == "::1"
+    assert grpc_peer_address("unix:/tmp/socket") is None
