@@ -175,8 +175,9 @@ bench: test-system-deps install $(VENV)/.dev-installed models
 	$(VENV)/bin/triton-gateway bench --out .reports/bench $(BENCH_OPTIONS)
 
 # Where the in-flight limit sits: static limits 1, 2, 4 ... 64 and the adaptive limit, each
-# flooded by hey (100 connections that send again at once), at Triton's speed and 5x slower:
-# .reports/capacity.json, and the verdict against the best static limit and the cap of 64.
+# flooded by hey (100 connections that send again at once) for 30 s, three times interleaved,
+# at Triton's speed and 5x slower (about 40 minutes): .reports/capacity.json, the medians with
+# their spread, and the verdict against the best static limit and the cap of 64.
 bench-capacity: test-system-deps install $(VENV)/.dev-installed
 	$(VENV)/bin/python -m gateway.bench.capacity --out .reports/capacity
 

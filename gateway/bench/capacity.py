@@ -1,6 +1,6 @@
 """Where the in-flight limit sits under steady overload (`make bench-capacity`).
 
-    .venv/bin/python -m gateway.bench.capacity [--seconds 10] [--clients 100]
+    .venv/bin/python -m gateway.bench.capacity [--seconds 30] [--rounds 3] [--clients 100]
         [--limits 1 2 4 8 16 32 64] [--speeds 1 5] [--out .reports/capacity]
         [--no-sweep] [--refusal-rounds 3] [--refusal-seconds 8] [--refusal-ways WAY ...]
 
@@ -13,6 +13,13 @@ retry-at-once client). At Triton's speed and with Triton made ``speed`` times sl
 processes stopped most of each 20 ms). Each row: goodput (answers 200 a second), the
 admitted p50 and p99, refusals a second, and the limit the adaptive gateway reports at the
 end (``gateway_inflight_limit``).
+
+Each limit is measured ``--rounds`` times, interleaved: every round runs every limit, in an
+order rotated by one from the round before, so a slow minute of the machine falls on
+different limits each time. A row is the median of its rounds, with the spread (lowest
+and highest) of its goodput and p99 beside it; the verdict is read from the medians (one
+flood per limit was a coin toss: the best static limit changed between runs of the same
+sweep).
 
 The verdict per speed, what issue 42 asks of the adaptive limit: its goodput against the
 best static's (>= 90 %), its p99 against the p99 of the smallest static limit that reaches
@@ -77,6 +84,54 @@ class Row:
     refused_per_second: float
     other_statuses: dict[str, int]
     final_limit: int | None = None
+    rounds: int = 1  # the floods it is the median of
+    # lowest and highest of its rounds: goodput, p99_ms
+    spread: dict[str, list[float]] | None = None
+
+
+def median_row(runs: list[Row]) -> Row:
+    """The median of one limit's rounds at one speed, with their spread."""
+    first = runs[0]
+
+    def mid(values: list[float]) -> float:
+        return float(statistics.median(values))
+
+    others: dict[str, int] = {}
+    for run in runs:
+        for status, count in run.other_statuses.items():
+            others[status] = others.get(status, 0) + count
+    limits = [run.final_limit for run in runs if run.final_limit is not None]
+    return Row(
+        speed=first.speed,
+        limit=first.limit,
+        seconds=first.seconds,
+        goodput=mid([run.goodput for run in runs]),
+        p50_ms=mid([run.p50_ms for run in runs]),
+        p99_ms=mid([run.p99_ms for run in runs]),
+        whole_p99_ms=mid([run.whole_p99_ms for run in runs]),
+        refused_per_second=mid([run.refused_per_second for run in runs]),
+        other_statuses=others,
+        final_limit=int(statistics.median(limits)) if limits else None,
+        rounds=len(runs),
+        spread={
+            "goodput": [min(run.goodput for run in runs), max(run.goodput for run in runs)],
+            "p99_ms": [min(run.p99_ms for run in runs), max(run.p99_ms for run in runs)],
+        },
+    )
+
+
+def medians(runs: list[Row]) -> list[Row]:
+    """One row per (speed, limit): the median of its rounds, in first-measured order."""
+    grouped: dict[tuple[int, str], list[Row]] = {}
+    for run in runs:
+        grouped.setdefault((run.speed, run.limit), []).append(run)
+    return [median_row(group) for group in grouped.values()]
+
+
+def interleaved(configs: list[str], round_index: int) -> list[str]:
+    """``configs`` in round ``round_index``'s order: rotated by one each round."""
+    shift = round_index % len(configs)
+    return configs[shift:] + configs[:shift]
 
 
 @dataclass
@@ -428,7 +483,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--seconds", type=float, default=30.0, help="each flood")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="floods of each limit, interleaved (rows are their medians)"
+    )
     parser.add_argument("--clients", type=int, default=100)
     parser.add_argument("--limits", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
     parser.add_argument("--speeds", type=int, nargs="+", default=[1, 5])
@@ -484,6 +542,7 @@ def main(argv: list[str] | None = None) -> int:
     ceiling = max(options.limits)
     extra = dict(item.split("=", 1) for item in options.env)
     rows: list[Row] = []
+    runs: list[Row] = []  # every flood; rows are their medians
     with tempfile.TemporaryDirectory(prefix="bench-capacity-") as folder:
         workdir = Path(folder)
         triton = TritonServer.on_free_ports(
@@ -492,20 +551,33 @@ def main(argv: list[str] | None = None) -> int:
         triton.start()
         try:
             triton.wait_ready(timeout=180)
+            configs = [*(f"static {n}" for n in options.limits), ADAPTIVE, BASELINE]
+            for round_index in range(options.rounds if options.sweep else 0):
+                for speed in options.speeds:
+                    for limit in interleaved(configs, round_index):
+                        started = time.monotonic()
+                        row = measure(
+                            triton, workdir, limit, ceiling, speed, options.clients, options.seconds, extra
+                        )
+                        runs.append(row)
+                        print(
+                            f"round {round_index + 1}  {speed}x slower  {limit:>10}: {row.goodput:7.1f}/s  "
+                            f"p50 {row.p50_ms:7.1f} ms  p99 {row.p99_ms:7.1f} ms (whole flood "
+                            f"{row.whole_p99_ms:7.1f})  refused {row.refused_per_second:7.1f}/s"
+                            + (f"  limit at the end {row.final_limit}" if row.final_limit is not None else "")
+                            + f"  ({time.monotonic() - started:.0f} s)",
+                            flush=True,
+                        )
+            rows = medians(runs)
+            for row in rows:
+                spread = row.spread or {}
+                print(
+                    f"median of {row.rounds}  {row.speed}x slower  {row.limit:>10}: {row.goodput:7.1f}/s "
+                    f"({spread['goodput'][0]:.1f}-{spread['goodput'][1]:.1f})  p99 {row.p99_ms:7.1f} ms "
+                    f"({spread['p99_ms'][0]:.0f}-{spread['p99_ms'][1]:.0f})",
+                    flush=True,
+                )
             for speed in options.speeds if options.sweep else []:
-                for limit in [*(f"static {n}" for n in options.limits), ADAPTIVE, BASELINE]:
-                    started = time.monotonic()
-                    row = measure(
-                        triton, workdir, limit, ceiling, speed, options.clients, options.seconds, extra
-                    )
-                    rows.append(row)
-                    print(
-                        f"{speed}x slower  {limit:>10}: {row.goodput:7.1f}/s  p50 {row.p50_ms:7.1f} ms  "
-                        f"p99 {row.p99_ms:7.1f} ms (whole flood {row.whole_p99_ms:7.1f})  refused {row.refused_per_second:7.1f}/s"
-                        + (f"  limit at the end {row.final_limit}" if row.final_limit is not None else "")
-                        + f"  ({time.monotonic() - started:.0f} s)",
-                        flush=True,
-                    )
                 # no storm: the best static limit with as many clients as slots (none refused)
                 best = max(
                     (r for r in rows if r.speed == speed and r.limit.startswith("static")),
@@ -559,7 +631,9 @@ def main(argv: list[str] | None = None) -> int:
         "clients": options.clients,
         "seconds": options.seconds,
         "load_generator": "hey (each connection sends again at once, 503 or not)",
-        "rows": [asdict(row) for row in rows],
+        "rounds": options.rounds,
+        "rows": [asdict(row) for row in rows],  # the medians of the rounds
+        "runs": [asdict(row) for row in runs],  # every flood
         "verdicts": [asdict(v) for v in verdicts],
         "refusal_cost": [asdict(cost) for cost in costs],
     }

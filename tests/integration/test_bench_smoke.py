@@ -200,7 +200,7 @@ def test_bench_capacity_sweeps_static_limits_and_the_adaptive_ones(
     result = subprocess.run(
         [
             sys.executable, "-m", "gateway.bench.capacity",
-            "--seconds", "3", "--clients", "40", "--limits", "2", "16", "--speeds", "1",
+            "--seconds", "3", "--rounds", "2", "--clients", "40", "--limits", "2", "16", "--speeds", "1",
             "--repository", "trivial", "--triton-env", str(triton_python_env), "--out", str(out),
             "--refusal-seconds", "2",
         ],
@@ -209,6 +209,18 @@ def test_bench_capacity_sweeps_static_limits_and_the_adaptive_ones(
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads(out.with_suffix(".json").read_text())
     rows = {row["limit"]: row for row in report["rows"]}
+    # two floods of each, interleaved; a row is their median, with their spread
+    assert len(report["runs"]) == 2 * 4
+    assert [run["limit"] for run in report["runs"]][:4] != [run["limit"] for run in report["runs"]][4:]
+    for name in ("static 2", "static 16", "adaptive"):
+        row = rows[name]
+        floods = [run for run in report["runs"] if run["limit"] == name]
+        assert row["rounds"] == 2
+        assert row["spread"]["goodput"] == [
+            min(r["goodput"] for r in floods),
+            max(r["goodput"] for r in floods),
+        ]
+        assert row["goodput"] == sum(r["goodput"] for r in floods) / 2  # the median of two
     [calm] = [name for name in rows if name.startswith("no storm, static ")]
     assert set(rows) == {"static 2", "static 16", "adaptive", "adaptive, baseline anchor", calm}
     for row in rows.values():
