@@ -269,6 +269,14 @@ class Admission:
         shares = self._shares if present else self._shares + tenant.share
         return max(1, int(self.limit * tenant.share / shares))
 
+    def under_share(self, tenant: Tenant) -> bool:
+        """Whether ``tenant`` holds less than its guaranteed share while other keys contend
+        (at the ceiling or not): the next slot freed is its (the fair rule), so it is never
+        refused from its headers, and waits for that slot up to ``retry_after`` seconds
+        (what a refusal would have told it to wait) rather than the queue wait."""
+        guaranteed = self._guaranteed(tenant)
+        return guaranteed is not None and self.held.get(tenant.id, 0) < guaranteed
+
     def below_share(self, tenant: Tenant) -> bool:
         """Whether ``tenant`` holds less than its guaranteed share while other keys contend:
         such a request is admitted at once, past the limit and into the reserve if need
@@ -313,6 +321,13 @@ class Admission:
         if (self.in_flight < self._room(tenant) and not self._waiting) or self.below_share(tenant):
             self._enter(tenant)
             return self._take(tenant, now)
+        # a key under its share is first in line for the next slot: it waits for it as long
+        # as a refusal would tell it to (static limits under 16 have no reserve to admit it at once)
+        wait = (
+            max(self.queue_seconds, float(self.retry_after))
+            if self.under_share(tenant)
+            else self.queue_seconds
+        )
         future: asyncio.Future[Ticket] = asyncio.get_running_loop().create_future()
         waiter = _Waiter(tenant, future, now)
         self._pressed.put(tenant.id, now, now)
@@ -320,7 +335,7 @@ class Admission:
         self._queued(+1, now)
         self._enter(tenant)
         try:
-            await asyncio.wait({future}, timeout=self.queue_seconds)
+            await asyncio.wait({future}, timeout=wait)
         except asyncio.CancelledError:  # the client went away while it waited
             self._leave(waiter)
             raise

@@ -76,7 +76,7 @@ class Refusals:
         if not self.shed_unread:
             return False
         ahead, limit = admission.waiting, admission.limit
-        if ahead < limit or admission.below_share(tenant):
+        if ahead < limit or admission.under_share(tenant):  # next in line: never refused
             return False
         completed = admission.throughput.recent(admission.clock())
         if completed < limit:

@@ -229,3 +229,38 @@ def test_a_flood_after_a_light_load_is_learnt_fast_and_a_cold_burst_is_served(
     steady = percentile_of([latency for offset, latency in admitted if offset >= 2.0], 0.99)
     print(f"the flood's admitted p99 {ms(whole)}, after 2 s {ms(steady)} ({whole / steady:.2f}x)")
     assert whole <= 2 * steady
+
+
+def test_under_a_small_static_limit_a_quiet_key_beside_a_flood_is_served(
+    triton: TritonServer, spawn_gateway: Callable[..., GatewayProcess], tmp_path: Path
+) -> None:
+    """A static limit under 16 keeps no reserve, so a flooding key holds every slot. A
+    quiet key's request is then next in line for the next slot freed (it holds less than
+    its share): it is neither refused from its headers nor timed out after the queue
+    wait. Before, beside 150 flood connections on max_in_flight 8 (Triton 2x slower), a
+    quiet key's requests were refused from their headers: 13 of 13 (hey), 10 of 12."""
+    keys = tmp_path / "api-keys"
+    keys.write_text(f"flood {hash_key('flood-key')}\nquiet {hash_key('quiet-key')}\n")
+    gateway = spawn_gateway(
+        triton,
+        GATEWAY_AUTH__KEYS_FILE=str(keys),
+        GATEWAY_SERVER__ADAPTIVE__ENABLED="false",
+        GATEWAY_SERVER__MAX_IN_FLIGHT="8",
+    )
+    flood_key = {"authorization": "Bearer flood-key"}
+    quiet_key = {"authorization": "Bearer quiet-key"}
+    hey(gateway.url, 8, 2, flood_key)  # warm
+    with throttled(triton, 0.010, 0.010), ThreadPoolExecutor(1) as pool:
+        flood = pool.submit(hey, gateway.url, 150, 8, flood_key)
+        time.sleep(1.5)  # the flood holds every slot
+        beside = hey(gateway.url, 1, 5, quiet_key, rate=4)
+        flooded = flood.result()
+    statuses = Counter(status for _, _, status in beside)
+    flood_statuses = Counter(status for _, _, status in flooded)
+    median = statistics.median(latency for _, latency, _ in beside)
+    print(
+        f"quiet beside the flood on 8 slots: {dict(statuses)}, median {ms(median)}; flood: {dict(flood_statuses)}"
+    )
+    assert flood_statuses[503] > flood_statuses[200]  # the flood was far over the 8 slots
+    assert statuses == {200: len(beside)}, statuses
+    assert len(beside) >= 8

@@ -85,7 +85,7 @@ async def test_a_waiter_that_times_out_gets_503_and_leaves_no_trace() -> None:
     admission = Admission(1, queue_seconds=0.01, retry_after=3)
     ticket = await admission.acquire(FLOOD)
     with pytest.raises(OverloadedError) as refused:
-        await admission.acquire(QUIET)
+        await admission.acquire(FLOOD)  # over its share: the queue wait, then 503
     assert refused.value.headers["Retry-After"] == "3"
     assert admission.waiting == 0
     admission.release(ticket)
@@ -299,3 +299,27 @@ async def test_a_light_keys_requests_beside_a_flood_are_reported_protected() -> 
     assert limiter.light[-1] is False
     for ticket in flood:
         admission.release(ticket)
+
+
+@run
+async def test_under_a_small_static_limit_a_quiet_key_is_next_in_line_not_refused() -> None:
+    """A static limit under 16 keeps no reserve: a flood holds every slot. A key under its
+    share is then neither refused from its headers nor timed out after the queue wait:
+    the next slot freed is its, ahead of the flood's earlier waiters (before, a quiet key
+    beside a flood on max_in_flight 8 had 10 of 12 requests refused)."""
+    admission = Admission(2, queue_seconds=0.01, retry_after=1)
+    refusals = Refusals(admission)
+    held = [await admission.acquire(FLOOD) for _ in range(2)]
+    flooding = [asyncio.create_task(admission.acquire(FLOOD)) for _ in range(4)]
+    await asyncio.sleep(0)
+    assert not refusals.refuses(QUIET)
+    quiet = asyncio.create_task(admission.acquire(QUIET))
+    await asyncio.sleep(0.05)  # past the queue wait: the flood's waiters are 503 by now
+    assert not quiet.done()
+    admission.release(held.pop())
+    ticket = await asyncio.wait_for(quiet, 1)
+    assert ticket.tenant == QUIET
+    admission.release(ticket)
+    admission.release(held.pop())
+    outcomes = await asyncio.gather(*flooding, return_exceptions=True)
+    assert all(isinstance(o, OverloadedError) for o in outcomes)
