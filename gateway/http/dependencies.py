@@ -17,7 +17,7 @@ from gateway.observe.predictionlog import PredictionLog
 from gateway.observe.tracing import Tracing
 from gateway.serving.admission import Admission
 from gateway.serving.budget import BodyBudget
-from gateway.serving.call import Call
+from gateway.serving.call import Call, bind
 from gateway.serving.caller import Caller, CallerGate
 from gateway.serving.catalog import Catalog
 from gateway.serving.control import ModelControl, RoutingControl
@@ -76,10 +76,7 @@ def new_call(request: Request, state: GatewayState) -> Call:
     key, tenant), its start, who a canary assignment sticks to (the key's id, else the
     ``X-Rollout-Key`` header) and the state its model label goes to."""
     caller = state["caller"]
-    client = caller.client
-    if client is None:
-        client = request.headers.get("x-rollout-key")
-    return Call(caller.request_id, perf_counter(), client, caller.tenant, state, caller)
+    return bind(Call(caller.request_id, perf_counter(), labels=state), caller, request.scope["headers"])
 
 
 def _from_state(name: str) -> Callable[[Request], Awaitable[Any]]:

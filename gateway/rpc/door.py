@@ -47,7 +47,7 @@ from gateway.observe.outcome import CLIENT_GONE, Outcome, record
 from gateway.observe.predictionlog import PredictionLog
 from gateway.observe.tracing import Tracing, describe_server_span
 from gateway.serving.budget import BodyBudget, Reservation
-from gateway.serving.call import Call
+from gateway.serving.call import Call, bind
 from gateway.serving.caller import Caller, CallerGate, request_id_of
 from gateway.serving.dispatch import Dispatcher
 from gateway.serving.exposure import Exposure
@@ -479,9 +479,7 @@ class _Scope:
             self._close(error)
             raise
         rpc.answer.update({k.lower(): v for k, v in caller.limits.items()})
-        call.caller, call.tenant = caller, caller.tenant
-        call.client = caller.client or _value(headers, b"x-rollout-key")
-        return call
+        return bind(call, caller, headers)  # as the HTTP door binds its requests
 
     async def __aexit__(self, kind: Any, error: BaseException | None, traceback: Any) -> None:
         self._close(error)
@@ -519,10 +517,3 @@ class _Scope:
                 self.span_scope.__exit__(None, None, None)
             else:
                 self.span_scope.__exit__(type(error), error, error.__traceback__)
-
-
-def _value(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
-    for key, value in headers:
-        if key == name:
-            return value.decode("latin-1")
-    return None

@@ -3,6 +3,7 @@ answer a classification gets."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +38,21 @@ class Call:
         self._model = name
         if self.labels is not None and name is not None:
             self.labels["model"] = name
+
+
+ROLLOUT_KEY = b"x-rollout-key"
+
+
+def bind(call: Call, caller: Caller, headers: Iterable[tuple[bytes, bytes]]) -> Call:
+    """``call`` given its caller, the same on both doors: its key and tenant (whose share
+    of the limit it takes), and who a canary assignment sticks to (the key's id, else the
+    ``X-Rollout-Key`` header or metadata)."""
+    call.caller, call.tenant = caller, caller.tenant
+    client = caller.client
+    if client is None:
+        client = next((v.decode("latin-1") for k, v in headers if k == ROLLOUT_KEY), None)
+    call.client = client
+    return call
 
 
 @dataclass(frozen=True)
