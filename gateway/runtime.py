@@ -260,7 +260,7 @@ class Runtime:
             allow_listed = [*settings.v2_models, *settings.openai.embedding_models]
             exposure = Exposure(catalog, backend, allow_listed)
             observer = PredictionObserver(metrics, settings.predictions, drift)
-            dispatcher = Dispatcher(catalog, plane, rollouts, exposure, observer, self.gate, self.refusals)
+            dispatcher = Dispatcher(catalog, plane, rollouts, exposure, observer, self.refusals, self.gate)
             # the models /v2 health names: the defaults and GATEWAY_V2_MODELS (an embedding
             # model is served, but decides readiness no more than a non-default classifier)
             readiness = Readiness(
@@ -292,7 +292,7 @@ class Runtime:
                 exposure=exposure,
                 gate=self.gate,
                 budget=self.budget,
-                oip_calls=OipCalls(dispatcher, exposure, prediction_log, settings),
+                oip_calls=OipCalls(dispatcher, prediction_log, settings),
             )
             if settings.grpc.port:
                 stack.push_async_callback((await self._grpc_door(services)).stop, settings.grpc.grace_seconds)
@@ -319,7 +319,6 @@ class Runtime:
             services.tracing,
             services.gate,
             services.budget,
-            services.prediction_log,
             services.readiness,
             services.oip_calls,
         )

@@ -117,8 +117,8 @@ class AuthMiddleware:
                     key = await self.gate.identify(scope.get("headers", []), self.proxies.certified(scope))
                 except GatewayError:
                     key = None
-                state["known_caller"] = key is not None
-                state["probe_key"] = key  # its models= list: the only models it is told of
+                # None: an unknown caller (told nothing); a key: told of its models= only
+                state["probe_key"] = key
             await self.app(scope, receive, send)
             return
         state = scope.setdefault("state", {})

@@ -44,7 +44,6 @@ from gateway.errors import (
 )
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.outcome import CLIENT_GONE, Outcome, record
-from gateway.observe.predictionlog import PredictionLog
 from gateway.observe.tracing import Tracing, describe_server_span
 from gateway.serving.budget import BodyBudget, Reservation
 from gateway.serving.call import Call, bind
@@ -194,7 +193,6 @@ class InferenceDoor:
         tracing: Tracing,
         gate: CallerGate,
         budget: BodyBudget,
-        prediction_log: PredictionLog,
         readiness: Readiness,
         oip_calls: OipCalls,
     ) -> None:
@@ -206,7 +204,6 @@ class InferenceDoor:
         self.tracing = tracing
         self.gate = gate
         self.budget = budget
-        self.prediction_log = prediction_log
         self._readiness = readiness
         self.oip_calls = oip_calls
         # the largest OIP request the gateway takes (and its answer), no larger than one

@@ -282,10 +282,7 @@ class Admission:
         such a request is admitted at once, past the limit and into the reserve if need
         be (never past the ceiling), so a key that floods cannot make another wait while
         the limit falls. Only requests of keys over their share wait, and are shed."""
-        if self.in_flight >= self.limiter.ceiling:
-            return False
-        guaranteed = self._guaranteed(tenant)
-        return guaranteed is not None and self.held.get(tenant.id, 0) < guaranteed
+        return self.in_flight < self.limiter.ceiling and self.under_share(tenant)
 
     def _room(self, tenant: Tenant) -> int:
         """What may be in flight when ``tenant`` is admitted by the plain rule: the limit,

@@ -70,11 +70,11 @@ class Dispatcher:
         rollouts: RolloutRunner,
         exposure: Exposure,
         observer: PredictionObserver,
+        refusals: Refusals,
         gate: CallerGate | None = None,
-        refusals: Refusals | None = None,
     ) -> None:
         self.gate = gate
-        self.refusals = refusals or Refusals(plane.admission)
+        self.refusals = refusals
         self.exposure = exposure
         self.observer = observer
         self.catalog = catalog

@@ -21,7 +21,7 @@ from typing import Any
 from gateway.observe.predictionlog import PredictionLog
 from gateway.serving.call import Call
 from gateway.serving.dispatch import Dispatcher
-from gateway.serving.exposure import Exposure, OipTarget
+from gateway.serving.exposure import OipTarget
 from gateway.serving.oip import InferRequest
 from gateway.serving.predictions import logged
 from gateway.serving.refusal import UnreadBody
@@ -53,11 +53,8 @@ class OipAnswer:
 class OipCalls:
     """Built once by the runtime; both doors call :meth:`infer`."""
 
-    def __init__(
-        self, dispatcher: Dispatcher, exposure: Exposure, prediction_log: PredictionLog, settings: Settings
-    ) -> None:
+    def __init__(self, dispatcher: Dispatcher, prediction_log: PredictionLog, settings: Settings) -> None:
         self.dispatcher = dispatcher
-        self.exposure = exposure
         self.prediction_log = prediction_log
         self.settings = settings
 
@@ -73,13 +70,14 @@ class OipCalls:
         """The sequence of the module's docstring. ``named``: the model and version the
         request named before its body; ``hold_at_most``: how long a refusal may be held
         (the gRPC door's half of the call's deadline)."""
+        dispatcher = self.dispatcher
         async with logged(self.prediction_log, call, route):
-            target = None if named is None else self.exposure.target(*named, call)  # the pin applies
-            async with self.dispatcher.refusals.before_body(call.tenant, unread, hold_at_most):
+            target = None if named is None else dispatcher.exposure.target(*named, call)  # the pin applies
+            async with dispatcher.refusals.before_body(call.tenant, unread, hold_at_most):
                 body = await read()
             if target is None:
-                target = self.exposure.target(body.model, body.version, call)
-            request, result, served = await self.dispatcher.infer_request(
+                target = dispatcher.exposure.target(body.model, body.version, call)
+            request, result, served = await dispatcher.infer_request(
                 target, body.header, body.binary, body.size, call, self.settings
             )
         return OipAnswer(body, request, result, served)

@@ -57,8 +57,9 @@ async def readyz(
     # callers must identify themselves and this one did not (a probe): the verdict alone,
     # no model named (the middleware checked a key it may carry)
     state = request.scope.get("state", {})
-    named = state.get("known_caller", True)
-    key = state.get("probe_key")  # a key limited to some models is told of those only
+    # the middleware's verdict on a key it may carry (absent: callers need not identify)
+    key = state.get("probe_key")
+    named = "probe_key" not in state or key is not None
 
     def shown(name: str) -> bool:
         return named and (key is None or key.may_use(name.removeprefix("model:")))
