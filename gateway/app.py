@@ -124,7 +124,7 @@ def create_app(
     # A request the classify lane takes, refused from its head in the HTTP protocol when
     # its route would (gateway.http.headshed; the server reads it: gateway.http.server).
     app.state.head_shed = HeadShed.build(
-        settings, runtime.refusals, runtime.gate, metrics, classify.router.routes, proxies
+        settings, runtime.refusals, runtime.gate, metrics, runtime.tracing, classify.router.routes, proxies
     )
     if settings.auth.cors_origins:
         app.add_middleware(

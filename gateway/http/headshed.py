@@ -15,8 +15,8 @@ would refuse, it gets the route's answer back (:class:`HeadRefusal`: the same er
 ``Refusals.unread_refusal``, with its hold and its ``Connection: close``; the same
 problem body and headers) and writes it itself. The refusal is counted and logged as the
 route's (``gateway_rejections_total``, the sampled problem line, the caller's
-``allowed``) and its outcome recorded as the telemetry layer records every request
-(gateway.observe.outcome: the request metrics and the access-log line).
+``allowed``) in the call scope every request has (gateway.serving.scope: the request
+metrics, the in-flight gauge and the access-log line).
 
 It decides only where nothing else would answer first, and leaves the rest to the full
 path: a caller :meth:`CallerGate.plain` cannot name without side effects (a token, a
@@ -44,9 +44,10 @@ from gateway.http.fastlane import ClassifyRoutes
 from gateway.http.paths import INFER, INFER_VERSION, OIP_INFER_PATH, TASK_ROUTES, classify_template
 from gateway.http.problems import in_door_form, log_problem
 from gateway.observe.metrics import GatewayMetrics
-from gateway.observe.outcome import Outcome, record
+from gateway.observe.tracing import Tracing
 from gateway.serving.caller import CallerGate, request_id_of
 from gateway.serving.refusal import Refusals
+from gateway.serving.scope import CallScope
 from gateway.settings import Settings
 
 _NOSNIFF = (b"x-content-type-options", b"nosniff")
@@ -66,9 +67,11 @@ class HeadRefusal:
     close: bool
     route: str
     model: str  # the model label its outcome records
-    request_id: str
-    path: str
-    started: float
+    call: CallScope  # its scope, as every call's (gateway.serving.scope)
+
+    @property
+    def started(self) -> float:
+        return self.call.started
 
 
 class HeadShed:
@@ -80,6 +83,7 @@ class HeadShed:
         refusals: Refusals,
         gate: CallerGate,
         metrics: GatewayMetrics,
+        tracing: Tracing,
         routes: list[BaseRoute],
         proxies: TrustedProxies,
         admin_port: int | None,
@@ -87,6 +91,7 @@ class HeadShed:
         self.refusals = refusals
         self.gate = gate
         self.metrics = metrics
+        self.tracing = tracing
         self.lane = ClassifyRoutes(routes)
         self.proxies = proxies
         self.admin_port = admin_port
@@ -98,6 +103,7 @@ class HeadShed:
         refusals: Refusals,
         gate: CallerGate,
         metrics: GatewayMetrics,
+        tracing: Tracing,
         routes: list[BaseRoute],
         proxies: TrustedProxies,
     ) -> HeadShed | None:
@@ -107,7 +113,7 @@ class HeadShed:
             return None
         if settings.tracing.enabled or settings.auth.cors_origins:
             return None
-        return cls(refusals, gate, metrics, routes, proxies, settings.admin_listener_port)
+        return cls(refusals, gate, metrics, tracing, routes, proxies, settings.admin_listener_port)
 
     def armed(self) -> bool:
         """The cheap test first (every request head asks): nothing is shed while the queue
@@ -190,20 +196,11 @@ class HeadShed:
         ]
         if close:
             headers.append(_CLOSE)
-        return HeadRefusal(
-            refusal.status, headers, body, hold, close, route, model, request_id, scope["path"], started
+        call = CallScope(
+            self.metrics, self.tracing, "POST", scope["path"], scope["headers"], request_id, started
         )
+        return HeadRefusal(refusal.status, headers, body, hold, close, route, model, call)
 
     def answered(self, refusal: HeadRefusal) -> None:
-        """Record the refusal's outcome once it is written (its hold included)."""
-        outcome = Outcome(
-            refusal.route,
-            "POST",
-            refusal.status,
-            perf_counter() - refusal.started,
-            refusal.request_id,
-            refusal.model,
-            refusal.path,
-            0,
-        )
-        record(self.metrics, outcome)
+        """Close the refusal's call scope once it is written (its hold included)."""
+        refusal.call.close(refusal.route, refusal.status, refusal.model)

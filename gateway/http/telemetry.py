@@ -1,29 +1,29 @@
-"""The one per-request middleware: the request id and the headers every answer carries
-(gateway.http.requestid), the request metrics, the request's server span (when tracing is on)
-and one structured access-log line.
+"""The one per-request middleware: the HTTP door's opening of the call scope
+(gateway.serving.scope: the request id, the server span, the in-flight gauge and the
+outcome, the same as the gRPC door's) and the headers every answer carries
+(gateway.http.requestid).
 
 A pure ASGI middleware, so it sees every response, including errors, and counts body
-bytes as they arrive. The latency histogram carries the trace id as an exemplar for
-sampled requests, and the access log line carries it for every traced one. Routes are labelled by their template (``/classify``), read from the
-scope once the router has matched, and unmatched paths as ``<unmatched>``, so label
-values stay bounded. The model label is whatever the
-route handler put in ``request.state.model``.
+bytes as they arrive. Routes are labelled by their template (``/classify``), read from
+the scope once the router has matched, and unmatched paths as ``<unmatched>``, so label
+values stay bounded. The model label is whatever the route handler put in
+``request.state.model``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from time import perf_counter
 
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.http.requestid import add_response_headers
 from gateway.observe.metrics import GatewayMetrics
-from gateway.observe.outcome import CLIENT_GONE, Outcome, record
-from gateway.observe.tracing import Tracing, describe_server_span
+from gateway.observe.outcome import CLIENT_GONE
+from gateway.observe.tracing import Tracing
 from gateway.serving.admission import Admission
-from gateway.serving.caller import Caller, request_id_of
+from gateway.serving.caller import Caller
+from gateway.serving.scope import CallScope
 
 UNMATCHED = "<unmatched>"
 # The method is the client's input: anything else is one label value.
@@ -71,11 +71,12 @@ class TelemetryMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started = perf_counter()
+        method = method_label(scope["method"])
+        call = CallScope(self.metrics, self.tracing, method, scope.get("path", ""), scope.get("headers", []))
         status = 500
         received = 0
         answered = gone = False
-        request_id = request_id_of(scope.get("headers", []))
+        request_id = call.request_id
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
         state["caller"] = Caller(request_id)
@@ -98,27 +99,17 @@ class TelemetryMiddleware:
                 add_response_headers(message, request_id, admission is not None and admission.draining)
             await send(message)
 
-        method = method_label(scope["method"])
-        with self.tracing.server_span(method, scope.get("path", "")[:200], scope.get("headers", [])) as span:
-            self.metrics.in_flight.inc()
-            try:
-                await self.app(scope, counting_receive, status_send)
-            finally:
-                self.metrics.in_flight.dec()
-                if gone:
-                    status = CLIENT_GONE
-                route = route_template(scope, self.routes)
-                describe_server_span(span, method, route, status)
-                record(
-                    self.metrics,
-                    Outcome(
-                        route,
-                        method,
-                        status,
-                        perf_counter() - started,
-                        request_id,
-                        str(state.get("model", "")),
-                        scope.get("path", ""),
-                        received,
-                    ),
-                )
+        error: BaseException | None = None
+        try:
+            await self.app(scope, counting_receive, status_send)
+        except BaseException as raised:
+            error = raised
+            raise
+        finally:
+            call.close(
+                route_template(scope, self.routes),
+                CLIENT_GONE if gone else status,
+                str(state.get("model", "")),
+                received,
+                error,
+            )

@@ -29,7 +29,6 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from time import perf_counter
 from typing import Any, Protocol, TypeVar
 
 from gateway import __version__
@@ -43,17 +42,18 @@ from gateway.errors import (
     UnknownModelError,
 )
 from gateway.observe.metrics import GatewayMetrics
-from gateway.observe.outcome import CLIENT_GONE, Outcome, record
-from gateway.observe.tracing import Tracing, describe_server_span
+from gateway.observe.outcome import CLIENT_GONE
+from gateway.observe.tracing import Tracing
 from gateway.serving.budget import BodyBudget, Reservation
 from gateway.serving.call import Call, bind
-from gateway.serving.caller import Caller, CallerGate, request_id_of
+from gateway.serving.caller import Caller, CallerGate
 from gateway.serving.dispatch import Dispatcher
 from gateway.serving.exposure import Exposure
 from gateway.serving.oip import EXTENSIONS, GATEWAY_NAME, SERVER_NAME
 from gateway.serving.oipcall import OipAnswer, OipBody, OipCalls
 from gateway.serving.readiness import Readiness
 from gateway.serving.refusal import UnreadBody
+from gateway.serving.scope import CallScope
 from gateway.settings import Settings
 from gateway.triton.backend import InferenceBackend
 from gateway.triton.tensors import Tensor
@@ -445,12 +445,12 @@ class InferenceDoor:
 
 
 class _Scope:
-    """What :meth:`InferenceDoor._rpc` opens and closes around a call (a class: the
-    generator a context-manager decorator makes cost the door's every call a few us)."""
+    """What :meth:`InferenceDoor._rpc` opens and closes around a call: the call scope both
+    doors share (gateway.serving.scope) and what is the gRPC door's own, its caller
+    admitted from the metadata and its refusal's status (a class: the generator a
+    context-manager decorator makes cost the door's every call a few us)."""
 
-    __slots__ = (
-        "admit", "call", "door", "model", "name", "recorded", "route", "rpc", "span", "span_scope", "started",
-    )  # fmt: skip
+    __slots__ = ("admit", "call", "door", "model", "name", "opened", "recorded", "rpc")
 
     def __init__(self, door: InferenceDoor, name: str, rpc: Rpc, model: str, admit: bool) -> None:
         self.door, self.name, self.rpc, self.model, self.admit = door, name, rpc, model, admit
@@ -458,19 +458,15 @@ class _Scope:
 
     async def __aenter__(self) -> Call:
         door, rpc = self.door, self.rpc
-        route = self.route = SERVICE + self.name
         headers = _headers(rpc.metadata)
-        self.started = perf_counter()
-        request_id = request_id_of(headers)
-        rpc.answer["x-request-id"] = request_id
-        call = self.call = Call(request_id, self.started, labels={"model": door._label(self.model)})
-        self.span_scope = door.tracing.server_span("GRPC", route, headers)
-        self.span = self.span_scope.__enter__()
+        opened = self.opened = CallScope(door.metrics, door.tracing, "GRPC", SERVICE + self.name, headers)
+        rpc.answer["x-request-id"] = opened.request_id
+        call = self.call = Call(opened.request_id, opened.started, labels={"model": door._label(self.model)})
         try:
             caller = (
-                await door.gate.admit(request_id, headers, rpc.certified)
+                await door.gate.admit(opened.request_id, headers, rpc.certified)
                 if self.admit
-                else Caller(request_id, await door.gate.identify(headers, rpc.certified))
+                else Caller(opened.request_id, await door.gate.identify(headers, rpc.certified))
             )
         except BaseException as error:
             self._close(error)
@@ -484,9 +480,9 @@ class _Scope:
     def _close(self, error: BaseException | None) -> None:
         """The outcome: 200, the refusal's status, 499 for a caller gone, 500 for a bug
         (never a success)."""
-        door, call, route = self.door, self.call, self.route
+        door, call, opened = self.door, self.call, self.opened
         if self.recorded:
-            self.span_scope.__exit__(None, None, None)
+            opened.close_unrecorded()
             return
         if error is None:
             status = 200
@@ -502,15 +498,6 @@ class _Scope:
         try:
             if call.caller is not None and call.caller.quota:
                 self.rpc.answer.update({k.lower(): v for k, v in call.caller.standing().items()})
-            describe_server_span(self.span, "GRPC", route, status)
-            labels = call.labels
-            outcome = Outcome(
-                route, "GRPC", status, perf_counter() - self.started, call.request_id,
-                labels["model"], route, labels.get("body_bytes", 0),
-            )  # fmt: skip
-            record(door.metrics, outcome)
         finally:
-            if error is None:
-                self.span_scope.__exit__(None, None, None)
-            else:
-                self.span_scope.__exit__(type(error), error, error.__traceback__)
+            labels = call.labels
+            opened.close(opened.path, status, labels["model"], labels.get("body_bytes", 0), error)

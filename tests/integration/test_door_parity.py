@@ -431,6 +431,47 @@ def test_a_client_that_gives_up_is_499_on_both_doors(stack: Stack, caplog: pytes
     assert statuses[GRPC_ROUTE] == "499"
 
 
+def _in_flight(stack: Stack) -> float:
+    """``gateway_requests_in_flight`` less the /metrics request reading it."""
+    text = stack.http.get("/metrics").text
+    line = next(line for line in text.splitlines() if line.startswith("gateway_requests_in_flight "))
+    return float(line.split()[1]) - 1
+
+
+def test_a_call_under_way_is_in_flight_on_both_doors(stack: Stack) -> None:
+    """One call scope beneath both doors (gateway.serving.scope): a call whose message is
+    still to come counts in ``gateway_requests_in_flight`` on either door, and leaves it
+    when it ends."""
+    idle = _in_flight(stack)
+    host, port = stack.http.base_url.host, stack.http.base_url.port
+    with socket.create_connection((host, port)) as sock, grpc.insecure_channel(stack.grpc_address) as channel:
+        sock.sendall(
+            b"POST /v2/models/text_classifier/infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            + f"authorization: Bearer {KEYS['app']}\r\n".encode()
+            + b'content-length: 100000\r\n\r\n{"inputs": ['
+        )
+        stop = threading.Event()
+
+        def never() -> Iterator[bytes]:
+            stop.wait(10)
+            return
+            yield b""
+
+        call = channel.stream_unary(GRPC_ROUTE).future(
+            never(), metadata=[("authorization", f"Bearer {KEYS['app']}")]
+        )
+        deadline = time.monotonic() + 2  # (the body's timeout is 3 s)
+        while (held := _in_flight(stack)) < idle + 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        call.cancel()
+        stop.set()
+    assert held == idle + 2
+    deadline = time.monotonic() + 5
+    while (after := _in_flight(stack)) != idle and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert after == idle
+
+
 def test_every_door_gives_the_callers_request_id_back_or_a_new_one(stack: Stack) -> None:
     answer = _send_grpc(stack, Case("answer"), "mine-123")
     assert answer.request_id == "mine-123"

@@ -247,3 +247,18 @@ def test_only_the_app_imports_route_modules() -> None:
         and not module.startswith("gateway.http.routes")
     )
     assert not importing, importing
+
+
+def test_one_call_scope_beneath_both_doors() -> None:
+    """What every call owes (its id, server span, in-flight gauge and outcome) is given
+    by gateway.serving.scope: a door that records an outcome or opens a server span itself
+    has a scope of its own, which the next door would not inherit."""
+    defining = {"gateway.serving.scope", "gateway.observe.tracing", "gateway.observe.outcome"}
+    owners = sorted(
+        f"{module}: {what}"
+        for path in _sources()
+        if (module := _module_name(path)) not in defining and not module.startswith(tuple(TOOLS))
+        for what in ("server_span(", "Outcome(", "in_flight.inc(")
+        if what in path.read_text()
+    )
+    assert not owners, owners
