@@ -16,6 +16,7 @@ grace), then what both used.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from gateway.observe.drift import DriftMonitor, LocalDriftStore, Served, SharedD
 from gateway.observe.metrics import CapacityCollector, GatewayMetrics, TritonMetricsScraper
 from gateway.observe.predictionlog import PredictionLog, Sink, make_sink
 from gateway.observe.tracing import Tracing
+from gateway.periodic import Periodic
 from gateway.serving.admission import Admission, build_admission
 from gateway.serving.budget import BodyBudget
 from gateway.serving.caller import CallerGate
@@ -50,6 +52,8 @@ from gateway.shared.ratelimit import RateLimiter
 from gateway.shared.routing import Routing
 from gateway.shared.tokens import TokenVerifier
 from gateway.triton.backend import InferenceBackend
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from gateway.rpc.service import FrontDoor
@@ -122,6 +126,12 @@ class Services:
     gate: CallerGate
     budget: BodyBudget
     oip_calls: OipCalls
+
+
+def _steps_of(catalog: Catalog, model: str) -> list[str]:
+    """What Triton queues a model's requests in: an ensemble's steps, else the model."""
+    entry = catalog.find(model)
+    return [step.name for step in entry.steps] if entry is not None and entry.steps else [model]
 
 
 class Runtime:
@@ -243,6 +253,16 @@ class Runtime:
             await catalog.refresh()
             catalog.start()
             stack.push_async_callback(catalog.stop)
+            gate = self.admission.gate
+            if gate is not None:  # Triton's queue, read while requests are sent
+                reader = Periodic(
+                    "triton queue statistics",
+                    gate.settings.interval_seconds,
+                    lambda: gate.read(backend, lambda model: _steps_of(catalog, model)),
+                    logger,
+                )
+                reader.start()
+                stack.push_async_callback(reader.stop)
             stack.push_async_callback(rollouts.stop)
             plane = InferencePlane(backend, self.admission, tracing, metrics, workers)
             prediction_log = PredictionLog(settings.prediction_log, metrics, _prediction_sink)

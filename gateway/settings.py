@@ -150,9 +150,11 @@ class AdaptiveSettings(BaseModel):
         description="Adapt the in-flight limit to what Triton delivers (max_in_flight its ceiling); "
         "false: max_in_flight, always (docs/explanation/reliability.md).",
     )
-    anchor: Literal["baseline", "knee"] = Field(
+    anchor: Literal["baseline", "knee", "triton"] = Field(
         "knee",
-        description="knee: the fewest requests in flight at which Triton's delivery rate stops "
+        description="triton: each model's requests sent while Triton's own queue for it (its "
+        "statistics) stays under queue_target_batches batches, the rest held in the gateway's fair "
+        "queue (gateway.serving.queuegate); knee: the fewest requests in flight at which Triton's delivery rate stops "
         "rising (gateway.serving.knee; with latency_objective_seconds, no more than keeps the p90 "
         "under it; while a light key's requests come beside a flood, the p90 within 1 + tolerance "
         "of a request alone); baseline: the p90 latency always kept within 1 + tolerance times a "
@@ -214,6 +216,19 @@ class AdaptiveSettings(BaseModel):
     )
     probe_samples: int = Field(
         20, ge=3, le=10_000, description="With the baseline anchor: requests one baseline measurement takes."
+    )
+    queue_target_batches: float = Field(
+        1.0,
+        gt=0,
+        le=100,
+        description="With the triton anchor: how long a request may wait in Triton's queue, in "
+        "batches of the model's slowest step (from Triton's statistics).",
+    )
+    statistics_interval_seconds: float = Field(
+        0.25,
+        gt=0,
+        le=60,
+        description="With the triton anchor: how often Triton's statistics are read while requests are sent.",
     )
 
 

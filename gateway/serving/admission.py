@@ -34,6 +34,7 @@ from gateway.errors import OverloadedError, ShuttingDownError, TritonTimeoutErro
 from gateway.observe.metrics import CapacityReading
 from gateway.serving.knee import KneeLimit, KneeSettings
 from gateway.serving.limit import AdaptiveLimit, LimitSettings
+from gateway.serving.queuegate import GateSettings, QueueGate
 from gateway.shared.swept import Swept
 
 if TYPE_CHECKING:
@@ -129,6 +130,7 @@ class Ticket:
     # the room was full when it was admitted (or others waited): the limit bound
     saturated: bool = False
     seq: int = 0  # the admissions counter after its own: those after it overlapped it
+    model: str = ""  # whose gate it passed (gateway.serving.queuegate), "" for none
 
 
 @dataclass
@@ -136,6 +138,7 @@ class _Waiter:
     tenant: Tenant
     future: asyncio.Future[Ticket]
     enqueued: float
+    model: str = ""
 
 
 @dataclass
@@ -195,8 +198,16 @@ class Admission:
         queue_seconds: float,
         retry_after: int,
         clock: Any = monotonic,
+        gate: QueueGate | None = None,
     ) -> None:
         self.limiter: ConcurrencyLimit = StaticLimit(limit) if isinstance(limit, int) else limit
+        # each model's own limit, from Triton's queue (gateway.serving.queuegate); None: one
+        # limit for every model together
+        self.gate = gate
+        self.by_model: dict[str, int] = {}  # in flight, by the model whose gate it passed
+        self._waiting_for: dict[str, int] = {}  # waiters, by model
+        if gate is not None:
+            gate.on_change = self._regranted
         self.queue_seconds = queue_seconds
         self.retry_after = retry_after
         self.clock = clock
@@ -230,7 +241,20 @@ class Admission:
 
     @property
     def limit(self) -> int:
-        return self.limiter.limit
+        """What may be in flight now: the limit, or with a gate its models' together."""
+        gate = self.gate
+        if gate is None or not gate.gates:
+            return self.limiter.limit
+        return min(self.limiter.limit, sum(g.allowed for g in gate.gates.values()))
+
+    def _model_open(self, model: str) -> bool:
+        gate = self.gate
+        return gate is None or self.by_model.get(model, 0) < gate.limit(model)
+
+    def _regranted(self) -> None:
+        """A model's gate rose: its waiters may go now."""
+        if self._waiting:
+            self._grant(self.clock())
 
     def shutting_down(self) -> ShuttingDownError:
         return ShuttingDownError(
@@ -290,11 +314,14 @@ class Admission:
         limit = self.limit
         return limit if tenant.id == "" else min(limit, self.limiter.ceiling - self.reserve)
 
-    def _take(self, tenant: Tenant, now: float) -> Ticket:
+    def _take(self, tenant: Tenant, now: float, model: str = "") -> Ticket:
         """One slot for ``tenant`` (already counted present)."""
         guaranteed = self._guaranteed(tenant)
         held = self.held.get(tenant.id, 0)
         saturated = self.in_flight + 1 >= self._room(tenant) or bool(self._waiting)
+        if self.gate is not None:
+            self.by_model[model] = self.by_model.get(model, 0) + 1
+            self.gate.note_sent(model)
         self.in_flight += 1
         self.admitted += 1
         self.held[tenant.id] = held + 1
@@ -302,7 +329,7 @@ class Admission:
         self._idle.clear()
         self.utilization.set(min(1.0, self.in_flight / max(1, self.limit)), now)
         favoured = guaranteed is not None and held < guaranteed
-        return Ticket(tenant, now, self.in_flight - 1, favoured, saturated, self.admitted)
+        return Ticket(tenant, now, self.in_flight - 1, favoured, saturated, self.admitted, model)
 
     def refused(self, tenant: Tenant) -> None:
         """A request of ``tenant`` was refused before it waited (gateway.serving.refusal):
@@ -311,13 +338,19 @@ class Admission:
         now = self.clock()
         self._pressed.put(tenant.id, now, now)
 
-    async def acquire(self, tenant: Tenant = ANONYMOUS) -> Ticket:
-        """Take one in-flight slot for a request, or raise a 503 error (then do not release)."""
+    async def acquire(self, tenant: Tenant = ANONYMOUS, model: str = "") -> Ticket:
+        """Take one in-flight slot for a request (for ``model``: through its gate, when
+        there are gates), or raise a 503 error (then do not release)."""
         self._check_open()
         now = self.clock()
-        if (self.in_flight < self._room(tenant) and not self._waiting) or self.below_share(tenant):
+        if self.gate is None:
+            model = ""
+        open_now = self.in_flight < self._room(tenant) and self._model_open(model)
+        if (open_now and not self._waiting_for.get(model)) or self.below_share(tenant):
             self._enter(tenant)
-            return self._take(tenant, now)
+            return self._take(tenant, now, model)
+        if self.gate is not None and not self._model_open(model):
+            self.gate.note_bound(model)
         # a key under its share is first in line for the next slot: it waits for it as long
         # as a refusal would tell it to (static limits under 16 have no reserve to admit it at once)
         wait = (
@@ -326,10 +359,10 @@ class Admission:
             else self.queue_seconds
         )
         future: asyncio.Future[Ticket] = asyncio.get_running_loop().create_future()
-        waiter = _Waiter(tenant, future, now)
+        waiter = _Waiter(tenant, future, now, model)
         self._pressed.put(tenant.id, now, now)
         self._waiting.setdefault(tenant.id, deque()).append(waiter)
-        self._queued(+1, now)
+        self._queued(+1, now, model)
         self._enter(tenant)
         try:
             await asyncio.wait({future}, timeout=wait)
@@ -359,13 +392,18 @@ class Admission:
         queue = self._waiting.get(waiter.tenant.id)
         if queue is not None:
             queue.remove(waiter)
-            self._queued(-1, self.clock())
+            self._queued(-1, self.clock(), waiter.model)
             if not queue:
                 del self._waiting[waiter.tenant.id]
         self._exit(waiter.tenant.id)
 
-    def _queued(self, change: int, now: float) -> None:
+    def _queued(self, change: int, now: float, model: str) -> None:
         self.waiting += change
+        waiting = self._waiting_for.get(model, 0) + change
+        if waiting:
+            self._waiting_for[model] = waiting
+        else:
+            self._waiting_for.pop(model, None)
         if not self.waiting:
             self._queued_since = None
         elif self._queued_since is None:
@@ -380,14 +418,26 @@ class Admission:
         since = self._queued_since
         return since is not None and now - since >= self.queue_seconds
 
-    def _best_queue(self, now: float) -> str | None:
+    def _admissible(self, waiter: _Waiter) -> bool:
+        """Whether ``waiter`` may have a slot now: room under the limit and its model's
+        gate, or its key below its share (the reserve)."""
+        tenant = waiter.tenant
+        return (self.in_flight < self._room(tenant) and self._model_open(waiter.model)) or self.below_share(
+            tenant
+        )
+
+    def _best_queue(self, now: float, admissible: bool = False) -> str | None:
         """The key whose waiter a free slot goes to: highest priority, then fewest slots
-        held for its share, then the longest waiting (the newest, under a standing queue)."""
+        held for its share, then the longest waiting (the newest, under a standing queue);
+        with ``admissible``, among the keys whose next waiter may have a slot now (a waiter
+        behind a closed gate does not hold up another model's)."""
         newest = self.standing(now)
         best: tuple[int, float, float] | None = None
         chosen: str | None = None
         for tenant_id, queue in self._waiting.items():
             head = queue[0]
+            if admissible and not self._admissible(queue[-1] if newest else head):
+                continue
             waited = -queue[-1].enqueued if newest else head.enqueued
             rank = (-head.tenant.priority, self.held.get(tenant_id, 0) / head.tenant.share, waited)
             if best is None or rank < best:
@@ -399,28 +449,28 @@ class Admission:
         waiter = queue.pop() if self.standing(now) else queue.popleft()
         if not queue:
             del self._waiting[tenant_id]
-        self._queued(-1, now)
-        waiter.future.set_result(self._take(waiter.tenant, now))
+        self._queued(-1, now, waiter.model)
+        waiter.future.set_result(self._take(waiter.tenant, now, waiter.model))
 
     def _grant(self, now: float) -> bool:
         """Free slots to the waiters, best first, while the best may have one; whether
         any was granted."""
         granted = False
-        while (chosen := self._best_queue(now)) is not None:
-            tenant = self._waiting[chosen][0].tenant  # a key's waiters share its tenant
-            if self.in_flight >= self._room(tenant) and not self.below_share(tenant):
-                break
+        while (chosen := self._best_queue(now, admissible=True)) is not None:
             self._grant_to(chosen, now)
             granted = True
         return granted
 
-    def _hand_over(self, releaser: Tenant, now: float) -> None:
+    def _hand_over(self, releaser: Tenant, now: float, model: str) -> None:
         """No slot is free (the limit has fallen below what is in flight); the slot a key
         just gave back still goes to a waiting key that holds fewer for its share (what
         is in flight does not grow), so a flood's slots pass to the others one
         completion each instead of all waiting for the limit to be reached."""
         chosen = self._best_queue(now)  # (in flight is under the ceiling: one was just released)
         if chosen is None or chosen == releaser.id:
+            return
+        queue = self._waiting[chosen]
+        if (queue[-1] if self.standing(now) else queue[0]).model != model:  # another gate's
             return
         share = self._waiting[chosen][0].tenant.share
         if self.held.get(chosen, 0) / share < (self.held.get(releaser.id, 0) + 1) / releaser.share:
@@ -453,6 +503,12 @@ class Admission:
                 self._light(ticket, now),
             )
         self.in_flight -= 1
+        if self.gate is not None:
+            left = self.by_model[ticket.model] - 1
+            if left:
+                self.by_model[ticket.model] = left
+            else:
+                del self.by_model[ticket.model]
         if served:
             self.throughput.add(now)
         tenant = ticket.tenant
@@ -465,7 +521,7 @@ class Admission:
         self.held_by_tier[tenant.tier] -= 1
         self.utilization.set(min(1.0, self.in_flight / max(1, self.limit)), now)
         if self._waiting and not self._grant(now):
-            self._hand_over(tenant, now)
+            self._hand_over(tenant, now, ticket.model)
         if self.in_flight == 0:
             self._idle.set()
 
@@ -481,7 +537,7 @@ class Admission:
         latency feeds the limit under ``cost`` when it ends normally or by a Triton
         timeout (the slowest latency there is); other failures say nothing about speed."""
         with waiting or nullcontext():
-            ticket = await self.acquire(tenant)
+            ticket = await self.acquire(tenant, "" if cost is None else _model_of(cost))
         measured = cost
         try:
             yield ticket
@@ -532,6 +588,16 @@ def build_admission(server: ServerSettings) -> Admission:
     ceiling = server.max_in_flight
     adaptive = server.adaptive
     limit: int | ConcurrencyLimit = ceiling
+    if adaptive.enabled and adaptive.anchor == "triton":
+        gate = QueueGate(
+            GateSettings(
+                target=adaptive.queue_target_batches,
+                floor=min(adaptive.floor, ceiling),
+                ceiling=ceiling,
+                interval_seconds=adaptive.statistics_interval_seconds,
+            )
+        )
+        return Admission(ceiling, server.queue_seconds, server.retry_after_seconds, gate=gate)
     if adaptive.enabled and adaptive.anchor == "knee":
         limit = KneeLimit(
             KneeSettings(
@@ -555,6 +621,11 @@ def build_admission(server: ServerSettings) -> Admission:
             )
         )
     return Admission(limit, server.queue_seconds, server.retry_after_seconds)
+
+
+def _model_of(cost: Hashable) -> str:
+    """The model a cost class names (the plane's are ``(model, bucket)``)."""
+    return str(cost[0]) if isinstance(cost, tuple) and cost else ""
 
 
 def tenant_of(key: ApiKey, tiers: Mapping[str, TierSettings]) -> Tenant:
