@@ -72,7 +72,9 @@ def _steps(count: int, queued_ms: float, batch_ms: float) -> dict[str, Totals]:
 
 
 def _add(a: dict[str, Totals], b: dict[str, Totals]) -> dict[str, Totals]:
-    return {k: Totals(*(x + y for x, y in zip(vars(a[k]).values(), vars(b[k]).values(), strict=True))) for k in a}
+    return {
+        k: Totals(*(x + y for x, y in zip(vars(a[k]).values(), vars(b[k]).values(), strict=True))) for k in a
+    }
 
 
 def test_a_queue_over_the_target_lowers_the_limit_then_holds_it_one_pass() -> None:
