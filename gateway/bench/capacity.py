@@ -58,6 +58,8 @@ from gateway.serving.limit import percentile
 TEXT = json.dumps({"texts": ["the film was a delight from start to finish"]})
 ADAPTIVE = "adaptive"  # at the knee
 BASELINE = "adaptive, baseline anchor"
+QUEUE = "adaptive, triton queue"  # gated on Triton's own queue (gateway.serving.queuegate)
+ANCHORS = {ADAPTIVE: "knee", BASELINE: "baseline", QUEUE: "triton"}
 # the best static limit loaded by as many clients as it has slots: its goodput without a
 # retry storm, against which the adaptive limit's under the storm is read
 CALM = "no storm, static"
@@ -149,6 +151,7 @@ class Verdict:
     storm_goodput_vs_calm: float | None  # the adaptive limit under the storm / no storm
     # the static limits that meet the cap's bound themselves (none: no limit can, this run)
     statics_meeting_ceiling_bound: list[str]
+    adaptive: str = ADAPTIVE  # which adaptive limit was judged
 
 
 def hey(
@@ -196,11 +199,11 @@ def measure(
     seconds: float,
     extra: dict[str, str],
 ) -> Row:
-    if limit in (ADAPTIVE, BASELINE):
+    if limit in ANCHORS:
         env = {
             "GATEWAY_SERVER__MAX_IN_FLIGHT": str(ceiling),
             "GATEWAY_SERVER__ADAPTIVE__ENABLED": "true",
-            "GATEWAY_SERVER__ADAPTIVE__ANCHOR": "knee" if limit == ADAPTIVE else "baseline",
+            "GATEWAY_SERVER__ADAPTIVE__ANCHOR": ANCHORS[limit],
         }
     else:
         env = {
@@ -215,7 +218,7 @@ def measure(
         slow = throttled(triton, 0.004, 0.004 * (speed - 1)) if speed > 1 else nullcontext()
         with slow:
             answers = hey(gateway.url, clients, seconds)
-        reported = final_limit(gateway.url) if limit in (ADAPTIVE, BASELINE) else None
+        reported = final_limit(gateway.url) if limit in ANCHORS else None
     finally:
         gateway.stop()
     served = sorted(latency for at, latency, status in answers if status == 200 and at >= STEADY_AFTER)
@@ -386,8 +389,9 @@ def _slots(row: Row) -> int:
     return int(row.limit.split()[1])
 
 
-def verdict(rows: list[Row], speed: int) -> Verdict:
-    [adaptive] = [row for row in rows if row.speed == speed and row.limit == ADAPTIVE]
+def verdict(rows: list[Row], speed: int, name: str = ADAPTIVE) -> Verdict:
+    """Adaptive limit ``name``'s row at ``speed`` held to the run's static limits."""
+    [adaptive] = [row for row in rows if row.speed == speed and row.limit == name]
     reference = Reference.of(rows, speed)
     judged = reference.judge(adaptive)
     calm = [row for row in rows if row.speed == speed and row.limit.startswith(CALM)]
@@ -406,6 +410,7 @@ def verdict(rows: list[Row], speed: int) -> Verdict:
         statics_meeting_ceiling_bound=[
             row.limit for row in statics(rows, speed) if reference.judge(row).meets_ceiling_bound
         ],
+        adaptive=name,
     )
 
 
@@ -491,6 +496,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limits", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
     parser.add_argument("--speeds", type=int, nargs="+", default=[1, 5])
     parser.add_argument(
+        "--anchors",
+        nargs="+",
+        choices=sorted(ANCHORS.values()),
+        default=sorted(ANCHORS.values()),
+        help="the adaptive limits measured beside the static ones",
+    )
+    parser.add_argument(
         "--repository",
         choices=sorted(REPOSITORIES),
         default="real",
@@ -551,7 +563,8 @@ def main(argv: list[str] | None = None) -> int:
         triton.start()
         try:
             triton.wait_ready(timeout=180)
-            configs = [*(f"static {n}" for n in options.limits), ADAPTIVE, BASELINE]
+            adaptive = [name for name, anchor in ANCHORS.items() if anchor in options.anchors]
+            configs = [*(f"static {n}" for n in options.limits), *adaptive]
             for round_index in range(options.rounds if options.sweep else 0):
                 for speed in options.speeds:
                     for limit in interleaved(configs, round_index):
@@ -608,10 +621,13 @@ def main(argv: list[str] | None = None) -> int:
                     )
         finally:
             triton.stop()
-    verdicts = [verdict(rows, speed) for speed in options.speeds] if options.sweep else []
+    judged = [name for name in ANCHORS if ANCHORS[name] in options.anchors]
+    verdicts = (
+        [verdict(rows, speed, name) for speed in options.speeds for name in judged] if options.sweep else []
+    )
     for v in verdicts:
         print(
-            f"{v.speed}x slower: adaptive goodput {v.goodput_vs_best:.0%} of the best static ({v.best_static}, "
+            f"{v.speed}x slower: {v.adaptive}: goodput {v.goodput_vs_best:.0%} of the best static ({v.best_static}, "
             f"{v.best_goodput:.0f}/s), p99 {v.p99_vs_smallest_at_90:.2f}x that of {v.smallest_at_90} "
             f"(the smallest at 90 %: {v.smallest_at_90_p99_ms:.0f} ms); against static {ceiling}: goodput "
             f"{v.goodput_vs_ceiling:.0%}, p99 {v.p99_vs_ceiling:.2f}x; the whole flood's p99 "

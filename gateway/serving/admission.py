@@ -245,7 +245,7 @@ class Admission:
         gate = self.gate
         if gate is None or not gate.gates:
             return self.limiter.limit
-        return min(self.limiter.limit, sum(g.allowed for g in gate.gates.values()))
+        return min(self.limiter.limit, sum(g.limit for g in gate.gates.values()))
 
     def _model_open(self, model: str) -> bool:
         gate = self.gate
@@ -310,8 +310,9 @@ class Admission:
 
     def _room(self, tenant: Tenant) -> int:
         """What may be in flight when ``tenant`` is admitted by the plain rule: the limit,
-        less the reserve for a key (requests without keys have no one to share with)."""
-        limit = self.limit
+        less the reserve for a key (requests without keys have no one to share with);
+        with a gate, each model's is its own and this only the ceiling."""
+        limit = self.limiter.limit
         return limit if tenant.id == "" else min(limit, self.limiter.ceiling - self.reserve)
 
     def _take(self, tenant: Tenant, now: float, model: str = "") -> Ticket:
@@ -349,8 +350,6 @@ class Admission:
         if (open_now and not self._waiting_for.get(model)) or self.below_share(tenant):
             self._enter(tenant)
             return self._take(tenant, now, model)
-        if self.gate is not None and not self._model_open(model):
-            self.gate.note_bound(model)
         # a key under its share is first in line for the next slot: it waits for it as long
         # as a refusal would tell it to (static limits under 16 have no reserve to admit it at once)
         wait = (

@@ -193,8 +193,8 @@ def test_cost_ledger_attributes_a_profile_to_the_stages(tmp_path: Path, triton_p
 def test_bench_capacity_sweeps_static_limits_and_the_adaptive_ones(
     tmp_path: Path, triton_python_env: Path
 ) -> None:
-    """The short form of `make bench-capacity`: two static limits, the knee and the
-    baseline anchor under a hey flood, and a refusal's CPU four ways (the gRPC door's too); well formed, and
+    """The short form of `make bench-capacity`: two static limits, the knee and the gate
+    on Triton's queue under a hey flood, and a refusal's CPU four ways (the gRPC door's too); well formed, and
     the flood really overloads (refusals) while the knee moved from its ceiling or held it."""
     out = tmp_path / "capacity"
     result = subprocess.run(
@@ -202,7 +202,7 @@ def test_bench_capacity_sweeps_static_limits_and_the_adaptive_ones(
             sys.executable, "-m", "gateway.bench.capacity",
             "--seconds", "3", "--rounds", "2", "--clients", "40", "--limits", "2", "16", "--speeds", "1",
             "--repository", "trivial", "--triton-env", str(triton_python_env), "--out", str(out),
-            "--refusal-seconds", "2",
+            "--refusal-seconds", "2", "--anchors", "knee", "triton",
         ],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
@@ -212,7 +212,7 @@ def test_bench_capacity_sweeps_static_limits_and_the_adaptive_ones(
     # two floods of each, interleaved; a row is their median, with their spread
     assert len(report["runs"]) == 2 * 4
     assert [run["limit"] for run in report["runs"]][:4] != [run["limit"] for run in report["runs"]][4:]
-    for name in ("static 2", "static 16", "adaptive"):
+    for name in ("static 2", "static 16", "adaptive", "adaptive, triton queue"):
         row = rows[name]
         floods = [run for run in report["runs"] if run["limit"] == name]
         assert row["rounds"] == 2
@@ -222,7 +222,7 @@ def test_bench_capacity_sweeps_static_limits_and_the_adaptive_ones(
         ]
         assert row["goodput"] == sum(r["goodput"] for r in floods) / 2  # the median of two
     [calm] = [name for name in rows if name.startswith("no storm, static ")]
-    assert set(rows) == {"static 2", "static 16", "adaptive", "adaptive, baseline anchor", calm}
+    assert set(rows) == {"static 2", "static 16", "adaptive", "adaptive, triton queue", calm}
     for row in rows.values():
         assert row["goodput"] > 0
         assert 0 < row["p50_ms"] <= row["p99_ms"]
@@ -230,10 +230,12 @@ def test_bench_capacity_sweeps_static_limits_and_the_adaptive_ones(
     assert rows["static 2"]["refused_per_second"] > 0  # 40 connections on 2 slots
     assert rows[calm]["refused_per_second"] == 0  # as many clients as slots
     assert 1 <= rows["adaptive"]["final_limit"] <= 16
-    [verdict] = report["verdicts"]
-    assert verdict["goodput_vs_best"] > 0
-    assert verdict["storm_goodput_vs_calm"] > 0
-    assert set(verdict["statics_meeting_ceiling_bound"]) <= {"static 2", "static 16"}
+    assert 1 <= rows["adaptive, triton queue"]["final_limit"] <= 16
+    assert [v["adaptive"] for v in report["verdicts"]] == ["adaptive", "adaptive, triton queue"]
+    for verdict in report["verdicts"]:
+        assert verdict["goodput_vs_best"] > 0
+        assert verdict["storm_goodput_vs_calm"] > 0
+        assert set(verdict["statics_meeting_ceiling_bound"]) <= {"static 2", "static 16"}
     costs = {cost["way"]: cost for cost in report["refusal_cost"]}
     assert set(costs) == {
         "after the queue wait",

@@ -1,6 +1,7 @@
-"""Dispatch gated on Triton's own queue (gateway.serving.queuegate): the window read from
-Triton's statistics, each model's limit moved by it, and the admission that holds a
-model's requests behind its gate while another model's go."""
+"""Dispatch gated on what Triton's statistics say its batches cost (gateway.serving.queuegate):
+the batches read from Triton's statistics, the fit of a batch's cost on its size, each
+model's limit, and the admission that holds a model's requests behind its gate while
+another model's go."""
 
 from __future__ import annotations
 
@@ -9,8 +10,19 @@ import functools
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
+import pytest
+
 from gateway.serving.admission import Admission, Tenant
-from gateway.serving.queuegate import GateSettings, ModelGate, QueueGate, Totals, totals_of, window_of
+from gateway.serving.queuegate import (
+    BatchCost,
+    Batches,
+    GateSettings,
+    ModelGate,
+    QueueGate,
+    batches_of,
+    fit,
+    since,
+)
 
 MS = 1_000_000  # ns
 
@@ -23,156 +35,188 @@ def run(test: Callable[[], Coroutine[Any, Any, None]]) -> Callable[[], None]:
     return sync
 
 
-def _document(models: dict[str, Totals]) -> dict[str, Any]:
-    """A statistics document as Triton's HTTP JSON writes one (64-bit numbers as strings)."""
+def _costs(overhead_ms: float, per_request_ms: float, counts: dict[int, int]) -> Batches:
+    """Batches of each size, each costing exactly overhead + per_request x size."""
+    return {
+        size: BatchCost(count, count * (overhead_ms + per_request_ms * size) * MS)
+        for size, count in counts.items()
+    }
+
+
+def _document(models: dict[str, Batches]) -> dict[str, Any]:
+    """A statistics document as Triton's HTTP JSON writes one (64-bit numbers as strings;
+    compute split in input, inference and output)."""
     return {
         "model_stats": [
             {
                 "name": name,
                 "version": "1",
-                "execution_count": str(t.executions),
-                "inference_stats": {
-                    "success": {"count": str(t.count), "ns": "0"},
-                    "queue": {"count": str(t.count), "ns": str(t.queue_ns)},
-                    "compute_input": {"count": str(t.count), "ns": "0"},
-                    "compute_infer": {"count": str(t.count), "ns": str(t.compute_ns)},
-                    "compute_output": {"count": str(t.count), "ns": "0"},
-                },
+                "batch_stats": [
+                    {
+                        "batch_size": str(size),
+                        "compute_input": {"count": str(int(cost.count)), "ns": str(int(cost.ns // 4))},
+                        "compute_infer": {"count": str(int(cost.count)), "ns": str(int(cost.ns // 2))},
+                        "compute_output": {
+                            "count": str(int(cost.count)),
+                            "ns": str(int(cost.ns - cost.ns // 4 - cost.ns // 2)),
+                        },
+                    }
+                    for size, cost in batches.items()
+                ],
             }
-            for name, t in models.items()
+            for name, batches in models.items()
         ]
     }
 
 
-def test_totals_are_read_from_triton_json_and_versions_summed() -> None:
-    document = _document({"m": Totals(10, 5 * MS, 20 * MS, 4)})
+def test_batches_are_read_from_triton_json_and_versions_summed() -> None:
+    document = _document({"m": _costs(5, 10, {1: 4, 8: 2})})
     document["model_stats"].append(dict(document["model_stats"][0], version="2"))
-    assert totals_of(document) == {"m": Totals(20, 10 * MS, 40 * MS, 8)}
-    assert totals_of({"model_stats": [{"name": "empty"}]}) == {"empty": Totals()}
+    document["model_stats"].append({"name": "idle"})
+    found = batches_of(document)
+    assert found["m"] == {1: BatchCost(8, 8 * 15 * MS), 8: BatchCost(4, 4 * 85 * MS)}
+    assert found["idle"] == {}
 
 
-def test_an_ensembles_wait_is_its_steps_and_its_batch_the_slowest_steps() -> None:
-    window = window_of(
-        {
-            "tokenize": Totals(20, 20 * 2 * MS, 20 * 1 * MS, 5),  # 2 ms queued, 1 ms batch
-            "model": Totals(20, 20 * 8 * MS, 20 * 10 * MS, 2),  # 8 ms queued, 10 ms batch
-            "idle": Totals(0, 0, 0, 0),
-        }
-    )
-    assert window is not None
-    assert window.count == 20
-    assert abs(window.queued - 0.010) < 1e-9
-    assert abs(window.batch - 0.010) < 1e-9
-    assert abs(window.ratio - 1.0) < 1e-9
-    assert window_of({"idle": Totals()}) is None
+def test_the_fit_finds_what_a_batch_and_a_request_cost() -> None:
+    found = fit(_costs(6.6, 18.9, {1: 80, 2: 50, 4: 6, 8: 3, 33: 2}))  # the CPU text model's
+    assert found is not None
+    assert found.overhead == pytest.approx(0.0066)
+    assert found.per_request == pytest.approx(0.0189)
+    assert found.worth(0.9) == pytest.approx(9 * 6.6 / 18.9)
+    assert fit(_costs(5, 1, {4: 10})) is None  # one size says nothing of the slope
+    assert fit(_costs(5, 0, {1: 10, 8: 10})).worth(0.9) == float("inf")  # type: ignore[union-attr]
 
 
-def _steps(count: int, queued_ms: float, batch_ms: float) -> dict[str, Totals]:
-    return {"m": Totals(count, int(count * queued_ms * MS), int(count * batch_ms * MS), max(1, count // 8))}
+def test_since_is_what_ran_between_reads_and_a_restart_counts_anew() -> None:
+    before = _costs(1, 1, {1: 10, 2: 5})
+    now = _costs(1, 1, {1: 12, 2: 5, 4: 1})
+    assert since(now, before) == {1: BatchCost(2, 2 * 2 * MS), 4: BatchCost(1, 5 * MS)}
+    assert since(_costs(1, 1, {1: 3}), before) == _costs(1, 1, {1: 3})
 
 
-def _add(a: dict[str, Totals], b: dict[str, Totals]) -> dict[str, Totals]:
-    return {
-        k: Totals(*(x + y for x, y in zip(vars(a[k]).values(), vars(b[k]).values(), strict=True))) for k in a
-    }
+def _read(gate: ModelGate, totals: dict[str, Batches], elapsed: float = 0.25) -> bool:
+    return gate.judge(totals, elapsed)
 
 
-def test_a_queue_over_the_target_lowers_the_limit_then_holds_it_one_pass() -> None:
+def test_the_limit_is_a_batch_worth_making_running_and_one_waiting() -> None:
     gate = ModelGate(GateSettings(ceiling=64))
-    total = _steps(0, 0, 0)
-    assert not gate.judge(total, 0.0)  # the first read is the base
-    total = _add(total, _steps(40, 40, 10))  # 4 batches queued
-    assert gate.judge(total, 0.25)
-    assert gate.allowed == 32  # at most halved
-    total = _add(total, _steps(40, 40, 10))
-    assert not gate.judge(total, 0.26)  # sent under the old limit: held
-    total = _add(total, _steps(40, 15, 10))  # 1.5 batches: over the tolerance
-    assert gate.judge(total, 1.0)
-    assert gate.allowed == 21  # 32 x 1/1.5
+    steps = {"tokenize": _costs(1.3, 0.2, {}), "model": _costs(6.6, 18.9, {}), "post": _costs(3.6, 0.2, {})}
+    assert not _read(gate, steps)  # the first read is the base
+    assert gate.limit == 64
+    steps = {
+        "tokenize": _costs(1.3, 0.2, {1: 100, 2: 50, 16: 2}),
+        "model": _costs(6.6, 18.9, {1: 80, 2: 50, 4: 6, 33: 2}),
+        "post": _costs(3.6, 0.2, {1: 80, 2: 50, 33: 2}),
+    }
+    assert _read(gate, steps)
+    # the model step is the bottleneck: b* = 9 x 6.6 / 18.9 = 3.14; 2 x b* running and
+    # waiting, and one in each other step
+    assert gate.limit == 7 + 2
+    assert gate.last is not None
+    assert gate.last.per_request == pytest.approx(0.0189)
 
 
-def test_a_bound_limit_under_the_target_rises_and_an_unbound_one_does_not() -> None:
-    gate = ModelGate(GateSettings(ceiling=64), limit=16)
-    total = _steps(0, 0, 0)
-    gate.judge(total, 0.0)
-    total = _add(total, _steps(40, 2, 10))
-    assert not gate.judge(total, 0.25)  # nobody waited for it: no reason to move
-    gate.bound = True
-    total = _add(total, _steps(40, 2, 10))
-    assert gate.judge(total, 0.5)
-    assert gate.allowed == 20  # 16 + sqrt(16)
+def test_slower_by_the_same_factor_everywhere_leaves_the_limit() -> None:
+    fast, slow = ModelGate(GateSettings()), ModelGate(GateSettings())
+    for gate, factor in ((fast, 1), (slow, 5)):
+        _read(gate, {"m": {}})
+        _read(gate, {"m": _costs(6.6 * factor, 18.9 * factor, {1: 40, 3: 20, 8: 5})})
+    assert fast.limit == slow.limit == 7
 
 
-def test_a_window_waits_for_its_samples_and_a_restart_counts_anew() -> None:
-    gate = ModelGate(GateSettings(ceiling=64, min_samples=8))
-    total = _steps(100, 0, 0)
-    gate.judge(total, 0.0)
-    assert not gate.judge(_add(total, _steps(4, 100, 10)), 0.25)  # 4 of 8 samples
-    assert gate.allowed == 64
-    assert gate.judge(_add(total, _steps(8, 100, 10)), 0.5)  # the same window, now 8
-    assert gate.allowed == 32
-    assert not gate.judge(_steps(5, 100, 10), 5.0)  # counters went back: Triton restarted
-    assert gate.allowed == 32
+def test_batching_for_free_opens_to_the_ceiling_and_no_overhead_to_the_floor_of_two() -> None:
+    gpu = ModelGate(GateSettings(ceiling=64), limit=4)
+    _read(gpu, {"m": {}})
+    assert _read(gpu, {"m": _costs(5, 0, {1: 10, 32: 10})})
+    assert gpu.limit == 64
+    linear = ModelGate(GateSettings(ceiling=64))
+    _read(linear, {"m": {}})
+    _read(linear, {"m": _costs(0, 20, {1: 10, 8: 10})})
+    assert linear.limit == 2  # one running, one waiting: batching gains nothing
+
+
+def test_until_enough_batches_are_seen_the_limit_stays() -> None:
+    gate = ModelGate(GateSettings(ceiling=64, min_batches=8))
+    _read(gate, {"m": {}})
+    assert not _read(gate, {"m": _costs(6.6, 18.9, {1: 3, 4: 2})})  # 5 batches
+    assert gate.limit == 64
+    assert _read(gate, {"m": _costs(6.6, 18.9, {1: 6, 4: 4})})  # 10 now
+    assert gate.limit < 64
+
+
+def test_what_was_measured_is_forgotten_as_the_model_changes() -> None:
+    gate = ModelGate(GateSettings(ceiling=64, memory_seconds=1.0))
+    _read(gate, {"m": {}})
+    totals = _costs(0, 20, {1: 50, 8: 50})  # linear: no batching gain
+    _read(gate, {"m": totals})
+    assert gate.limit == 2
+    for second in range(1, 11):  # then a GPU-like model: a fixed cost per batch
+        now = {
+            size: BatchCost(cost.count + 50 * second, cost.ns + 50 * second * 20 * MS)
+            for size, cost in totals.items()
+        }
+        _read(gate, {"m": now}, elapsed=1.0)
+    assert gate.limit == 64
 
 
 class _Statistics:
     def __init__(self) -> None:
-        self.totals: dict[str, Totals] = {}
+        self.models: dict[str, Batches] = {}
         self.reads = 0
 
     async def statistics(self, model: str, version: str) -> dict[str, Any]:
         self.reads += 1
-        return _document(self.totals)
+        return _document(self.models)
 
 
-def _ensemble(model: str) -> Iterable[str]:
+def _steps(model: str) -> Iterable[str]:
     return {"text": ["tokenize", "model"], "image": ["image"]}[model]
 
 
 @run
 async def test_a_models_requests_wait_behind_its_gate_while_anothers_go() -> None:
-    clock = [0.0]
-    gate = QueueGate(GateSettings(ceiling=64, min_samples=1), clock=lambda: clock[0])
-    admission = Admission(64, queue_seconds=5, retry_after=1, gate=gate, clock=lambda: clock[0])
+    gate = QueueGate(GateSettings(ceiling=64))
+    admission = Admission(64, queue_seconds=5, retry_after=1, gate=gate)
     source = _Statistics()
-    source.totals = {"tokenize": Totals(), "model": Totals(), "image": Totals()}
-    held = [await admission.acquire(Tenant("a"), "text") for _ in range(2)]
-    await gate.read(source, _ensemble)  # the base
-    assert source.reads == 1
-    # Triton queued 8 batches of text: its gate falls to half
-    source.totals["model"] = Totals(10, 10 * 80 * MS, 10 * 10 * MS, 2)
-    source.totals["tokenize"] = Totals(10, 0, 10 * MS, 2)
-    admission.by_model["text"] = 40  # as if 40 were in flight
-    clock[0] = 0.25
+    source.models = {"tokenize": {}, "model": {}, "image": {}}
+    held = [await admission.acquire(Tenant("a"), "text") for _ in range(8)]
+    await gate.read(source, _steps)  # the base
+    source.models["model"] = _costs(10, 10, {1: 20, 4: 20})  # b* = 9: a limit of 19
+    source.models["tokenize"] = _costs(1, 0.1, {1: 20, 4: 20})
     gate.sent = True
-    await gate.read(source, _ensemble)
-    assert gate.limit("text") == 32
+    await gate.read(source, _steps)
+    assert gate.limit("text") == 19
+    held += [await admission.acquire(Tenant("a"), "text") for _ in range(11)]
     waiting = asyncio.create_task(admission.acquire(Tenant("a"), "text"))
     await asyncio.sleep(0)
-    assert not waiting.done()  # 40 in flight for a gate of 32
+    assert not waiting.done()  # 19 in flight for a gate of 19
     image = await asyncio.wait_for(admission.acquire(Tenant("a"), "image"), 1)
     assert image.model == "image"  # another model's gate is open
-    # the text gate rises once Triton's queue is short and the gate bound
-    source.totals["model"] = Totals(30, 10 * 80 * MS, 30 * 10 * MS, 6)
-    source.totals["tokenize"] = Totals(30, 0, 30 * MS, 6)
-    admission.by_model["text"] = 32
-    clock[0] = 5.0
+    assert admission.limit == 64  # the models' limits together, within the ceiling
+    # the batches of text grow cheaper: its gate rises and its waiter goes
+    source.models["model"] = _costs(10, 10, {1: 20, 4: 20, 16: 1000})
+    source.models["model"] = {
+        s: BatchCost(c.count, c.ns if s < 16 else c.count * 12 * MS)
+        for s, c in source.models["model"].items()
+    }
     gate.sent = True
-    await gate.read(source, _ensemble)
-    assert gate.limit("text") > 32
-    ticket = await asyncio.wait_for(waiting, 1)  # granted when the gate rose
+    await gate.read(source, _steps)
+    assert gate.limit("text") > 19
+    ticket = await asyncio.wait_for(waiting, 1)
     assert ticket.model == "text"
     for t in [*held, image, ticket]:
         admission.release(t)
+    assert admission.by_model == {}
 
 
 @run
 async def test_an_idle_gateway_asks_triton_nothing() -> None:
     gate = QueueGate(GateSettings())
     source = _Statistics()
-    await gate.read(source, _ensemble)
+    await gate.read(source, _steps)
     assert source.reads == 0
     gate.note_sent("image")
-    await gate.read(source, _ensemble)
-    await gate.read(source, _ensemble)
+    await gate.read(source, _steps)
+    await gate.read(source, _steps)
     assert source.reads == 1
