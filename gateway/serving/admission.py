@@ -552,7 +552,7 @@ class Admission:
         """What the capacity gauges show (read at scrape time)."""
         limiter = self.limiter
         return CapacityReading(
-            limit=limiter.limit,
+            limit=self.limit,
             ceiling=limiter.ceiling,
             in_flight=self.in_flight,
             waiting=self.waiting,

@@ -186,7 +186,10 @@ class ModelGate:
         measured = {step: self.batches.get(step, {}) for step in steps}
         bottleneck = max(measured.values(), key=per_request, default={})
         found = fit(bottleneck)
-        if found is None or found.batches < self.settings.min_batches:
+        if found is None or found.batches < self.settings.min_batches or found.overhead <= 0:
+            # a batch that costs nothing whatever its size is a fit not to be believed (a
+            # mix of two speeds while Triton slows down: the slower batches, the larger, read
+            # as a cost per request alone); the limit stays until a fit makes sense
             return False
         self.last = found
         settings, before = self.settings, self.limit

@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from pathlib import Path
 
 import httpx
@@ -264,3 +265,44 @@ def test_under_a_small_static_limit_a_quiet_key_beside_a_flood_is_served(
     assert flood_statuses[503] > flood_statuses[200]  # the flood was far over the 8 slots
     assert statuses == {200: len(beside)}, statuses
     assert len(beside) >= 8
+
+
+def _metric(gateway: GatewayProcess, name: str) -> float:
+    text = httpx.get(f"{gateway.url}/metrics", timeout=5).text
+    return float(next(line.split()[1] for line in text.splitlines() if line.startswith(f"{name} ")))
+
+
+def test_the_gate_on_tritons_batches_keeps_the_caps_goodput_at_a_fraction_of_its_latency(
+    triton: TritonServer, spawn_gateway: Callable[..., GatewayProcess]
+) -> None:
+    """Issue 54's gate (``server.adaptive.anchor=triton``): each model's limit computed from
+    what Triton's statistics say its batches cost (gateway.serving.queuegate), not searched
+    for with end-to-end latency. 64 connections sending back to back (hey), at Triton's
+    speed and 5x slower, against the static cap of 64 in the same run: the gate settles
+    near the knee (the CPU text model's batches: 6.6 ms + 18.9 ms a request, so a batch of
+    3 is worth making and about 9 in flight), keeping most of the cap's goodput at a
+    fraction of its p99; the rest is refused at once. The knee controller (the default)
+    ended its floods at 64 at speed with a p99 of 1.5 s (issue 54's table)."""
+    gate = spawn_gateway(triton, GATEWAY_SERVER__ADAPTIVE__ANCHOR="triton")
+    cap = spawn_gateway(triton, GATEWAY_SERVER__ADAPTIVE__ENABLED="false")
+    hey(gate.url, 8, 2)  # a light load first, as a replica has before a flood
+    hey(cap.url, 8, 2)
+
+    def flood(gateway: GatewayProcess) -> tuple[float, float]:
+        answers = hey(gateway.url, 64, 8)
+        served = [latency for offset, latency, status in answers if status == 200 and offset >= 2.0]
+        assert {status for _, _, status in answers} <= {200, 503}
+        return len(served) / 6.0, percentile_of(served, 0.99)
+
+    for speed, goodput_share, p99_share in ((1, 0.8, 0.5), (5, 0.6, 0.6)):
+        slow = throttled(triton, 0.004, 0.016) if speed > 1 else nullcontext()
+        with slow:
+            gated, capped = flood(gate), flood(cap)
+        limit = _metric(gate, "gateway_inflight_limit")
+        print(
+            f"{speed}x slower: the gate {gated[0]:.1f}/s, p99 {ms(gated[1])} (limit {limit:.0f}); "
+            f"the cap {capped[0]:.1f}/s, p99 {ms(capped[1])}"
+        )
+        assert 2 <= limit <= 24  # near the knee, far from the ceiling it started at
+        assert gated[0] >= goodput_share * capped[0]
+        assert gated[1] <= p99_share * capped[1]

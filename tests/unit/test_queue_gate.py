@@ -125,15 +125,17 @@ def test_slower_by_the_same_factor_everywhere_leaves_the_limit() -> None:
     assert fast.limit == slow.limit == 7
 
 
-def test_batching_for_free_opens_to_the_ceiling_and_no_overhead_to_the_floor_of_two() -> None:
+def test_batching_for_free_opens_to_the_ceiling_and_a_fit_without_overhead_holds() -> None:
     gpu = ModelGate(GateSettings(ceiling=64), limit=4)
     _read(gpu, {"m": {}})
     assert _read(gpu, {"m": _costs(5, 0, {1: 10, 32: 10})})
     assert gpu.limit == 64
-    linear = ModelGate(GateSettings(ceiling=64))
+    # a batch's time proportional to its size: what a mix of two speeds reads like while
+    # Triton slows down (the larger batches the slower ones); not believed, the limit stays
+    linear = ModelGate(GateSettings(ceiling=64), limit=9)
     _read(linear, {"m": {}})
-    _read(linear, {"m": _costs(0, 20, {1: 10, 8: 10})})
-    assert linear.limit == 2  # one running, one waiting: batching gains nothing
+    assert not _read(linear, {"m": _costs(0, 20, {1: 10, 8: 10})})
+    assert linear.limit == 9
 
 
 def test_until_enough_batches_are_seen_the_limit_stays() -> None:
@@ -148,16 +150,22 @@ def test_until_enough_batches_are_seen_the_limit_stays() -> None:
 def test_what_was_measured_is_forgotten_as_the_model_changes() -> None:
     gate = ModelGate(GateSettings(ceiling=64, memory_seconds=1.0))
     _read(gate, {"m": {}})
-    totals = _costs(0, 20, {1: 50, 8: 50})  # linear: no batching gain
+    totals = _costs(5, 0, {1: 50, 8: 50})  # a GPU-like model: a fixed cost per batch
     _read(gate, {"m": totals})
-    assert gate.limit == 2
-    for second in range(1, 11):  # then a GPU-like model: a fixed cost per batch
-        now = {
-            size: BatchCost(cost.count + 50 * second, cost.ns + 50 * second * 20 * MS)
-            for size, cost in totals.items()
-        }
-        _read(gate, {"m": now}, elapsed=1.0)
     assert gate.limit == 64
+    for second in range(1, 11):  # then a CPU-like one: 6.6 ms + 18.9 ms a request
+        now = _costs(6.6, 18.9, {1: 50 * second, 8: 50 * second})
+        _read(
+            gate,
+            {
+                "m": {
+                    size: BatchCost(totals[size].count + c.count, totals[size].ns + c.ns)
+                    for size, c in now.items()
+                }
+            },
+            1.0,
+        )
+    assert gate.limit == 7
 
 
 class _Statistics:
