@@ -142,8 +142,9 @@ class TextLimits(BaseModel):
 
 
 class AdaptiveSettings(BaseModel):
-    """The in-flight limit that follows Triton's speed (gateway.serving.limit): between
-    ``floor`` and ``server.max_in_flight``, moved so admitted requests stop queueing in Triton."""
+    """The in-flight limits that follow Triton (gateway.serving.queuegate, each model's own):
+    between ``floor`` and ``server.max_in_flight``, so Triton queues about a batch and the rest
+    waits in the gateway's fair queue."""
 
     enabled: bool = Field(
         True,
@@ -151,10 +152,11 @@ class AdaptiveSettings(BaseModel):
         "false: max_in_flight, always (docs/explanation/reliability.md).",
     )
     anchor: Literal["baseline", "knee", "triton"] = Field(
-        "knee",
-        description="triton: each model's requests sent while Triton's own queue for it (its "
-        "statistics) stays under queue_target_batches batches, the rest held in the gateway's fair "
-        "queue (gateway.serving.queuegate); knee: the fewest requests in flight at which Triton's delivery rate stops "
+        "triton",
+        description="triton (the default): each model's own limit, computed from what Triton's "
+        "statistics say its batches cost (a batch worth making running and queue_target_batches of "
+        "it waiting), the rest held in the gateway's fair queue (gateway.serving.queuegate); the "
+        "earlier controllers, to be removed: knee: the fewest requests in flight at which Triton's delivery rate stops "
         "rising (gateway.serving.knee; with latency_objective_seconds, no more than keeps the p90 "
         "under it; while a light key's requests come beside a flood, the p90 within 1 + tolerance "
         "of a request alone); baseline: the p90 latency always kept within 1 + tolerance times a "
@@ -221,8 +223,9 @@ class AdaptiveSettings(BaseModel):
         1.0,
         gt=0,
         le=100,
-        description="With the triton anchor: how long a request may wait in Triton's queue, in "
-        "batches of the model's slowest step (from Triton's statistics).",
+        description="With the triton anchor: the batches (each one worth making) a model's requests "
+        "may have waiting in Triton behind the one running; more: more throughput where deeper "
+        "queues pay, at their latency.",
     )
     statistics_interval_seconds: float = Field(
         0.25,

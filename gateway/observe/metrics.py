@@ -458,7 +458,8 @@ class CapacityCollector:
         r = self._read()
         yield GaugeMetricFamily(
             "gateway_inflight_limit",
-            "Inference requests the gateway admits at once now (the adaptive limit; max_in_flight at most).",
+            "Inference requests the gateway admits at once now (its models' gates together, or the "
+            "adaptive limit; max_in_flight at most).",
             value=r.limit,
         )
         yield GaugeMetricFamily(

@@ -29,6 +29,9 @@ size compute time).
   half-life of ``memory_seconds``, so a model that got slower or faster (another GPU,
   Triton throttled) is followed within seconds. Triton's speed changing by the same
   factor for every batch (5x slower) moves ``a`` and ``c`` alike, and ``b*`` not at all.
+  A fit whose ``a`` is not above zero (a batch's time all proportional to its size: what a
+  mix of two speeds reads like while Triton slows, its larger batches the slower) is not
+  believed, and the limit stays.
 - **Until measured** (fewer than two batch sizes seen, at least ``min_batches`` batches)
   a model's limit is the ceiling, as a static cap's would be: a cold replica sheds no
   burst it can serve, and a flood's first batches, of every size, measure it.
@@ -42,6 +45,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from time import monotonic
 from typing import Any, Protocol
+
+from gateway.errors import GatewayError
 
 logger = logging.getLogger(__name__)
 
@@ -235,7 +240,11 @@ class QueueGate:
         if not self.sent or not self.gates:
             return
         self.sent = False
-        found = batches_of(await source.statistics("", ""))
+        try:
+            found = batches_of(await source.statistics("", ""))
+        except GatewayError as error:  # Triton down or slow: its breaker and probe say so
+            logger.debug("no statistics for the gates: %s", error)
+            return
         now = self.clock()
         elapsed = self.settings.interval_seconds if self._read_at is None else now - self._read_at
         self._read_at = now

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from gateway.errors import TritonUnavailableError
 from gateway.serving.admission import Admission, Tenant
 from gateway.serving.queuegate import (
     BatchCost,
@@ -228,3 +229,16 @@ async def test_an_idle_gateway_asks_triton_nothing() -> None:
     await gate.read(source, _steps)
     await gate.read(source, _steps)
     assert source.reads == 1
+
+
+class _Down:
+    async def statistics(self, model: str, version: str) -> dict[str, Any]:
+        raise TritonUnavailableError("down")
+
+
+@run
+async def test_a_triton_that_does_not_answer_leaves_the_gates_as_they_are() -> None:
+    gate = QueueGate(GateSettings(ceiling=32))
+    gate.note_sent("image")
+    await gate.read(_Down(), _steps)  # no error: the breaker and the probe report Triton
+    assert gate.limit("image") == 32
