@@ -248,4 +248,4 @@ def test_bench_capacity_sweeps_static_limits_and_the_adaptive_ones(
         assert cost["gateway_cpu_ms_per_answer"] > 0
         assert cost["storm_cores"] > 0
         assert cost["calm_goodput"] > 0
-    assert "adaptive goodput" in result.stdout
+    assert "adaptive, triton queue: goodput" in result.stdout
