@@ -142,9 +142,9 @@ class TextLimits(BaseModel):
 
 
 class AdaptiveSettings(BaseModel):
-    """The in-flight limits that follow Triton (gateway.serving.queuegate, each model's own):
-    between ``floor`` and ``server.max_in_flight``, so Triton queues about a batch and the rest
-    waits in the gateway's fair queue."""
+    """The in-flight limit that follows Triton's speed (the knee, gateway.serving.knee; or each
+    model's own from Triton's batches, gateway.serving.queuegate): between ``floor`` and
+    ``server.max_in_flight``."""
 
     enabled: bool = Field(
         True,
@@ -152,11 +152,12 @@ class AdaptiveSettings(BaseModel):
         "false: max_in_flight, always (docs/explanation/reliability.md).",
     )
     anchor: Literal["baseline", "knee", "triton"] = Field(
-        "triton",
-        description="triton (the default): each model's own limit, computed from what Triton's "
-        "statistics say its batches cost (a batch worth making running and queue_target_batches of "
-        "it waiting), the rest held in the gateway's fair queue (gateway.serving.queuegate); the "
-        "earlier controllers, to be removed: knee: the fewest requests in flight at which Triton's delivery rate stops "
+        "knee",
+        description="triton (opt-in, to become the default): each model's own limit, computed from "
+        "what Triton's statistics say its batches cost (a batch worth making running and "
+        "queue_target_batches of it waiting), the rest held in the gateway's fair queue "
+        "(gateway.serving.queuegate; with the 0.1 s queue_seconds it sheds a steady load of 32 "
+        "clients the knee serves: docs/explanation/reliability.md); knee (the default): the fewest requests in flight at which Triton's delivery rate stops "
         "rising (gateway.serving.knee; with latency_objective_seconds, no more than keeps the p90 "
         "under it; while a light key's requests come beside a flood, the p90 within 1 + tolerance "
         "of a request alone); baseline: the p90 latency always kept within 1 + tolerance times a "

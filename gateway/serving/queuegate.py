@@ -31,7 +31,9 @@ size compute time).
   factor for every batch (5x slower) moves ``a`` and ``c`` alike, and ``b*`` not at all.
   A fit whose ``a`` is not above zero (a batch's time all proportional to its size: what a
   mix of two speeds reads like while Triton slows, its larger batches the slower) is not
-  believed, and the limit stays.
+  believed once the gate has a fit, and the limit stays; as the first fit (a light load's
+  batches of 1 and 2 often read so) it gives the cautious limit, ``b* = 1``, so the next
+  flood does not start from the ceiling.
 - **Until measured** (fewer than two batch sizes seen, at least ``min_batches`` batches)
   a model's limit is the ceiling, as a static cap's would be: a cold replica sheds no
   burst it can serve, and a flood's first batches, of every size, measure it.
@@ -191,10 +193,14 @@ class ModelGate:
         measured = {step: self.batches.get(step, {}) for step in steps}
         bottleneck = max(measured.values(), key=per_request, default={})
         found = fit(bottleneck)
-        if found is None or found.batches < self.settings.min_batches or found.overhead <= 0:
-            # a batch that costs nothing whatever its size is a fit not to be believed (a
-            # mix of two speeds while Triton slows down: the slower batches, the larger, read
-            # as a cost per request alone); the limit stays until a fit makes sense
+        if found is None or found.batches < self.settings.min_batches:
+            return False
+        if found.overhead <= 0 and self.last is not None:
+            # a batch whose time is all proportional to its size, once the gate has a fit:
+            # not believed (a mix of two speeds while Triton slows down reads so, its larger
+            # batches the slower); the limit stays until a fit makes sense. The first fit is
+            # taken as it reads (a batch of 1 worth making: the cautious limit), so a light
+            # load's batches of 1 and 2 do not leave the ceiling for the next flood
             return False
         self.last = found
         settings, before = self.settings, self.limit

@@ -11,6 +11,7 @@ over the caps; a client that gives up while its request is read.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import socket
@@ -381,21 +382,26 @@ def test_the_grpc_code_of_each_case_is_the_status_maps() -> None:
             assert STATUS_CODES[status].name == code, name
 
 
-def test_a_client_that_gives_up_is_499_on_both_doors(stack: Stack, caplog: pytest.LogCaptureFixture) -> None:
-    """Each door's client sends part of its request and goes away: counted as 499 on both
-    (never a success, never the gateway's 500), with one access-log line each."""
-    caplog.set_level(logging.INFO, logger="gateway.access")
-    before = _counters(stack)
-    # HTTP: a head and a part of its body, then the connection is closed
+@contextlib.contextmanager
+def _http_body_unsent(stack: Stack, headers: bytes = b"") -> Iterator[socket.socket]:
+    """A ``/v2`` inference whose head and a part of its body are sent, the rest never."""
     host, port = stack.http.base_url.host, stack.http.base_url.port
     with socket.create_connection((host, port)) as sock:
         sock.sendall(
             b"POST /v2/models/text_classifier/infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-            + f"authorization: Bearer {KEYS['app']}\r\nx-request-id: gone-http\r\n".encode()
+            + f"authorization: Bearer {KEYS['app']}\r\n".encode()
+            + headers
             + b'content-length: 100000\r\n\r\n{"inputs": ['
         )
-        time.sleep(0.3)
-    # gRPC: the call starts, its message never comes, the client cancels
+        yield sock
+
+
+@contextlib.contextmanager
+def _grpc_message_unsent(stack: Stack, request_id: str | None = None) -> Iterator[Any]:
+    """A ``ModelInfer`` call started whose message never comes; cancelled on the way out."""
+    metadata = [("authorization", f"Bearer {KEYS['app']}")]
+    if request_id is not None:
+        metadata.append(("x-request-id", request_id))
     with grpc.insecure_channel(stack.grpc_address) as channel:
         stop = threading.Event()
 
@@ -404,12 +410,25 @@ def test_a_client_that_gives_up_is_499_on_both_doors(stack: Stack, caplog: pytes
             return
             yield b""
 
-        call = channel.stream_unary(GRPC_ROUTE).future(
-            never(), metadata=[("authorization", f"Bearer {KEYS['app']}"), ("x-request-id", "gone-grpc")]
-        )
+        call = channel.stream_unary(GRPC_ROUTE).future(never(), metadata=metadata)
+        try:
+            yield call
+        finally:
+            call.cancel()
+            stop.set()
+
+
+def test_a_client_that_gives_up_is_499_on_both_doors(stack: Stack, caplog: pytest.LogCaptureFixture) -> None:
+    """Each door's client sends part of its request and goes away: counted as 499 on both
+    (never a success, never the gateway's 500), with one access-log line each."""
+    caplog.set_level(logging.INFO, logger="gateway.access")
+    before = _counters(stack)
+    # HTTP: a head and a part of its body, then the connection is closed
+    with _http_body_unsent(stack, b"x-request-id: gone-http\r\n"):
         time.sleep(0.3)
-        call.cancel()
-        stop.set()
+    # gRPC: the call starts, its message never comes, the client cancels
+    with _grpc_message_unsent(stack, "gone-grpc"):
+        time.sleep(0.3)
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         lines = {
@@ -443,28 +462,10 @@ def test_a_call_under_way_is_in_flight_on_both_doors(stack: Stack) -> None:
     still to come counts in ``gateway_requests_in_flight`` on either door, and leaves it
     when it ends."""
     idle = _in_flight(stack)
-    host, port = stack.http.base_url.host, stack.http.base_url.port
-    with socket.create_connection((host, port)) as sock, grpc.insecure_channel(stack.grpc_address) as channel:
-        sock.sendall(
-            b"POST /v2/models/text_classifier/infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-            + f"authorization: Bearer {KEYS['app']}\r\n".encode()
-            + b'content-length: 100000\r\n\r\n{"inputs": ['
-        )
-        stop = threading.Event()
-
-        def never() -> Iterator[bytes]:
-            stop.wait(10)
-            return
-            yield b""
-
-        call = channel.stream_unary(GRPC_ROUTE).future(
-            never(), metadata=[("authorization", f"Bearer {KEYS['app']}")]
-        )
+    with _http_body_unsent(stack), _grpc_message_unsent(stack):
         deadline = time.monotonic() + 2  # (the body's timeout is 3 s)
         while (held := _in_flight(stack)) < idle + 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        call.cancel()
-        stop.set()
     assert held == idle + 2
     deadline = time.monotonic() + 5
     while (after := _in_flight(stack)) != idle and time.monotonic() < deadline:

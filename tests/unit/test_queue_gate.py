@@ -126,17 +126,17 @@ def test_slower_by_the_same_factor_everywhere_leaves_the_limit() -> None:
     assert fast.limit == slow.limit == 7
 
 
-def test_batching_for_free_opens_to_the_ceiling_and_a_fit_without_overhead_holds() -> None:
+def test_batching_for_free_opens_to_the_ceiling_and_a_first_fit_without_overhead_is_cautious() -> None:
     gpu = ModelGate(GateSettings(ceiling=64), limit=4)
     _read(gpu, {"m": {}})
     assert _read(gpu, {"m": _costs(5, 0, {1: 10, 32: 10})})
     assert gpu.limit == 64
-    # a batch's time proportional to its size: what a mix of two speeds reads like while
-    # Triton slows down (the larger batches the slower ones); not believed, the limit stays
+    # a batch's time proportional to its size as the first fit: batching gains nothing
+    # measurable, the cautious limit (one running, one waiting)
     linear = ModelGate(GateSettings(ceiling=64), limit=9)
     _read(linear, {"m": {}})
-    assert not _read(linear, {"m": _costs(0, 20, {1: 10, 8: 10})})
-    assert linear.limit == 9
+    assert _read(linear, {"m": _costs(0, 20, {1: 10, 8: 10})})
+    assert linear.limit == 2
 
 
 def test_until_enough_batches_are_seen_the_limit_stays() -> None:
@@ -242,3 +242,23 @@ async def test_a_triton_that_does_not_answer_leaves_the_gates_as_they_are() -> N
     gate.note_sent("image")
     await gate.read(_Down(), _steps)  # no error: the breaker and the probe report Triton
     assert gate.limit("image") == 32
+
+
+def test_a_first_fit_without_overhead_is_cautious_and_a_later_one_holds() -> None:
+    # a light load's batches of 1 and 2, their time proportional to their size: batching
+    # gains nothing measurable, one running and one waiting, and one in the other step
+    gate = ModelGate(GateSettings(ceiling=64))
+    _read(gate, {"model": {}, "post": {}})
+    assert _read(gate, {"model": _costs(0, 20, {1: 10, 2: 10}), "post": _costs(1, 1, {1: 20})})
+    assert gate.limit == 2 + 1
+    # once the gate has a fit, one without overhead (a mix of two speeds) is not believed
+    fitted = ModelGate(GateSettings(ceiling=64), limit=9)
+    _read(fitted, {"m": {}})
+    _read(fitted, {"m": _costs(6.6, 18.9, {1: 40, 3: 20, 8: 5})})
+    assert fitted.limit == 7
+    slowed = {
+        size: BatchCost(cost.count + 400, cost.ns + 400 * 80 * size * MS)
+        for size, cost in _costs(6.6, 18.9, {1: 40, 3: 20, 8: 5}).items()
+    }
+    assert not _read(fitted, {"m": slowed})  # 5x dearer and all of it per request
+    assert fitted.limit == 7
