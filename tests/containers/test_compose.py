@@ -234,8 +234,14 @@ def test_the_stack_comes_up_healthy_and_answers_through_haproxy(stack: Stack) ->
         image = _classify(stack, CLIENT_KEY, files={"file": ("cat.jpg", chelsea_jpeg(), "image/jpeg")})
     assert image.status_code == 200, image.text + _logs(stack)
     assert any("cat" in p["label"] for p in image.json()["results"][0]["predictions"][:3])
+    # the first text call meets a cold text model the same way (504 once, 2026-11-28, right
+    # after the suite): tried again as the image was
+    deadline = time.monotonic() + 60
     text = _classify(stack, CLIENT_KEY, json={"text": "The striker scored twice in the final."})
-    assert text.status_code == 200, text.text
+    while text.status_code == 504 and time.monotonic() < deadline:
+        print(f"an early text call: {text.status_code} {text.text}")
+        text = _classify(stack, CLIENT_KEY, json={"text": "The striker scored twice in the final."})
+    assert text.status_code == 200, text.text + _logs(stack)
     assert text.json()["results"][0]["predictions"][0]["label"] == "sports"
     assert _classify(stack, None, json={"text": "no key"}).status_code == 401
     # the gRPC door, through HAProxy's gRPC frontend
