@@ -530,13 +530,15 @@ class Admission:
         waiting: AbstractContextManager[Any] | None = None,
         tenant: Tenant = ANONYMOUS,
         cost: Hashable | None = None,
+        model: str = "",
     ) -> AsyncIterator[Ticket]:
-        """Hold one in-flight slot for the duration of the block; ``waiting`` (say, a
-        tracing span) is entered only while the slot is being acquired. The block's
+        """Hold one in-flight slot for the duration of the block (through ``model``'s gate,
+        when there are gates); ``waiting`` (say, a tracing span) is entered only while the
+        slot is being acquired. The block's
         latency feeds the limit under ``cost`` when it ends normally or by a Triton
         timeout (the slowest latency there is); other failures say nothing about speed."""
         with waiting or nullcontext():
-            ticket = await self.acquire(tenant, "" if cost is None else _model_of(cost))
+            ticket = await self.acquire(tenant, model)
         measured = cost
         try:
             yield ticket
@@ -620,11 +622,6 @@ def build_admission(server: ServerSettings) -> Admission:
             )
         )
     return Admission(limit, server.queue_seconds, server.retry_after_seconds)
-
-
-def _model_of(cost: Hashable) -> str:
-    """The model a cost class names (the plane's are ``(model, bucket)``)."""
-    return str(cost[0]) if isinstance(cost, tuple) and cost else ""
 
 
 def tenant_of(key: ApiKey, tiers: Mapping[str, TierSettings]) -> Tenant:

@@ -110,7 +110,7 @@ class InferencePlane:
         # the span covers the wait for an in-flight slot (the gateway's queue)
         count = kind.count(payload)
         slot = (
-            self.admission.slot(tracing.span("admission"), tenant, (model, cost_bucket(count)))
+            self.admission.slot(tracing.span("admission"), tenant, (model, cost_bucket(count)), model)
             if admitted
             else _no_slot()
         )
@@ -188,7 +188,9 @@ class InferencePlane:
     ) -> InferResult:
         """One inference on checked tensors (the Open Inference Protocol routes);
         ``classes``: Triton's classification extension, by output."""
-        async with self.admission.slot(self.tracing.span("admission"), tenant, (model, "tensors")) as ticket:
+        async with self.admission.slot(
+            self.tracing.span("admission"), tenant, (model, "tensors"), model
+        ) as ticket:
             with self.backend.circuit(model):
                 return await self.backend.infer(
                     model,
