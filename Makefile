@@ -27,7 +27,7 @@ APT_TEST_PACKAGES := chromium prometheus docker-compose wrk hey haproxy redis-se
 # makes their base.
 APT_CONTAINER_PACKAGES := podman runc netavark aardvark-dns iptables debootstrap docker-compose
 
-.PHONY: test-containers lock models-examples keys help run test lint typecheck models install system-deps test-system-deps clean bench bench-capacity bench-ledger bench-shared-state soak gpu-smoke docs docs-serve
+.PHONY: test-containers lock models-examples keys help run test lint typecheck models install system-deps test-system-deps clean bench bench-capacity bench-placement bench-ledger bench-shared-state soak gpu-smoke docs docs-serve
 
 help:
 	@echo "make run    install, build the models, start Triton (CPU) and the gateway on :$(PORT)"
@@ -38,6 +38,7 @@ help:
 	@echo "make lint   ruff + mypy"
 	@echo "make bench  the gateway beside Triton direct, a reference gateway and KServe: table, JSON, plot in .reports/"
 	@echo "make bench-capacity  static in-flight limits 1..64 against the adaptive one under overload (hey)"
+	@echo "make bench-placement two Tritons, one 5x slower: shortest queue against round-robin and the two apart"
 	@echo "make bench-ledger  what each stage of the hot path costs (py-spy under load)"
 	@echo "make soak   5 minutes at 80 % of capacity: RSS drift, descriptors, metric series, errors"
 	@echo "make gpu-smoke  on a GPU host: docker compose up, then every check in one report"
@@ -180,6 +181,12 @@ bench: test-system-deps install $(VENV)/.dev-installed models
 # their spread, and the verdict against the best static limit and the cap of 64.
 bench-capacity: test-system-deps install $(VENV)/.dev-installed
 	$(VENV)/bin/python -m gateway.bench.capacity --out .reports/capacity
+
+# Placement across Triton replicas: two Tritons, the second 5x slower, behind one gateway
+# placing by shortest queue and one by round-robin, against the two apart; a flood and half
+# load, three rounds interleaved (about 5 minutes): .reports/placement.json.
+bench-placement: test-system-deps install $(VENV)/.dev-installed models
+	$(VENV)/bin/python -m gateway.bench.placement --out .reports/placement
 
 # The hot path's cost ledger: each stage's share of the gateway's CPU (py-spy under wrk load,
 # trivial model, c=8): .reports/ledger.json.

@@ -113,7 +113,13 @@ def errors_page() -> str:
 def metrics_page() -> str:
     from prometheus_client import CollectorRegistry
 
-    from gateway.observe.metrics import GatewayMetrics
+    from gateway.observe.metrics import (
+        CapacityCollector,
+        CapacityReading,
+        GatewayMetrics,
+        ReplicaCollector,
+        ReplicaReading,
+    )
 
     metrics = GatewayMetrics(CollectorRegistry(), merges_triton=True, shares_state=True)
     rows = []
@@ -125,6 +131,21 @@ def metrics_page() -> str:
         suffix = {"counter": "_total", "info": "_info"}.get(kind, "")
         labels = ", ".join(f"`{label}`" for label in getattr(value, "_labelnames", ())) or "-"
         rows.append((f"{name}{suffix}", kind, labels, _cell(getattr(value, "_documentation", ""))))
+    # the families computed at scrape time (the admission's capacity, Triton replicas)
+    seen = {row[0] for row in rows}
+    reading = CapacityReading(0, 0, 0, 0, 0.0, 0.0, False, False, 0, 0, 0.0, {"standard": 0})
+    collectors = (
+        CapacityCollector(lambda: reading, ["standard"]),
+        ReplicaCollector(lambda: [ReplicaReading("triton:8001", True, 0, 0.0, 0)]),
+    )
+    for collector in collectors:
+        for family in collector.collect():
+            name = family.name + ("_total" if family.type == "counter" else "")
+            if name in seen:
+                continue
+            names = sorted({label for sample in family.samples for label in sample.labels})
+            labels = ", ".join(f"`{label}`" for label in names) or "-"
+            rows.append((name, family.type, labels, _cell(family.documentation)))
     lines = [
         "# Metrics",
         "",

@@ -63,12 +63,35 @@ BackendFactory = Callable[[Settings, GatewayMetrics, Tracing], InferenceBackend]
 
 
 def triton_backend(settings: Settings, metrics: GatewayMetrics, tracing: Tracing) -> InferenceBackend:
+    """The transport to Triton: one channel, or with several replicas (a list, or a
+    ``dns:///`` name under ``shortest_queue``) one each, placed per call
+    (gateway.serving.placement)."""
+    from gateway.serving.placement import Placement, endpoints, resolve_now, resolver
     from gateway.triton.client import TritonBackend
 
     # gRPC refuses messages over this size before they leave: the largest single call is
     # one image or one text request at the gateway-wide caps.
     max_send = max(settings.image.max_bytes, settings.max_text_body_bytes) + 64 * 1024
-    return TritonBackend(settings.triton, metrics, tracing, max_send_bytes=max_send)
+    triton = settings.triton
+    resolve = resolver(triton.url) if triton.load_balancing == "shortest_queue" else None
+    addresses = resolve_now(triton.url) if resolve is not None else endpoints(triton.url)
+    if resolve is None and len(addresses) == 1:
+        return TritonBackend(triton, metrics, tracing, max_send_bytes=max_send)
+
+    def connect(address: str) -> InferenceBackend:
+        one = triton.model_copy(update={"url": address, "load_balancing": "pick_first"})
+        return TritonBackend(one, metrics, tracing, max_send_bytes=max_send)
+
+    placement = Placement(
+        addresses,
+        connect,
+        probe_interval=triton.probe_interval_seconds,
+        probe_timeout=min(triton.probe_timeout_seconds, triton.probe_interval_seconds),
+        resolve=resolve,
+        round_robin=triton.load_balancing == "round_robin",
+    )
+    metrics.watch_replicas(placement.readings)
+    return placement
 
 
 def _shared_state(settings: Settings, metrics: GatewayMetrics) -> SharedState | None:

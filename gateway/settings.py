@@ -39,14 +39,18 @@ class TritonSettings(BaseModel):
 
     url: str = Field(
         "127.0.0.1:8001",
-        description="host:port of Triton's gRPC endpoint (GATEWAY_TRITON__URL); dns:///host:port with "
-        "load_balancing round_robin to spread calls over every address a name resolves to.",
-        pattern=r"^(dns:///)?[A-Za-z0-9.\-\[\]:]+:\d{1,5}$",
+        description="Triton's gRPC endpoint, host:port (GATEWAY_TRITON__URL); several, comma-separated "
+        "(host1:8001,host2:8001); or dns:///host:port for every address a name resolves to (a "
+        "headless Service), resolved again every 5 s.",
+        pattern=r"^(dns:///[A-Za-z0-9.\-\[\]:]+:\d{1,5}|[A-Za-z0-9.\-\[\]:]+:\d{1,5}"
+        r"(,[A-Za-z0-9.\-\[\]:]+:\d{1,5})*)$",
     )
-    load_balancing: Literal["pick_first", "round_robin"] = Field(
-        "pick_first",
-        description="gRPC's policy over the addresses of url: pick_first (one connection) or round_robin "
-        "(every call to the next ready Triton; with several Triton replicas behind a headless Service).",
+    load_balancing: Literal["shortest_queue", "round_robin", "pick_first"] = Field(
+        "shortest_queue",
+        description="With several Triton replicas: shortest_queue places each call on the one whose "
+        "queue should drain first (its calls in flight, at what its calls have been taking; one that "
+        "stops answering is taken out and its waiting calls moved), round_robin on the next one up; "
+        "with one dns:/// name, round_robin and pick_first are gRPC's own policies over its addresses.",
     )
     timeout_seconds: float = Field(
         10.0, gt=0, le=300, description="Deadline for each inference call to Triton; past it, 504."

@@ -63,6 +63,7 @@ class GatewayMetrics:
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = registry
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self._replicas: ReplicaCollector | None = None
         self.requests = Counter(
             "gateway_requests",
             "HTTP requests answered, by route template, method, status code and model.",
@@ -316,6 +317,14 @@ class GatewayMetrics:
         if low:
             self.child(self.prediction_low_confidence, model, version).inc(low)
 
+    def watch_replicas(self, read: Callable[[], Sequence[ReplicaReading]]) -> None:
+        """Export the Triton replicas' placement state, read at scrape time (the last
+        placement built replaces an earlier one)."""
+        if self._replicas is not None:
+            self.registry.unregister(self._replicas)
+        self._replicas = ReplicaCollector(read)
+        self.registry.register(self._replicas)
+
     @contextmanager
     def time_triton_call(self, model: str, version: str) -> Iterator[None]:
         started = perf_counter()
@@ -444,6 +453,52 @@ class CapacityReading:
     shed: int
     waited_seconds: float
     held_by_tier: dict[str, int]
+
+
+@dataclass(frozen=True)
+class ReplicaReading:
+    """One Triton replica as the placement sees it (gateway.serving.placement)."""
+
+    address: str
+    up: bool
+    in_flight: int
+    call_seconds: float
+    placed: int
+
+
+class ReplicaCollector:
+    """Each Triton replica's placement state (gateway.serving.placement), at scrape time:
+    nothing is updated per call."""
+
+    def __init__(self, read: Callable[[], Sequence[ReplicaReading]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        readings = self._read()
+        families = (
+            ("gateway_triton_replica_up", "1 while the Triton replica answers its probe and takes calls."),
+            ("gateway_triton_replica_in_flight", "Calls to the Triton replica under way now."),
+            (
+                "gateway_triton_replica_call_seconds",
+                "What the replica's calls have been taking (a decaying average; 0 until one returned).",
+            ),
+        )
+        values: tuple[Callable[[ReplicaReading], float], ...] = (
+            lambda r: 1.0 if r.up else 0.0,
+            lambda r: float(r.in_flight),
+            lambda r: r.call_seconds,
+        )
+        for (name, help_text), value in zip(families, values, strict=True):
+            family = GaugeMetricFamily(name, help_text, labels=["replica"])
+            for reading in readings:
+                family.add_metric([reading.address], value(reading))
+            yield family
+        placed = CounterMetricFamily(
+            "gateway_triton_replica_calls", "Calls placed on the Triton replica.", labels=["replica"]
+        )
+        for reading in readings:
+            placed.add_metric([reading.address], reading.placed)
+        yield placed
 
 
 class CapacityCollector:

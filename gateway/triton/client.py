@@ -134,7 +134,11 @@ def channel_options(settings: TritonSettings, max_send_bytes: int) -> list[tuple
         # the breaker's probe keeps the channel busy anyway.
         ("grpc.keepalive_permit_without_calls", 0),
         ("grpc.http2.max_pings_without_data", 0),
-        ("grpc.lb_policy_name", settings.load_balancing),
+        # several replicas under shortest_queue are one channel each (gateway.serving.placement)
+        (
+            "grpc.lb_policy_name",
+            "pick_first" if settings.load_balancing == "shortest_queue" else settings.load_balancing,
+        ),
         # new Triton replicas are found when the name is resolved again: at most this often
         ("grpc.dns_min_time_between_resolutions_ms", 5000),
     ]

@@ -791,4 +791,4 @@ def test_several_tritons_share_the_volume_and_the_gateways_spread_over_them() ->
         }
     )
     assert settings.triton.url.startswith("dns:///triton-headless.")
-    assert settings.triton.load_balancing == "round_robin"
+    assert settings.triton.load_balancing == "shortest_queue"
