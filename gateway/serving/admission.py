@@ -293,6 +293,10 @@ class Admission:
         shares = self._shares if present else self._shares + tenant.share
         return max(1, int(self.limit * tenant.share / shares))
 
+    def holds(self, tenant: Tenant) -> int:
+        """``tenant``'s requests in flight and waiting for a slot."""
+        return self.held.get(tenant.id, 0) + len(self._waiting.get(tenant.id, ()))
+
     def under_share(self, tenant: Tenant) -> bool:
         """Whether ``tenant`` holds less than its guaranteed share while other keys contend
         (at the ceiling or not): the next slot freed is its (the fair rule), so it is never

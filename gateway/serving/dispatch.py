@@ -41,7 +41,7 @@ from gateway.serving.observed import PredictionObserver
 from gateway.serving.oip import InferRequest, bytes_checks, caps_for, check_top_k, parse_infer_request
 from gateway.serving.payload import ClassifyInput
 from gateway.serving.plane import InferencePlane
-from gateway.serving.refusal import Refusals, UnreadBody
+from gateway.serving.refusal import Refusals, UnreadBody, Upload
 from gateway.serving.rollout import RolloutRunner
 from gateway.serving.validation import resolve_threshold, resolve_top_k
 from gateway.settings import Settings
@@ -82,7 +82,7 @@ class Dispatcher:
         self.rollouts = rollouts
 
     # -- refusal before the body -------------------------------------------------------
-    def before_body(self, call: Call, unread: UnreadBody) -> AbstractAsyncContextManager[None]:
+    def before_body(self, call: Call, unread: UnreadBody) -> AbstractAsyncContextManager[Upload]:
         """Every inference route enters this before it reads a body: refused from its
         headers when the gateway would shed it (gateway.serving.refusal, the one rule
         every door asks)."""

@@ -9,13 +9,18 @@ before it reads a ``ModelInfer`` message (gateway.rpc.door). All three ask
 a new door inherits the rule by calling this module, and a change to the rule is made
 once.
 
-The rule (:meth:`Refusals.refuses`): draining; or no slot is free for the caller, at least
-a limit's worth of requests already wait for one, and at the rate requests have completed
-lately they would not all be served within the queue wait. Let in: a burst (a queue
-shorter than the limit), a key under its share, and any request while fewer than a
-limit's worth completed lately (a cold replica or a stalled Triton: nothing says how fast
-the queue moves). Requests still uploading are not counted ahead: a client that opens a
-request and sends its body slowly (or never) must not make the gateway refuse others.
+The rule (:meth:`Refusals.refuses`): draining; or, while requests complete (the gateway
+sees its queue move), either a named caller's own requests (in flight, waiting, and still
+uploading their bodies) are already more than the gateway serves within the queue wait
+(the limit, and what completes in that wait or a second limit's worth if that is more);
+or no slot is free for the caller, at least a limit's worth of requests already wait for
+one, and at the rate a limit's worth of completions shows they would not all be served
+within the queue wait. Let in: a burst (a queue shorter than the limit), a key under its
+share, and any request while nothing completed lately (a cold replica or a stalled
+Triton: nothing says how fast the queue moves). Other callers' requests still uploading
+are never counted ahead, nor anonymous ones (no name tells one stranger from another): a
+client that opens requests and sends their bodies slowly (or never) makes the gateway
+refuse its own requests only, never anyone else's.
 
 The answer: 503 ``overloaded`` with ``Retry-After`` (``shutting-down`` while draining), with
 ``Connection: close`` unless the body is small enough for the server to read away and the
@@ -57,6 +62,10 @@ class Refusals:
     def __init__(self, admission: Admission, shed_unread: bool = True) -> None:
         self.admission = admission
         self.shed_unread = shed_unread  # off: only a draining gateway refuses unread
+        # requests reading their bodies now (past this rule, not yet waiting for a slot), by
+        # key id, and in all
+        self._uploading: dict[str, int] = {}
+        self.uploading = 0
         # a retry that comes at once waits at most the Retry-After it was told to wait
         retry_after = float(admission.retry_after)
         self.damper = RetryDamper(longest_seconds=retry_after, forget_seconds=retry_after)
@@ -65,7 +74,7 @@ class Refusals:
         """The cheap test first (every HTTP request head asks): nothing is refused while
         the queue is shorter than the limit, unless the gateway drains."""
         admission = self.admission
-        return admission.draining or admission.waiting >= admission.limit
+        return admission.draining or admission.waiting + self.uploading >= admission.limit
 
     def refuses(self, tenant: Tenant = ANONYMOUS) -> bool:
         """Whether a request for ``tenant`` would be shed if it waited for a slot (the
@@ -73,15 +82,19 @@ class Refusals:
         admission = self.admission
         if admission.draining:
             return True
-        if not self.shed_unread:
+        if not self.shed_unread or admission.under_share(tenant):  # next in line: never refused
             return False
         ahead, limit = admission.waiting, admission.limit
-        if ahead < limit or admission.under_share(tenant):  # next in line: never refused
-            return False
         completed = admission.throughput.recent(admission.clock())
-        if completed < limit:
+        if completed < 1:  # nothing completed lately: a cold replica, or Triton stalled
             return False
-        return ahead + 1 > completed / admission.throughput.tau * admission.queue_seconds
+        served_in_wait = completed / admission.throughput.tau * admission.queue_seconds
+        if tenant.id:  # a caller with a name: its own would be shed after their uploads
+            own = admission.holds(tenant) + self._uploading.get(tenant.id, 0)
+            if own + 1 > limit + max(limit, served_in_wait):
+                return True
+        # a long queue, at a rate measured over a limit's worth of completions
+        return completed >= limit and ahead >= limit and ahead + 1 > served_in_wait
 
     def refusal(self, tenant: Tenant = ANONYMOUS, close: bool = True) -> OverloadedError | ShuttingDownError:
         """What :meth:`refuses` turns into for ``tenant`` (counted as shed; the key is not a
@@ -126,7 +139,7 @@ class Refusals:
     @asynccontextmanager
     async def before_body(
         self, tenant: Tenant, unread: UnreadBody, hold_at_most: float | None = None
-    ) -> AsyncIterator[None]:
+    ) -> AsyncIterator[Upload]:
         """What a route does before it reads a body: refused (raised) if :meth:`refuses`
         says so, held as a retry is. A request that declared ``Expect: 100-continue``
         waits for a slot first (the queue wait), and is refused if none comes: the 503
@@ -145,4 +158,33 @@ class Refusals:
                 exc.headers = {**exc.headers, "Connection": "close"}
                 raise
             admission.release(ticket, served=False)
-        yield
+        upload = Upload(self, tenant.id)
+        try:
+            yield upload
+        finally:
+            upload.done()
+
+    def _count(self, tenant_id: str, change: int) -> None:
+        self.uploading += change
+        count = self._uploading.get(tenant_id, 0) + change
+        if count:
+            self._uploading[tenant_id] = count
+        else:
+            del self._uploading[tenant_id]
+
+
+class Upload:
+    """A request past the rule, reading its body: counted as its caller's until
+    :meth:`done` (the route calls it once the body is in; leaving the block does too)."""
+
+    __slots__ = ("_refusals", "_tenant_id")
+
+    def __init__(self, refusals: Refusals, tenant_id: str) -> None:
+        self._refusals: Refusals | None = refusals
+        self._tenant_id = tenant_id
+        refusals._count(tenant_id, 1)
+
+    def done(self) -> None:
+        if self._refusals is not None:
+            self._refusals._count(self._tenant_id, -1)
+            self._refusals = None

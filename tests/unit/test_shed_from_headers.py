@@ -11,7 +11,7 @@ from typing import Any
 
 from gateway.errors import OverloadedError, ShuttingDownError
 from gateway.serving.admission import ANONYMOUS, Admission, Tenant, Ticket
-from gateway.serving.refusal import Refusals
+from gateway.serving.refusal import Refusals, UnreadBody
 
 LIMIT = 4
 
@@ -129,3 +129,46 @@ async def test_a_probe_of_a_slot_is_no_completion() -> None:
     assert admission.throughput.recent(clock()) == 0.0
     admission.release(await admission.acquire())
     assert admission.throughput.recent(clock()) == 1.0
+
+
+@run
+async def test_a_callers_own_uploads_beyond_what_the_wait_serves_are_refused_and_no_one_elses() -> None:
+    """300 uploads at once from one key: the slots, the queue wait's worth and a second
+    limit's worth read their bodies; the rest are refused from their headers (before, each
+    read its body and waited first: nothing waited yet when its head came). Another key's
+    request is not refused for them, and an upload counts only until its body is in."""
+    clock = Clock()
+    admission = Admission(LIMIT, queue_seconds=0.5, retry_after=1, clock=clock)
+    refusals = Refusals(admission)
+    _complete(admission, clock, count=8, seconds=2.0)  # about 4 a second: 2 in the wait
+    storm, other = Tenant("storm"), Tenant("other")
+    uploads, refused = [], 0
+    for _ in range(300):
+        if refusals.refuses(storm):
+            refused += 1
+            continue
+        upload = refusals.before_body(storm, UnreadBody())
+        await upload.__aenter__()
+        uploads.append(upload)
+    assert len(uploads) == 2 * LIMIT  # the limit, and a second limit's worth (more than 2)
+    assert refused == 300 - 2 * LIMIT
+    assert refusals.armed()
+    assert not refusals.refuses(other)
+    for upload in uploads[:LIMIT]:  # bodies in: no longer uploading
+        await upload.__aexit__(None, None, None)
+    assert refusals.uploading == LIMIT
+    assert not refusals.refuses(storm)
+    for upload in uploads[LIMIT:]:
+        await upload.__aexit__(None, None, None)
+    assert refusals.uploading == 0
+
+
+@run
+async def test_a_cold_replica_refuses_no_upload_of_its_own() -> None:
+    admission = Admission(LIMIT, queue_seconds=0.5, retry_after=1, clock=Clock())
+    refusals = Refusals(admission)
+    storm = Tenant("storm")
+    for _ in range(5 * LIMIT):
+        assert not refusals.refuses(storm)
+        await refusals.before_body(storm, UnreadBody()).__aenter__()
+    assert refusals.uploading == 5 * LIMIT

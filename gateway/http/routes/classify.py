@@ -157,9 +157,10 @@ async def classify_request(
         # upload, bounded by the body timeout, never holds one. Refusing only once the body is
         # in also spares a client still writing it a connection reset instead of the 503. A
         # client that asked `Expect: 100-continue` is refused unsent when the gateway is full.
-        async with dispatcher.before_body(call, unread_body(request)):
+        async with dispatcher.before_body(call, unread_body(request)) as upload:
             with state["tracing"].span("read body"):
                 payload = await read_classify_input(request, state["settings"], state["workers"])
+            upload.done()
             if payload.task_model is not None:  # vLLM's body: vLLM's answer
                 if model is not None or top_k is not None or threshold is not None:
                     raise InvalidInputError(

@@ -143,9 +143,10 @@ async def classify(request: Request) -> Response:
     dispatcher = state["dispatcher"]
     async with (
         logged(state["prediction_log"], call, TASK_CLASSIFY),
-        dispatcher.before_body(call, unread_body(request)),
+        dispatcher.before_body(call, unread_body(request)) as upload,
     ):
         parsed: ClassifyTaskRequest = await _body(request, state, ClassifyTaskRequest)
+        upload.done()
         texts = _texts(parsed.input, state["settings"])
         answer, rows = await classify_every_class(dispatcher, parsed.model, texts, call)
     return task_response(call.request_id, answer, rows)
@@ -161,8 +162,9 @@ async def embeddings(request: Request) -> Response:
     state = gateway_state(request)
     settings, dispatcher = state["settings"], state["dispatcher"]
     call = new_call(request, state)
-    async with dispatcher.before_body(call, unread_body(request)):
+    async with dispatcher.before_body(call, unread_body(request)) as upload:
         parsed: EmbeddingsRequest = await _body(request, state, EmbeddingsRequest)
+        upload.done()
         texts = _texts(parsed.input, settings)
         vectors = await embed(dispatcher, settings.openai, parsed.model, texts, call)
     if parsed.dimensions is not None and parsed.dimensions != vectors.shape[-1]:
