@@ -256,13 +256,13 @@ def test_three_hundred_uploads_at_once_are_refused_from_their_headers_beyond_wha
         f"Authorization: Bearer uploader-key\r\nContent-Length: {len(body)}\r\n\r\n"
     ).encode()
     for _ in range(4):  # the gateway has seen its queue move
-        served = httpx.post(
+        warm = httpx.post(
             f"{gateway.url}/classify",
             content=body,
             headers={"content-type": content_type, "authorization": "Bearer uploader-key"},
             timeout=30,
         )
-        assert served.status_code == 200, served.text
+        assert warm.status_code == 200, warm.text
 
     async def storm() -> list[tuple[bytes, float]]:
         return list(
