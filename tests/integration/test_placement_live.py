@@ -144,3 +144,16 @@ def test_a_replica_that_stops_answering_is_taken_out_within_a_second_and_put_bac
     assert replica_up(gateway)[hung.grpc_url] == 1.0
     load(2.0, flow(gateway, "both again", 8))
     assert replica_calls(gateway)[hung.grpc_url] > placed_while_hung[hung.grpc_url]
+
+
+def test_a_name_is_resolved_into_replicas_as_a_headless_service_gives_them(
+    triton: TritonServer, spawn_gateway: Callable[..., GatewayProcess]
+) -> None:
+    """``dns:///name:port`` under shortest_queue: the name resolved by the system's
+    resolver (here to this host's one Triton), each address a replica of its own."""
+    gateway = spawn_gateway(triton, GATEWAY_TRITON__URL=f"dns:///localhost:{triton.grpc_port}")
+    load(1.0, flow(gateway, "through the name", 2))
+    calls = replica_calls(gateway)
+    assert set(calls) == {f"127.0.0.1:{triton.grpc_port}"}, calls
+    assert calls[f"127.0.0.1:{triton.grpc_port}"] > 0
+    assert replica_up(gateway) == {f"127.0.0.1:{triton.grpc_port}": 1.0}
