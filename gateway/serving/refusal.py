@@ -18,7 +18,8 @@ one, and at the rate a limit's worth of completions shows they would not all be 
 within the queue wait. Let in: a burst (a queue shorter than the limit), a key under its
 share, and any request while nothing completed lately (a cold replica or a stalled
 Triton: nothing says how fast the queue moves). Other callers' requests still uploading
-are never counted ahead, nor anonymous ones (no name tells one stranger from another): a
+are never counted ahead, nor anonymous ones (no name tells one stranger from another),
+nor one that sent ``Expect: 100-continue`` (it waited for a slot before its upload): a
 client that opens requests and sends their bodies slowly (or never) makes the gateway
 refuse its own requests only, never anyone else's.
 
@@ -158,7 +159,9 @@ class Refusals:
                 exc.headers = {**exc.headers, "Connection": "close"}
                 raise
             admission.release(ticket, served=False)
-        upload = Upload(self, tenant.id)
+        # counted as its caller's upload unless it asked first (it waited for a slot above,
+        # and one that then sends nothing must not count against its own key's others)
+        upload = Upload(self if not unread.expects_continue else None, tenant.id)
         try:
             yield upload
         finally:
@@ -179,10 +182,12 @@ class Upload:
 
     __slots__ = ("_refusals", "_tenant_id")
 
-    def __init__(self, refusals: Refusals, tenant_id: str) -> None:
-        self._refusals: Refusals | None = refusals
+    def __init__(self, refusals: Refusals | None, tenant_id: str) -> None:
+        """Counted in ``refusals`` (None: not counted)."""
+        self._refusals = refusals
         self._tenant_id = tenant_id
-        refusals._count(tenant_id, 1)
+        if refusals is not None:
+            refusals._count(tenant_id, 1)
 
     def done(self) -> None:
         if self._refusals is not None:

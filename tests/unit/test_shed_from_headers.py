@@ -172,3 +172,19 @@ async def test_a_cold_replica_refuses_no_upload_of_its_own() -> None:
         assert not refusals.refuses(storm)
         await refusals.before_body(storm, UnreadBody()).__aenter__()
     assert refusals.uploading == 5 * LIMIT
+
+
+@run
+async def test_an_upload_that_asked_to_continue_is_not_counted_against_its_key() -> None:
+    """A client that sends `Expect: 100-continue` waited for a slot before its upload; if it
+    then sends nothing, its key's other requests are not refused for it
+    (tests/integration/test_attacks.py: silent Expect clients starve nobody)."""
+    clock = Clock()
+    admission = Admission(LIMIT, queue_seconds=0.5, retry_after=1, clock=clock)
+    refusals = Refusals(admission)
+    _complete(admission, clock, count=8, seconds=2.0)
+    key = Tenant("key")
+    for _ in range(5 * LIMIT):
+        await refusals.before_body(key, UnreadBody(expects_continue=True)).__aenter__()
+    assert refusals.uploading == 0
+    assert not refusals.refuses(key)
