@@ -280,11 +280,8 @@ class Placement:
             not self.replicas or monotonic() - self._resolved_at >= RESOLVE_SECONDS
         ):
             await self._follow_name()
-        replicas = list(self.replicas.values())
-        answers = await asyncio.gather(*(r.transport.is_live(self._probe_timeout) for r in replicas))
-        for replica, live in zip(replicas, answers, strict=True):
-            self._heard(replica, live)
-        for replica in replicas:
+        await self.is_live(self._probe_timeout)
+        for replica in list(self.replicas.values()):
             if replica.leaving and not replica.calls:
                 del self.replicas[replica.address]
                 await replica.transport.close()

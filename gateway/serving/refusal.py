@@ -63,8 +63,8 @@ class Refusals:
     def __init__(self, admission: Admission, shed_unread: bool = True) -> None:
         self.admission = admission
         self.shed_unread = shed_unread  # off: only a draining gateway refuses unread
-        # requests reading their bodies now (past this rule, not yet waiting for a slot), by
-        # key id, and in all
+        # named callers' requests reading their bodies now (past this rule, not yet waiting
+        # for a slot), by key id, and in all
         self._uploading: dict[str, int] = {}
         self.uploading = 0
         # a retry that comes at once waits at most the Retry-After it was told to wait
@@ -159,9 +159,11 @@ class Refusals:
                 exc.headers = {**exc.headers, "Connection": "close"}
                 raise
             admission.release(ticket, served=False)
-        # counted as its caller's upload unless it asked first (it waited for a slot above,
-        # and one that then sends nothing must not count against its own key's others)
-        upload = Upload(self if not unread.expects_continue else None, tenant.id)
+        # counted as its caller's upload when the rule reads it: a named caller's, unless it
+        # asked first (it waited for a slot above, and one that then sends nothing must not
+        # count against its own key's others)
+        counted = bool(tenant.id) and not unread.expects_continue
+        upload = Upload(self if counted else None, tenant.id)
         try:
             yield upload
         finally:
