@@ -274,7 +274,18 @@ class ServerSettings(BaseModel):
         0.1, ge=0, le=30, description="How long a request may wait for an in-flight slot before 503."
     )
     retry_after_seconds: int = Field(
-        1, ge=1, le=3600, description="Retry-After sent with 503 overloaded and shutting-down."
+        1,
+        ge=1,
+        le=3600,
+        description="Retry-After sent with 503 shutting-down, and the least sent with 503 overloaded.",
+    )
+    retry_after_max_seconds: int = Field(
+        10,
+        ge=1,
+        le=3600,
+        description="The most Retry-After sent with 503 overloaded. Between the two: when the queue ahead "
+        "will have drained at the measured completion rate, each refused caller told a later second than "
+        "the one before once a second's completions are promised (no herd comes back at once).",
     )
     shed_from_headers: bool = Field(
         True,

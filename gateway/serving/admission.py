@@ -199,6 +199,7 @@ class Admission:
         retry_after: int,
         clock: Any = monotonic,
         gate: QueueGate | None = None,
+        retry_after_max: int | None = None,
     ) -> None:
         self.limiter: ConcurrencyLimit = StaticLimit(limit) if isinstance(limit, int) else limit
         # each model's own limit, from Triton's queue (gateway.serving.queuegate); None: one
@@ -209,7 +210,9 @@ class Admission:
         if gate is not None:
             gate.on_change = self._regranted
         self.queue_seconds = queue_seconds
-        self.retry_after = retry_after
+        self.retry_after = retry_after  # the least Retry-After of a refusal
+        self.retry_after_max = max(retry_after, retry_after_max or retry_after)  # the most
+        self._promised = 0.0  # when the last caller refused was told to come back
         self.clock = clock
         # the slots under the ceiling a key over its share may not take (1 in 16: none
         # under 16), so a key arriving beside one that holds the ceiling is admitted at
@@ -377,13 +380,29 @@ class Admission:
             self._leave(waiter)
             self.shed += 1
             raise OverloadedError(
-                f"over {self.limit} requests are in flight; retry shortly", retry_after=self.retry_after
+                f"over {self.limit} requests are in flight; retry shortly",
+                retry_after=self.come_back_in(self.clock()),
             )
         ticket = future.result()
         if self.draining:  # it started draining while this one queued
             self.release(ticket)
             self._check_open()
         return ticket
+
+    def come_back_in(self, now: float) -> float:
+        """The Retry-After of a refusal now: when the queue ahead (and this caller) will
+        have drained at the rate requests complete, staggered after those refused before
+        it at that rate (each second's worth of refused callers told to come back in a
+        second of its own, not all in the same one); between ``retry_after`` and
+        ``retry_after_max``. ``retry_after`` while nothing has completed lately (no rate)."""
+        completed = self.throughput.recent(now)
+        if completed < 1 or self.retry_after_max <= self.retry_after:
+            return float(self.retry_after)
+        rate = completed / self.throughput.tau
+        at = max(now + (self.waiting + 1) / rate, self._promised)
+        latest = now + self.retry_after_max
+        self._promised = min(at + 1.0 / rate, latest)
+        return min(max(at - now, float(self.retry_after)), float(self.retry_after_max))
 
     def _leave(self, waiter: _Waiter) -> None:
         """A waiter gives up: out of its queue; a slot granted to it meanwhile goes back."""
@@ -602,7 +621,13 @@ def build_admission(server: ServerSettings) -> Admission:
                 interval_seconds=adaptive.statistics_interval_seconds,
             )
         )
-        return Admission(ceiling, server.queue_seconds, server.retry_after_seconds, gate=gate)
+        return Admission(
+            ceiling,
+            server.queue_seconds,
+            server.retry_after_seconds,
+            gate=gate,
+            retry_after_max=server.retry_after_max_seconds,
+        )
     if adaptive.enabled and adaptive.anchor == "knee":
         limit = KneeLimit(
             KneeSettings(
@@ -625,7 +650,12 @@ def build_admission(server: ServerSettings) -> Admission:
                 probe_samples=adaptive.probe_samples,
             )
         )
-    return Admission(limit, server.queue_seconds, server.retry_after_seconds)
+    return Admission(
+        limit,
+        server.queue_seconds,
+        server.retry_after_seconds,
+        retry_after_max=server.retry_after_max_seconds,
+    )
 
 
 def tenant_of(key: ApiKey, tiers: Mapping[str, TierSettings]) -> Tenant:

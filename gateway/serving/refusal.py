@@ -23,7 +23,9 @@ nor one that sent ``Expect: 100-continue`` (it waited for a slot before its uplo
 client that opens requests and sends their bodies slowly (or never) makes the gateway
 refuse its own requests only, never anyone else's.
 
-The answer: 503 ``overloaded`` with ``Retry-After`` (``shutting-down`` while draining), with
+The answer: 503 ``overloaded`` with ``Retry-After`` (``shutting-down`` while draining): when
+the queue will have drained at the measured completion rate
+(:meth:`~gateway.serving.admission.Admission.come_back_in`), with
 ``Connection: close`` unless the body is small enough for the server to read away and the
 client is not waiting to send it; held a little when the connection was refused moments
 ago (gateway.serving.retries), so a client retrying in a loop does not spin the gateway.
@@ -106,7 +108,7 @@ class Refusals:
         admission.refused(tenant)
         return OverloadedError(
             f"over {admission.limit} requests are in flight or waiting; retry shortly",
-            retry_after=admission.retry_after,
+            retry_after=admission.come_back_in(admission.clock()),
             headers={"Connection": "close"} if close else {},
         )
 

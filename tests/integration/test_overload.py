@@ -39,7 +39,15 @@ def test_three_times_capacity_is_shed_with_fast_503s(
     assert set(statuses) <= {200, 503}, statuses
     rejected = [a for a in overload.answers if a.status == 503]
     assert rejected, "nothing was shed at 3x the in-flight cap"
-    assert all(a.retry_after == "1" and a.slug == "overloaded" for a in rejected)
+    assert all(a.slug == "overloaded" for a in rejected)
+    # Retry-After is when the queue will have drained at the rate it completes, each
+    # second's worth of refused callers told a later second (issue 54 item 2): these 12
+    # clients retry at once, more refusals a second than completions, so the seconds told
+    # run up from the least (1), never past the most (retry_after_max_seconds, 10)
+    told = sorted({int(a.retry_after or 0) for a in rejected})
+    assert told[0] >= 1, told
+    assert told[-1] <= 10, told
+    assert len(told) > 1, told
     goodput = overload.rate(200) / capacity.rate(200)
     print(
         f"capacity {capacity.rate(200):.1f} req/s (p99 {capacity.p99(200) * 1000:.0f} ms); at 3x: "

@@ -188,3 +188,37 @@ async def test_an_upload_that_asked_to_continue_is_not_counted_against_its_key()
         await refusals.before_body(key, UnreadBody(expects_continue=True)).__aenter__()
     assert refusals.uploading == 0
     assert not refusals.refuses(key)
+
+
+@run
+async def test_retry_after_is_when_the_queue_drains_and_later_callers_are_told_later_seconds() -> None:
+    """Issue 54 item 2: the Retry-After of a refusal is the queue's measured drain, not a
+    fixed second. At 10 completions a second, 30 waiting: the first refused is told 4 s
+    (31 / 10, whole seconds up), and the next 10 refused are spread over the seconds after
+    it, a second's completions to each; the most is ``retry_after_max``."""
+    clock = Clock()
+    admission = Admission(LIMIT, queue_seconds=0.5, retry_after=1, clock=clock, retry_after_max=8)
+    _complete(admission, clock, 100, 10.0)  # 10 a second (the throughput's 2 s, five times)
+    _held, waiting = await _full(admission, queued=30)
+    refusals = Refusals(admission)
+    assert refusals.refuses()
+    told = [int(refusals.refusal().headers["Retry-After"]) for _ in range(60)]
+    assert told[0] == 4, told
+    assert told == sorted(told), told
+    assert 9 <= told.count(5) <= 11, told  # a second's completions each
+    assert 9 <= told.count(6) <= 11, told
+    assert told[-1] == 8, told  # capped
+    await _cancel(waiting)
+
+
+@run
+async def test_retry_after_is_the_least_while_nothing_completes_and_the_fixed_one_without_a_most() -> None:
+    clock = Clock()
+    admission = Admission(LIMIT, queue_seconds=0.5, retry_after=2, clock=clock, retry_after_max=30)
+    _held, waiting = await _full(admission, queued=30)
+    # nothing completed: no rate to drain at, the least is told
+    assert Refusals(admission).refusal().headers["Retry-After"] == "2"
+    fixed = Admission(LIMIT, queue_seconds=0.5, retry_after=3, clock=clock)
+    _complete(fixed, clock, 20, 2.0)
+    assert Refusals(fixed).refusal().headers["Retry-After"] == "3"
+    await _cancel(waiting)
