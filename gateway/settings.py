@@ -232,6 +232,14 @@ class AdaptiveSettings(BaseModel):
         "may have waiting in Triton behind the one running; more: more throughput where deeper "
         "queues pay, at their latency.",
     )
+    batch_efficiency: float = Field(
+        0.9,
+        gt=0,
+        lt=1,
+        description="With the triton anchor: the batch worth making is the smallest that delivers this share "
+        "of the most a model's batches can (its requests a second); lower: smaller batches and a shorter "
+        "queue in Triton, for less throughput where batching pays.",
+    )
     statistics_interval_seconds: float = Field(
         0.25,
         gt=0,

@@ -616,6 +616,7 @@ def build_admission(server: ServerSettings) -> Admission:
         gate = QueueGate(
             GateSettings(
                 target=adaptive.queue_target_batches,
+                efficiency=adaptive.batch_efficiency,
                 floor=min(adaptive.floor, ceiling),
                 ceiling=ceiling,
                 interval_seconds=adaptive.statistics_interval_seconds,
