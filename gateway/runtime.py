@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -41,6 +41,7 @@ from gateway.serving.guard import GuardedBackend
 from gateway.serving.observed import PredictionObserver
 from gateway.serving.oipcall import OipCalls
 from gateway.serving.plane import InferencePlane
+from gateway.serving.queuegate import Statistics, StatisticsSource
 from gateway.serving.readiness import Readiness
 from gateway.serving.refusal import Refusals
 from gateway.serving.rollout import RolloutRunner
@@ -155,6 +156,16 @@ def _steps_of(catalog: Catalog, model: str) -> list[str]:
     """What Triton queues a model's requests in: an ensemble's steps, else the model."""
     entry = catalog.find(model)
     return [step.name for step in entry.steps] if entry is not None and entry.steps else [model]
+
+
+def _statistics_of(backend: GuardedBackend) -> StatisticsSource | Callable[[], Awaitable[Statistics]]:
+    """What the gate on Triton's queue reads: every replica's statistics when calls are
+    placed across several (gateway.serving.placement), else the one Triton's."""
+    from gateway.serving.placement import Placement
+
+    if isinstance(backend.transport, Placement):
+        return backend.transport.statistics_by_replica
+    return backend
 
 
 class Runtime:
@@ -281,7 +292,7 @@ class Runtime:
                 reader = Periodic(
                     "triton queue statistics",
                     gate.settings.interval_seconds,
-                    lambda: gate.read(backend, lambda model: _steps_of(catalog, model)),
+                    lambda: gate.read(_statistics_of(backend), lambda model: _steps_of(catalog, model)),
                     logger,
                 )
                 reader.start()

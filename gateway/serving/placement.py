@@ -345,6 +345,29 @@ class Placement:
     async def statistics(self, model: str, version: str) -> dict[str, Any]:
         return await self._first_up().statistics(model, version)
 
+    async def statistics_by_replica(self) -> dict[str, dict[str, Any]]:
+        """Every model's statistics on each replica up, by address (the gate on Triton's
+        queue reads them all: each replica's counters are its own); the first failure
+        when none answered."""
+        replicas = [r for r in self.replicas.values() if r.up and not r.leaving]
+        if not replicas:
+            raise TritonUnavailableError("no Triton replica is up", retry_after=1)
+        answers = await asyncio.gather(
+            *(r.transport.statistics("", "") for r in replicas), return_exceptions=True
+        )
+        found: dict[str, dict[str, Any]] = {}
+        for replica, answer in zip(replicas, answers, strict=True):
+            if isinstance(answer, BaseException):
+                if not isinstance(answer, Exception):
+                    raise answer
+                continue
+            found[replica.address] = answer
+        if not found:
+            failure = answers[0]
+            assert isinstance(failure, BaseException)
+            raise failure
+        return found
+
     async def repository_index(self) -> list[RepositoryModel]:
         return await self._first_up().repository_index()
 

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from time import monotonic
 from typing import Any, Protocol
@@ -168,20 +168,42 @@ class ModelGate:
     limit: int = 0
     batches: dict[str, Batches] = field(default_factory=dict)  # remembered, by step
     last: Fit | None = None
-    _read: dict[str, Batches] = field(default_factory=dict)  # the last read's totals
+    replicas: int = 1  # the replicas its last read found
+    _read: dict[tuple[str, str], Batches] = field(
+        default_factory=dict
+    )  # the last read's totals, by replica and step
 
     def __post_init__(self) -> None:
         if not self.limit:
             self.limit = self.settings.ceiling
 
     def judge(self, steps: Mapping[str, Batches], elapsed: float) -> bool:
-        """A new read of the model's steps' totals, ``elapsed`` seconds after the last;
-        whether the limit moved."""
+        """A new read of the model's steps' totals on one Triton, ``elapsed`` seconds after
+        the last; whether the limit moved."""
+        return self.judge_replicas({"": steps}, elapsed)
+
+    def judge_replicas(self, replicas: Mapping[str, Mapping[str, Batches]], elapsed: float) -> bool:
+        """A new read of the model's steps' totals on each replica that answered (by
+        address), ``elapsed`` seconds after the last; whether the limit moved. Each
+        replica's counters are its own (what ran since its last read), their batches fitted
+        together (the replicas serve the same models); the limit is one replica's, times
+        the replicas read. A replica not read now is forgotten: back, its first read is its
+        base again."""
         keep = 0.5 ** (elapsed / self.settings.memory_seconds)
-        for step, totals in steps.items():
-            new = since(totals, self._read[step]) if step in self._read else {}
-            self._read[step] = dict(totals)
-            old = self.batches.get(step, {})
+        new_by_step: dict[str, Batches] = {}
+        for replica, steps in replicas.items():
+            for step, totals in steps.items():
+                key = (replica, step)
+                new = since(totals, self._read[key]) if key in self._read else {}
+                self._read[key] = dict(totals)
+                added = new_by_step.setdefault(step, {})
+                for size, cost in new.items():
+                    had = added.get(size, BatchCost())
+                    added[size] = BatchCost(had.count + cost.count, had.ns + cost.ns)
+        self._read = {key: totals for key, totals in self._read.items() if key[0] in replicas}
+        steps_read = {step for steps in replicas.values() for step in steps}
+        for step in steps_read:
+            old, new = self.batches.get(step, {}), new_by_step.get(step, {})
             merged = {
                 size: BatchCost(
                     old.get(size, BatchCost()).count * keep + new.get(size, BatchCost()).count,
@@ -190,27 +212,34 @@ class ModelGate:
                 for size in {*old, *new}
             }
             self.batches[step] = {size: cost for size, cost in merged.items() if cost.count >= 0.01}
-        measured = {step: self.batches.get(step, {}) for step in steps}
+        measured = {step: self.batches.get(step, {}) for step in steps_read}
         bottleneck = max(measured.values(), key=per_request, default={})
         found = fit(bottleneck)
-        if found is None or found.batches < self.settings.min_batches:
+        # a batch whose time is all proportional to its size, once the gate has a fit, is
+        # not believed (a mix of two speeds while Triton slows down reads so, its larger
+        # batches the slower): the limit stays until a fit makes sense. The first fit is
+        # taken as it reads (a batch of 1 worth making: the cautious limit), so a light
+        # load's batches of 1 and 2 do not leave the ceiling for the next flood
+        if (
+            found is not None
+            and found.batches >= self.settings.min_batches
+            and (found.overhead > 0 or self.last is None)
+        ):
+            self.last = found
+        if self.last is None or not replicas:  # until measured: the ceiling
             return False
-        if found.overhead <= 0 and self.last is not None:
-            # a batch whose time is all proportional to its size, once the gate has a fit:
-            # not believed (a mix of two speeds while Triton slows down reads so, its larger
-            # batches the slower); the limit stays until a fit makes sense. The first fit is
-            # taken as it reads (a batch of 1 worth making: the cautious limit), so a light
-            # load's batches of 1 and 2 do not leave the ceiling for the next flood
-            return False
-        self.last = found
         settings, before = self.settings, self.limit
-        worth = found.worth(settings.efficiency)
+        self.replicas = len(replicas)
+        worth = self.last.worth(settings.efficiency)
         if math.isinf(worth):
             self.limit = settings.ceiling
         else:
-            wanted = math.ceil((1 + settings.target) * worth - 1e-9) + len(steps) - 1
-            self.limit = max(settings.floor, min(settings.ceiling, wanted))
+            one = math.ceil((1 + settings.target) * worth - 1e-9) + len(steps_read) - 1
+            self.limit = max(settings.floor, min(settings.ceiling, one * len(replicas)))
         return self.limit != before
+
+
+Statistics = Mapping[str, Mapping[str, Any]]  # each replica's statistics document, by address
 
 
 class StatisticsSource(Protocol):
@@ -241,29 +270,44 @@ class QueueGate:
         if model not in self.gates:
             self.gates[model] = ModelGate(self.settings)
 
-    async def read(self, source: StatisticsSource, steps_of: Callable[[str], Iterable[str]]) -> None:
-        """One read of Triton's statistics, each gated model judged on its steps."""
+    async def read(
+        self,
+        source: StatisticsSource | Callable[[], Awaitable[Statistics]],
+        steps_of: Callable[[str], Iterable[str]],
+    ) -> None:
+        """One read of Triton's statistics (``source``: one Triton, or a call that reads
+        every replica's), each gated model judged on its steps."""
         if not self.sent or not self.gates:
             return
         self.sent = False
         try:
-            found = batches_of(await source.statistics("", ""))
+            if callable(source):
+                documents = await source()
+            else:
+                documents = {"": await source.statistics("", "")}
         except GatewayError as error:  # Triton down or slow: its breaker and probe say so
             logger.debug("no statistics for the gates: %s", error)
             return
+        found = {replica: batches_of(document) for replica, document in documents.items()}
         now = self.clock()
         elapsed = self.settings.interval_seconds if self._read_at is None else now - self._read_at
         self._read_at = now
         moved = False
         for model, gate in self.gates.items():
-            steps = {step: found[step] for step in steps_of(model) if step in found}
-            if steps and gate.judge(steps, elapsed):
+            names = list(steps_of(model))
+            replicas = {
+                replica: {step: batches[step] for step in names if step in batches}
+                for replica, batches in found.items()
+            }
+            replicas = {replica: steps for replica, steps in replicas.items() if steps}
+            if replicas and gate.judge_replicas(replicas, elapsed):
                 moved = True
                 last = gate.last
                 logger.info(
-                    "the gate of %s is %d (a batch costs %.1f ms + %.2f ms a request)",
+                    "the gate of %s is %d, on %d replica(s) (a batch costs %.1f ms + %.2f ms a request)",
                     model,
                     gate.limit,
+                    gate.replicas,
                     last.overhead * 1000 if last else 0,
                     last.per_request * 1000 if last else 0,
                 )

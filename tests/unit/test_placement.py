@@ -49,6 +49,11 @@ class FakeTriton:
     async def load_model(self, model: str) -> None:
         self.loaded.append(model)
 
+    async def statistics(self, model: str, version: str) -> dict[str, Any]:
+        if not self.live:
+            raise TritonUnavailableError("down")
+        return {"model_stats": [{"name": "m", "version": str(id(self))}]}
+
     async def close(self) -> None:
         self.closed = True
 
@@ -273,3 +278,24 @@ def test_the_replicas_are_exported_by_address() -> None:
 )
 def test_endpoints_of_a_url(url: str, expected: list[str]) -> None:
     assert endpoints(url) == expected
+
+
+def test_the_gate_reads_each_replicas_statistics_and_none_of_a_replica_out() -> None:
+    """The gate on Triton's queue (gateway.serving.queuegate) reads every replica's own
+    counters: each up replica's statistics by address; one that fails is left out; none
+    answering is Triton's failure."""
+    replicas = {"a:1": FakeTriton(0.0), "b:1": FakeTriton(0.0)}
+
+    async def test(placement: Placement) -> None:
+        found = await placement.statistics_by_replica()
+        assert set(found) == {"a:1", "b:1"}
+        assert found["a:1"]["model_stats"][0]["version"] == str(id(replicas["a:1"]))
+        replicas["b:1"].live = False
+        assert set(await placement.statistics_by_replica()) == {"a:1"}  # b:1 failed
+        await placement.is_live(0.05)  # b:1 is taken out
+        assert set(await placement.statistics_by_replica()) == {"a:1"}
+        replicas["a:1"].live = False
+        with pytest.raises(TritonUnavailableError):
+            await placement.statistics_by_replica()  # a:1 fails, none other up
+
+    placed(replicas, test)

@@ -262,3 +262,56 @@ def test_a_first_fit_without_overhead_is_cautious_and_a_later_one_holds() -> Non
     }
     assert not _read(fitted, {"m": slowed})  # 5x dearer and all of it per request
     assert fitted.limit == 7
+
+
+def test_replicas_are_fitted_together_each_on_its_own_counters_and_the_limit_is_one_replicas_times_theirs() -> (
+    None
+):
+    """Several Tritons behind one gateway (gateway.serving.placement): each replica's
+    statistics are its own counters, so what ran is taken per replica; their batches are
+    fitted together, and the gate allows one replica's limit on each. A replica that
+    restarts (its counters back to zero) or leaves takes nothing from another's."""
+    gate = ModelGate(GateSettings(ceiling=64))
+    assert not gate.judge_replicas({"a": {"m": {}}, "b": {"m": {}}}, 0.25)  # the bases
+    # a's history is large, b's small: only what ran since the base counts
+    a = _costs(10, 10, {1: 20, 4: 20})
+    b = _costs(10, 10, {1: 20, 4: 20})
+    assert gate.judge_replicas({"a": {"m": a}, "b": {"m": b}}, 0.25)
+    one = ModelGate(GateSettings(ceiling=64))
+    one.judge({"m": {}}, 0.25)
+    one.judge({"m": a}, 0.25)
+    assert one.limit == 18  # b* = 9: 2 batches of it (target 1), one step
+    assert gate.limit == 2 * 18
+    # b restarts (counters from zero) and then leaves: the limit follows the replicas read
+    gate.judge_replicas(
+        {"a": {"m": _costs(10, 10, {1: 40, 4: 40})}, "b": {"m": _costs(10, 10, {1: 2})}}, 0.25
+    )
+    assert gate.limit == 2 * 18
+    assert gate.judge_replicas({"a": {"m": _costs(10, 10, {1: 60, 4: 60})}}, 0.25)
+    assert gate.limit == 18
+    # the ceiling bounds the replicas together
+    many = ModelGate(GateSettings(ceiling=64))
+    bases: dict[str, dict[str, Batches]] = {str(i): {"m": {}} for i in range(5)}
+    many.judge_replicas(bases, 0.25)
+    many.judge_replicas({str(i): {"m": a} for i in range(5)}, 0.25)
+    assert many.limit == 64
+
+
+@run
+async def test_the_gate_reads_every_replicas_statistics_when_given_them() -> None:
+    gate = QueueGate(GateSettings(ceiling=64))
+    replicas = {"a": _Statistics(), "b": _Statistics()}
+    for source in replicas.values():
+        source.models = {"tokenize": {}, "model": {}}
+
+    async def each() -> dict[str, dict[str, Any]]:
+        return {address: await source.statistics("", "") for address, source in replicas.items()}
+
+    gate.note_sent("text")
+    await gate.read(each, _steps)  # the bases
+    for source in replicas.values():
+        source.models["model"] = _costs(10, 10, {1: 20, 4: 20})
+        source.models["tokenize"] = _costs(1, 0.1, {1: 20, 4: 20})
+    gate.sent = True
+    await gate.read(each, _steps)
+    assert gate.limit("text") == 2 * 19
