@@ -12,7 +12,8 @@ once.
 The rule (:meth:`Refusals.refuses`): draining; or, while requests complete (the gateway
 sees its queue move), either a named caller's own requests (in flight, waiting, and still
 uploading their bodies) are already more than the gateway serves within the queue wait
-(the limit, and what completes in that wait or a second limit's worth if that is more);
+(the limit, and what completes in that wait: the rest would be refused after their
+uploads and the wait);
 or no slot is free for the caller, at least a limit's worth of requests already wait for
 one, and at the rate a limit's worth of completions shows they would not all be served
 within the queue wait. Let in: a burst (a queue shorter than the limit), a key under its
@@ -94,7 +95,7 @@ class Refusals:
         served_in_wait = completed / admission.throughput.tau * admission.queue_seconds
         if tenant.id:  # a caller with a name: its own would be shed after their uploads
             own = admission.holds(tenant) + self._uploading.get(tenant.id, 0)
-            if own + 1 > limit + max(limit, served_in_wait):
+            if own + 1 > limit + served_in_wait:
                 return True
         # a long queue, at a rate measured over a limit's worth of completions
         return completed >= limit and ahead >= limit and ahead + 1 > served_in_wait

@@ -284,8 +284,10 @@ def test_three_hundred_uploads_at_once_are_refused_from_their_headers_beyond_wha
     assert set(statuses) <= {b"HTTP/1.1 200 OK", b"HTTP/1.1 503 Service Unavailable"}, statuses
     assert served
     assert len(refused) >= 150
-    # at most the limit and a second limit's worth read their bodies (before: all 300, and
-    # every 503 came after its body and the queue wait: a median of 0.42-0.52 s here,
-    # against 0.22 s after, the storm's own client and 300 uploads sharing the machine)
+    # about the limit read their bodies, and what completes within the queue wait (before:
+    # all 300, and every 503 came after its body and the queue wait: a median of 0.42-0.52 s
+    # here; then the limit and a second limit's worth, 128: 503 p10/p90 124-147/310-362 ms;
+    # now 64: 81/181-237 ms; the median, 170-210 ms, is this client's own event loop pushing
+    # 300 uploads: the gateway's access log has the refusals at 0.2 ms from head to 503)
     print(f"bodies read: {read / len(body):.0f} of 300")
-    assert read <= 2.2 * 64 * len(body), f"{read / len(body):.0f} bodies read"
+    assert read <= 1.2 * 64 * len(body), f"{read / len(body):.0f} bodies read"
