@@ -252,5 +252,6 @@ def test_under_a_small_static_limit_a_quiet_key_beside_a_flood_is_served(
     assert flood_statuses[503] > flood_statuses[200]  # the flood was far over the 8 slots
     assert statuses == {200: len(beside)}, statuses
     # its one connection sends the next when an answer comes: with another process keeping
-    # a core busy its answers took 0.37-0.96 s and it sent 7 in the 5 s (2026-11-29)
-    assert len(beside) >= 5
+    # a core busy its answers took 0.37-1.15 s and it sent 6-7 in the 5 s (2026-11-29);
+    # what is held is that each was served, none refused, several in a row
+    assert len(beside) >= 3
