@@ -289,10 +289,11 @@ class Runtime:
             stack.push_async_callback(catalog.stop)
             gate = self.admission.gate
             if gate is not None:  # Triton's queue, read while requests are sent
+                statistics = _statistics_of(backend)  # chosen once, read every interval
                 reader = Periodic(
                     "triton queue statistics",
                     gate.settings.interval_seconds,
-                    lambda: gate.read(_statistics_of(backend), lambda model: _steps_of(catalog, model)),
+                    lambda: gate.read(statistics, lambda model: _steps_of(catalog, model)),
                     logger,
                 )
                 reader.start()

@@ -168,7 +168,6 @@ class ModelGate:
     limit: int = 0
     batches: dict[str, Batches] = field(default_factory=dict)  # remembered, by step
     last: Fit | None = None
-    replicas: int = 1  # the replicas its last read found
     _read: dict[tuple[str, str], Batches] = field(
         default_factory=dict
     )  # the last read's totals, by replica and step
@@ -229,7 +228,6 @@ class ModelGate:
         if self.last is None or not replicas:  # until measured: the ceiling
             return False
         settings, before = self.settings, self.limit
-        self.replicas = len(replicas)
         worth = self.last.worth(settings.efficiency)
         if math.isinf(worth):
             self.limit = settings.ceiling
@@ -307,7 +305,7 @@ class QueueGate:
                     "the gate of %s is %d, on %d replica(s) (a batch costs %.1f ms + %.2f ms a request)",
                     model,
                     gate.limit,
-                    gate.replicas,
+                    len(replicas),
                     last.overhead * 1000 if last else 0,
                     last.per_request * 1000 if last else 0,
                 )
