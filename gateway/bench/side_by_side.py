@@ -921,17 +921,18 @@ def main(argv: list[str] | None = None) -> int:
     if options.shared_state:
         redis.stop()
     rows = summarise(measures)
+    # what the variant changes: each option's words, then the settings no option explains
     label = " ".join(
         f"{k}={v}"
         for k, v in variant_env.items()
-        if k not in ("GATEWAY_TRACING__ENDPOINT", "GATEWAY_REDIS__URL", "PYTHONPATH")
+        if k not in ("GATEWAY_TRACING__ENDPOINT", "GATEWAY_REDIS__URL", "PYTHONPATH", "GATEWAY_AUTH__OIDC")
     )
     if options.against:
         label = f"the code at {options.against} {label}".strip()
+    if options.token:
+        label = f"callers with an OpenID Connect token (the base: an API key) {label}".strip()
     if options.shared_state:
         label = f"rate limits in Redis (both with an API key) {label}".strip()
-    if options.token:
-        label = "callers with an OpenID Connect token (the base: an API key)"
     print(table(rows, label))
     if options.grpc:
         print(door_table(measures))

@@ -53,48 +53,34 @@ def test_bench_runs_and_writes_a_table_json_and_plot(tmp_path: Path, triton_pyth
     assert report["machine"]["pinned"] == "Triton on CPU 0; gateway and load generators on CPU 1"
 
 
-def test_bench_shared_state_variant_checks_keys_in_redis(tmp_path: Path, triton_python_env: Path) -> None:
-    """The short form of `make bench-shared-state`: the variant limits through a real
-    redis-server, every request carries the key and none is refused."""
+def test_bench_key_variants_check_keys_in_redis_and_verify_a_token(
+    tmp_path: Path, triton_python_env: Path
+) -> None:
+    """The short forms of `make bench-shared-state` and `triton-gateway bench --token`, in
+    one run: the base's callers send an API key, the variant's an OpenID Connect token
+    (verified against a key set the bench serves) and its rate limits go through a real
+    redis-server; none is refused."""
     out = tmp_path / "bench"
     result = subprocess.run(
         [
             sys.executable, "-m", "gateway", "bench",
             "--seconds", "1", "--rounds", "1", "--concurrency", "2",
             "--repositories", "trivial", "--scenarios", "text",
-            "--out", str(out), "--triton-env", str(triton_python_env), "--shared-state", "--no-kserve",
+            "--out", str(out), "--triton-env", str(triton_python_env), "--shared-state", "--token",
+            "--no-kserve",
         ],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "Variant: rate limits in Redis (both with an API key)" in result.stdout
+    assert (
+        "Variant: rate limits in Redis (both with an API key) callers with an OpenID Connect token"
+        in result.stdout
+    )
     (row,) = json.loads(out.with_suffix(".json").read_text())["rows"]
-    assert row["errors"] == 0  # no 401 or 429: the key was sent and never limited
+    assert row["errors"] == 0  # no 401 or 429: the key and the token were both taken, never limited
     assert row["gateway_rps"] > 0
     assert row["variant_rps"] > 0
     assert row["variant_cpu_ms"] > 0
-
-
-def test_bench_token_variant_sends_a_verified_token(tmp_path: Path, triton_python_env: Path) -> None:
-    """The short form of `triton-gateway bench --token`: the variant's callers send an
-    OpenID Connect token (verified against a key set the bench serves) where the base's
-    send an API key; none is refused."""
-    out = tmp_path / "bench"
-    result = subprocess.run(
-        [
-            sys.executable, "-m", "gateway", "bench",
-            "--seconds", "1", "--rounds", "1", "--concurrency", "2",
-            "--repositories", "trivial", "--scenarios", "text",
-            "--out", str(out), "--triton-env", str(triton_python_env), "--token", "--no-kserve",
-        ],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "Variant: callers with an OpenID Connect token" in result.stdout
-    (row,) = json.loads(out.with_suffix(".json").read_text())["rows"]
-    assert row["errors"] == 0  # no 401: the key and the token were both taken
-    assert row["gateway_rps"] > 0
-    assert row["variant_rps"] > 0
 
 
 def test_bench_measures_the_grpc_door_beside_triton_direct(tmp_path: Path, triton_python_env: Path) -> None:
@@ -202,7 +188,7 @@ def test_bench_capacity_sweeps_static_limits_and_the_adaptive_ones(
             sys.executable, "-m", "gateway.bench.capacity",
             "--seconds", "3", "--rounds", "2", "--clients", "40", "--limits", "2", "16", "--speeds", "1",
             "--repository", "trivial", "--triton-env", str(triton_python_env), "--out", str(out),
-            "--refusal-seconds", "2", "--anchors", "knee", "triton",
+            "--refusal-seconds", "1", "--anchors", "knee", "triton",
         ],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip

@@ -47,13 +47,14 @@ def ms(value: float) -> str:
     return f"{value * 1000:.0f} ms"
 
 
+@pytest.mark.quarantine
 @pytest.mark.xfail(
     strict=False,
     reason="issue 54: the gate (opt-in) is not yet steady under a flood at speed: in the full suite "
     "on 2026-11-28 it passed twice alone (limits 4 and 10, p99 211 and 273 ms against the cap's "
     "1.4 and 1.0 s) and failed once in the suite (limit 26, p99 894 ms against 1,774 ms: its batch "
-    "fit's cost per batch drifts up as the flood's batches grow). Quarantined, still run and "
-    "reported, until the gate's estimate holds still",
+    "fit's cost per batch drifts up as the flood's batches grow). Quarantined (make test-quarantine runs it and "
+    "reports it), until the gate's estimate holds still",
 )
 def test_a_5x_slowdown_is_followed_by_the_gate_and_a_recovery_too(
     triton: TritonServer, spawn_gateway: Callable[..., GatewayProcess]
@@ -139,6 +140,7 @@ def percentile_of(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+@pytest.mark.quarantine
 @pytest.mark.xfail(
     strict=False,
     reason="issue 54 item 4, not met. On 2026-11-29 with the knee (the default): 16-17 of 28 "
@@ -146,7 +148,7 @@ def percentile_of(values: list[float], q: float) -> float:
     "first 60 requests in Triton while the knee comes down from the ceiling), and hey's one "
     "connection waits on them; with the gate on Triton's batches (opt-in): 5-14 answered, "
     "500-1,900 ms (10-38x): its limit keeps two batches of about 9 in Triton (18-22 in flight, "
-    "~0.5 s at Triton 2x slower) ahead of the quiet key. Quarantined, still run and reported "
+    "~0.5 s at Triton 2x slower) ahead of the quiet key. Quarantined: make test-quarantine runs it "
     "(XPASS when it holds)",
 )
 def test_a_flooding_key_leaves_another_its_latency(
