@@ -552,7 +552,7 @@ def perf_analyzer_run(address: str, model: str, workdir: Path, protocol: str = "
     }  # fmt: skip
     data = perfanalyzer.input_data(workdir / f"{model}-data.json", [row])
     command = [*perfanalyzer.command(), "-m", model, "-u", address, "-i", protocol, "--input-data", str(data),
-               "--measurement-interval", "1500", "--concurrency-range", "1:2", "--max-trials", "10",
+               "--measurement-interval", "750", "--concurrency-range", "1:2", "--max-trials", "10",
                "--stability-percentage", "100"]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=240, check=False)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

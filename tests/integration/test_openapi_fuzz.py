@@ -22,9 +22,9 @@ from helpers.triton_fixtures import gateway_settings
 
 KEY = "schemathesis-key"
 
-EXAMPLES = (
-    120  # per operation, positive and negative generation together: a fixed budget (200: 70 s of the suite)
-)
+# per operation, positive and negative generation together: a fixed budget (200 took 70 s
+# of the suite, 120 took 40 s)
+EXAMPLES = 80
 CHECKS = [
     "not_a_server_error",
     "status_code_conformance",
