@@ -126,7 +126,7 @@ $(OIDC_PROVIDER)/node_modules/.installed: $(OIDC_PROVIDER)/package-lock.json | t
 # in a virtual environment of its own (gateway/bench/side_by_side.py makes it on first use;
 # made here so the suite's time is the tests').
 KSERVE_ENV := .cache/kserve-0.21.0
-$(KSERVE_ENV)/.installed: $(VENV)/.dev-installed
+$(KSERVE_ENV)/.installed: | $(VENV)/.dev-installed
 	$(VENV)/bin/python -c "from pathlib import Path; from gateway.bench.side_by_side import kserve_python; kserve_python(Path('.cache'))"
 
 # What `make run` serves (model_repository/); the tutorials' example networks are
