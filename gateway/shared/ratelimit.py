@@ -21,6 +21,8 @@ from gateway.shared.fallback import SharedWithFallback
 from gateway.shared.swept import Swept
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from gateway.observe.metrics import GatewayMetrics
     from gateway.shared.keyfiles import ApiKey
     from gateway.shared.store import SharedState
@@ -64,9 +66,16 @@ class Verdict:
 
 class RateLimiter(SharedWithFallback):
     def __init__(
-        self, store: SharedState | None, settings: RedisSettings, metrics: GatewayMetrics | None = None
+        self,
+        store: SharedState | None,
+        settings: RedisSettings,
+        metrics: GatewayMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(store, settings, metrics)
+        # the local buckets' clock (a test's own: patching time.monotonic would move the
+        # clock of every event loop in the process)
+        self._clock = clock
         # a full bucket is a fresh one: forgotten, so tenants that come and go leave nothing
         self._local: Swept[tuple[str, float, float], TokenBucket] = Swept(TokenBucket.full)
 
@@ -79,7 +88,7 @@ class RateLimiter(SharedWithFallback):
         return found
 
     def _local_verdict(self, key_id: str, rate: float, burst: float) -> Verdict:
-        now = time.monotonic()
+        now = self._clock()
         bucket = self._bucket(key_id, rate, burst, now)
         wait = bucket.take(now)
         return Verdict(wait, bucket.tokens, rate, burst)

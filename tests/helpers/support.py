@@ -164,6 +164,22 @@ class ServedApp:
         if self._server is not None and self._thread is not None:
             self._server.should_exit = True
             self._thread.join(timeout=15)
+            if self._thread.is_alive():  # a gateway that does not stop is a finding, not a wait
+                raise AssertionError(f"the gateway did not stop within 15 s:\n{self._pending()}")
+
+    def _pending(self) -> str:
+        """What the server's loop is still awaiting: each task's chain of awaits."""
+        lines: list[str] = []
+        loop = self._loop
+        for task in asyncio.all_tasks(loop) if loop is not None else ():
+            lines.append(repr(task))
+            awaited: Any = task.get_coro()
+            while awaited is not None:
+                frame = getattr(awaited, "cr_frame", None)
+                if frame is not None:
+                    lines.append(f"    {frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}")
+                awaited = getattr(awaited, "cr_await", None)
+        return "\n".join(lines)
 
 
 def _shipped(name: str) -> tuple[int, dict[str, str], tuple[str, ...], tuple[str, ...]]:
@@ -371,6 +387,28 @@ def _bytes_tensor(name: str, rows: list[list[str]]) -> Tensor:
 def as_backend(fake: FakeBackend) -> InferenceBackend:
     """The fake where the app takes a backend: mypy checks here that it is one."""
     return fake
+
+
+def settled_metric_series(client: Any, prefix: str = "gateway_") -> set[str]:
+    """The names (with labels) of the series ``client``'s ``/metrics`` lists under
+    ``prefix``, once the drift window's first pass has made its own (one per served model
+    version, ``drift.interval_seconds`` after start: they once landed mid-test on a loaded
+    machine). Give the app a short drift interval; a test that counts series compares two
+    of these sets, so a failure names what is new."""
+
+    def names() -> set[str]:
+        text = client.get("/metrics").text
+        return {
+            line.rsplit(" ", 1)[0]
+            for line in text.splitlines()
+            if line.startswith(prefix) and not line.startswith("#")
+        }
+
+    deadline = time.monotonic() + 5.0
+    while not any(name.startswith("gateway_prediction_window_inputs{") for name in names()):
+        assert time.monotonic() < deadline, "the drift window's series did not appear"
+        time.sleep(0.05)
+    return names()
 
 
 def png_with_private_chunks(count: int) -> bytes:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 from gateway.serving.admission import LIGHT_SECONDS, Admission, Tenant
 from gateway.serving.refusal import Refusals
 from gateway.settings import RedisSettings
@@ -28,10 +26,9 @@ def _tenant_key(n: int) -> ApiKey:
     return ApiKey(f"idp:tenant-{n}", b"", rate=1.0, burst=2.0)
 
 
-def test_rate_buckets_of_tenants_gone_quiet_are_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rate_buckets_of_tenants_gone_quiet_are_forgotten() -> None:
     clock = Clock()
-    monkeypatch.setattr("gateway.shared.ratelimit.time.monotonic", clock)
-    limiter = RateLimiter(None, RedisSettings())
+    limiter = RateLimiter(None, RedisSettings(), clock=clock)
 
     async def scenario() -> None:
         for wave in range(4):  # 4 x 2,000 tenants, each sending once and leaving
@@ -45,10 +42,9 @@ def test_rate_buckets_of_tenants_gone_quiet_are_forgotten(monkeypatch: pytest.Mo
     assert len(limiter._local) <= 4000  # at most about twice the live ones (8,000 before)
 
 
-def test_a_bucket_that_still_limits_is_never_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_bucket_that_still_limits_is_never_forgotten() -> None:
     clock = Clock()
-    monkeypatch.setattr("gateway.shared.ratelimit.time.monotonic", clock)
-    limiter = RateLimiter(None, RedisSettings())
+    limiter = RateLimiter(None, RedisSettings(), clock=clock)
     spent = ApiKey("spent", b"", rate=0.001, burst=1.0)
 
     async def scenario() -> float:
