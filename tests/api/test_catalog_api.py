@@ -20,7 +20,7 @@ from gateway.settings import AuthSettings, DriftSettings, ImageLimits, Settings
 from gateway.shared.keyfiles import hash_key
 from gateway.triton.backend import ModelConfig
 
-from helpers.support import Answer, FakeBackend, chelsea_jpeg, small_png
+from helpers.support import Answer, FakeBackend, chelsea_jpeg, settled_metric_series, small_png
 
 PNG = {"content-type": "image/png"}
 
@@ -165,19 +165,13 @@ def test_invented_model_names_do_not_grow_the_metric_series(backend: FakeBackend
     settings = Settings(drift=DriftSettings(interval_seconds=0.2))
     app = create_app(settings, backend_factory=lambda *_: backend)
     with TestClient(app, raise_server_exceptions=False) as client:
-
-        def series() -> set[str]:
-            text = client.get("/metrics").text
-            return {line.rsplit(" ", 1)[0] for line in text.splitlines() if line and not line.startswith("#")}
-
         client.post("/models/invented-0/classify", content=small_png(), headers=PNG)
         client.post("/v2/models/invented-0/infer", json={"inputs": []})
-        _until(lambda: any(name.startswith("gateway_prediction_window_inputs{") for name in series()))
-        before = series()
+        before = settled_metric_series(client, prefix="")
         for number in range(1, 1001):
             route = "/models/invented-{0}/classify" if number % 2 else "/v2/models/invented-{0}/infer"
             assert client.post(route.format(number), content=small_png(), headers=PNG).status_code == 404
-        assert series() - before == set()
+        assert settled_metric_series(client, prefix="") - before == set()
         assert "invented" not in client.get("/metrics").text
 
 
