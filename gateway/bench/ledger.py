@@ -56,9 +56,11 @@ STAGES: list[tuple[str, re.Pattern[str]]] = [
             "telemetry middleware (request id, headers)",
             r"gateway/http/telemetry\.py|gateway/http/requestid\.py",
         ),
+        # uvicorn's protocol as the gateway runs it: its write to the socket is a leaf here
+        # (py-spy shows no native frame), which the reference pays inside uvicorn
+        ("HTTP server (uvicorn, httptools)", r"uvicorn/|httptools|gateway/http/protocol\.py"),
         ("routes and the fast lane", r"gateway/http/"),
         ("framework (FastAPI, Starlette)", r"fastapi/|starlette/"),
-        ("HTTP server (uvicorn, httptools)", r"uvicorn/|httptools"),
         ("event loop, sockets, threads", r"asyncio/|selectors|threading|concurrent/|anyio/"),
     ]
 ]
