@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -116,22 +117,37 @@ def test_a_replica_that_stops_answering_is_taken_out_within_a_second_and_put_bac
     try:
         stopped = time.monotonic()
         during = flow(gateway, "one replica hung", 4, 0.05)
+        # where calls went a second after the stop, read while the load runs
+        after_a_second: dict[str, float] = {}
+        reader = threading.Timer(1.0, lambda: after_a_second.update(replica_calls(gateway)))
+        reader.start()
         load(3.0, during)
+        reader.join()
         up_while_hung = replica_up(gateway)
         placed_while_hung = replica_calls(gateway)
+        # what the gateway said of its replicas, for a failure's message
+        said = [line for line in gateway.log.read_text().splitlines() if "Triton replica" in line]
         # a call placed on it before it was found out is moved to the other when its probe
         # fails (half a second, under the probe's own deadline); every call sent a second
-        # after it stopped goes to the other at once
+        # after it stopped goes to the other
         answers = during[0].answers
         assert answers
         assert {a.status for a in answers} == {200}, during[0].statuses()
         slowest = max(a.seconds for a in answers)
-        assert slowest < 2.0, f"a call waited {slowest:.2f} s"
+        assert slowest < 2.0, (f"a call waited {slowest:.2f} s", said)
+        assert placed_while_hung[hung.grpc_url] == after_a_second[hung.grpc_url], (
+            after_a_second,
+            placed_while_hung,
+            said,
+        )
+        # and is not slowed by it: none waits as long as the probe's deadline and a call
+        # (CI once saw 0.527 s at the last instant of a 0.5 s bound on a shared machine)
         later = [a for a in answers if a.at >= 1.0]
         assert later
-        assert all(a.seconds < 0.5 for a in later), [
-            (round(a.at, 2), round(a.seconds, 3)) for a in later if a.seconds >= 0.5
-        ]
+        assert all(a.seconds < 1.0 for a in later), (
+            [(round(a.at, 2), round(a.seconds, 3)) for a in later if a.seconds >= 1.0],
+            said,
+        )
         assert up_while_hung[hung.grpc_url] == 0.0, up_while_hung
     finally:
         hung.send_signal(signal.SIGCONT)
