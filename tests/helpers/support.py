@@ -27,6 +27,7 @@ import pytest
 import uvicorn
 import yaml
 from fastapi import FastAPI
+from fastapi.testclient import TestClient
 from PIL import Image
 
 from gateway.dev.tritonserver import free_port
@@ -389,7 +390,7 @@ def as_backend(fake: FakeBackend) -> InferenceBackend:
     return fake
 
 
-def settled_metric_series(client: Any, prefix: str = "gateway_") -> set[str]:
+def settled_metric_series(client: TestClient, prefix: str = "gateway_") -> set[str]:
     """The names (with labels) of the series ``client``'s ``/metrics`` lists under
     ``prefix``, once the drift window's first pass has made its own (one per served model
     version, ``drift.interval_seconds`` after start: they once landed mid-test on a loaded
