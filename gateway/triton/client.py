@@ -178,6 +178,7 @@ def http_json(message: Any) -> dict[str, Any]:
 
 
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+SERVER_LIVE = "/inference.GRPCInferenceService/ServerLive"
 
 
 def infer_request_bytes(
@@ -236,6 +237,15 @@ class TritonBackend:
             request_serializer=None,
             response_deserializer=service_pb2.ModelInferResponse.FromString,
         )
+        # Liveness on the inference channel: the breaker's probe and /readyz must vouch for
+        # the connection requests take. Asked on tritonclient's own channel, it said live
+        # while the inference channel still dialled the address a restarted Triton had left
+        # (503s behind a 200 /readyz: tests/unit/test_triton_channel.py).
+        self._server_live = self._channel.unary_unary(
+            SERVER_LIVE,
+            request_serializer=service_pb2.ServerLiveRequest.SerializeToString,
+            response_deserializer=service_pb2.ServerLiveResponse.FromString,
+        )
         # Triton's gRPC front end expects a restricted protocol's header under this prefix.
         key = settings.repository_key.get_secret_value()
         self._repository_headers = {f"triton-grpc-protocol-{REPOSITORY_KEY_HEADER}": key} if key else {}
@@ -249,9 +259,10 @@ class TritonBackend:
         # is unloaded (an /admin unload, a catalog model taken out), which must not open the
         # circuit for every other model; a model that is not ready answers UNAVAILABLE itself.
         try:
-            return bool(await self._client.is_server_live(client_timeout=within))
-        except InferenceServerException:
+            answer = await self._server_live(service_pb2.ServerLiveRequest(), timeout=within)
+        except grpc.aio.AioRpcError:
             return False
+        return bool(answer.live)
 
     def _error(
         self,
@@ -424,12 +435,13 @@ class TritonBackend:
 
     async def server_status(self) -> ServerStatus:
         timeout = self._settings.health_timeout_seconds
+        if not await self.is_live(timeout):
+            return ServerStatus(live=False)
         try:
-            live = bool(await self._client.is_server_live(client_timeout=timeout))
             metadata = await self._client.get_server_metadata(client_timeout=timeout)
         except InferenceServerException:
             return ServerStatus(live=False)
-        return ServerStatus(live=live, version=str(metadata.version))
+        return ServerStatus(live=True, version=str(metadata.version))
 
     async def model_status(self, model: str, version: str) -> ModelStatus:
         timeout = self._settings.health_timeout_seconds
