@@ -4,6 +4,7 @@ problem+json, nothing hangs, and the gateway recovers by itself."""
 
 from __future__ import annotations
 
+import math
 import signal
 import threading
 import time
@@ -61,6 +62,14 @@ class Traffic:
         times = [answered for sent, answered, s, _ in self.answers if s == status and answered >= after]
         return min(times) - after if times else float("nan")
 
+    def served_since(self, after: float, within: float) -> None:
+        """Wait (at most ``within`` seconds) for a 200 answered after ``after``, then half a
+        second more of traffic."""
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline and math.isnan(self.first(200, after)):
+            time.sleep(0.05)
+        time.sleep(0.5)
+
 
 def test_kill_restart_and_hang_recover_without_restarting_the_gateway(
     faults_triton: TritonServer, spawn_gateway: Callable[..., GatewayProcess]
@@ -77,7 +86,7 @@ def test_kill_restart_and_hang_recover_without_restarting_the_gateway(
             faults_triton.start()
             faults_triton.wait_ready(timeout=120)
             ready = time.monotonic()
-            time.sleep(3.0)
+            traffic.served_since(ready, 3.0)
             report.append(
                 f"outage {outage:.0f} s (+start-up): first 503 after {traffic.first(503, killed):.2f} s, "
                 f"first 200 {traffic.first(200, ready):.2f} s after Triton was ready"
@@ -96,7 +105,7 @@ def test_kill_restart_and_hang_recover_without_restarting_the_gateway(
         finally:
             faults_triton.send_signal(signal.SIGCONT, group=False)
         resumed = time.monotonic()
-        time.sleep(3.0)
+        traffic.served_since(resumed, 3.0)
     report.append(
         f"hung: /readyz 503 after {not_ready} s, first 504 after {traffic.first(504, paused):.2f} s, "
         f"first 503 after {traffic.first(503, paused):.2f} s, first 200 {traffic.first(200, resumed):.2f} s after SIGCONT"
