@@ -33,16 +33,13 @@ class Peers:
         self.seen: dict[str, set[str]] = defaultdict(set)
 
     def handler(self) -> grpc.GenericRpcHandler:
-        def note(method: str, answer: object):  # type: ignore[no-untyped-def]
+        def unary(method: str, request_type: type, answer: object) -> grpc.RpcMethodHandler:
             async def handle(request: object, context: grpc.aio.ServicerContext) -> object:
                 self.seen[method].add(context.peer())
                 return answer
 
-            return handle
-
-        def unary(method: str, request_type: type, answer: object) -> grpc.RpcMethodHandler:
             return grpc.unary_unary_rpc_method_handler(
-                note(method, answer),
+                handle,
                 request_deserializer=request_type.FromString,  # type: ignore[attr-defined]
                 response_serializer=lambda message: message.SerializeToString(),
             )
