@@ -375,8 +375,11 @@ def test_a_shadow_reports_the_agreement_the_two_models_show(stack: LocalStack) -
     assert stack.admin("GET", "/admin/models/image_classifier/rollout").status_code == 404
 
 
+REQUESTS_EACH = 10  # a client on two arms shows within a few requests (each is a coin toss at 0.3)
+
+
 def test_a_canary_sticks_to_each_client(stack: LocalStack) -> None:
-    """0.3 of 50 clients (X-Rollout-Key), 20 requests each: every client always on one arm,
+    """0.3 of 50 clients (X-Rollout-Key), 10 requests each: every client always on one arm,
     and about 30 % of them on the target (15 expected, binomial sd 3.2)."""
     started = set_rollout(stack, "text_classifier", {"canary": {"target": "text_sentiment", "weight": 0.3}})
     assert started.status_code == 200, started.text
@@ -384,7 +387,7 @@ def test_a_canary_sticks_to_each_client(stack: LocalStack) -> None:
 
     async def client(number: int) -> None:
         async with httpx.AsyncClient(base_url=stack.url, timeout=60) as http:
-            for i in range(20):
+            for i in range(REQUESTS_EACH):
                 answer = await http.post(
                     "/classify",
                     json={"text": f"Message {i} from client {number}."},
@@ -404,8 +407,8 @@ def test_a_canary_sticks_to_each_client(stack: LocalStack) -> None:
     print(f"canary 0.3: {on_target} of 50 clients on the target")
     assert abs(on_target - 15) <= 3 * 3.24
     arms = rollout_state(stack, "text_classifier")["statistics"]["arms"]
-    assert arms["canary"]["requests"] == 20 * on_target
-    assert arms["primary"]["requests"] == 20 * (50 - on_target)
+    assert arms["canary"]["requests"] == REQUESTS_EACH * on_target
+    assert arms["primary"]["requests"] == REQUESTS_EACH * (50 - on_target)
     assert stack.admin("POST", "/admin/models/text_classifier/rollout/rollback").status_code == 200
 
 

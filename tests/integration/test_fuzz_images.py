@@ -26,7 +26,7 @@ from helpers.imagefuzz import mutated_images, seeds
 from helpers.support import ServedApp, chelsea_jpeg, coffee_png
 
 CLIENT_ERRORS = {400, 413, 415, 422}
-FUZZ_EXAMPLES = 500
+FUZZ_EXAMPLES = 300
 FUZZ_SECONDS = 75.0
 FILES_PER_EXAMPLE = 4
 
