@@ -8,32 +8,34 @@ from what Triton measures of every batch it runs (the statistics extension's per
 size compute time).
 
 - **What a batch costs.** For the model's bottleneck step (an ensemble's step with the
-  most compute per request; the model itself otherwise), the compute time of a batch of
-  ``b`` requests is fitted as ``a + c*b``: ``a`` what every batch costs whatever its size,
-  ``c`` what each request adds. Measured on this project's CPU text model: a = 6.6 ms,
-  c = 18.9 ms (a batch of 1 takes 28 ms, of 33 740 ms). On a GPU, ``a`` dominates.
-- **The batch worth making.** A batch of ``b`` delivers ``b / (a + c*b)`` requests a
-  second, at most ``1/c``; the smallest batch within ``1 - efficiency`` of that is
-  ``b* = efficiency/(1 - efficiency) * a/c`` (9 a/c at 90 %; 3.2 for the CPU text model,
-  the whole ``max_batch_size`` on a GPU). A larger batch only waits longer for no more
-  throughput.
+  most compute per request; the model itself otherwise), each batch size's compute time
+  per request, as measured: no line through them. On this project's CPU text model (a
+  2-core machine, 2026-11-29): a batch of 1 costs 27-31 ms a request, of 4 17.5, of 7
+  16.3, and of 11 and more 24-28 (larger batches are dearer a request, not cheaper). A
+  line ``a + c*b`` through those had its cost per batch ``a`` drift with the sizes seen
+  (17.5 ms from a flood's batches of 1-7, -171 ms from its batches of 11-45), and with it
+  the limit: 24 at speed where 10 is right.
+- **The batch worth making.** The smallest size whose cost per request is within
+  ``1 - efficiency`` of the cheapest measured (``efficiency`` 0.9 by default: the text
+  model's 4; on a GPU, where a batch costs about the same whatever its size, the largest
+  seen, so the limit opens as larger batches are seen). A larger batch only waits longer
+  for no more throughput. The cheapest is taken among the sizes seen at least
+  ``min_size_batches`` times (one lucky batch does not set it).
 - **The limit.** ``b*`` running and ``target`` batches of it waiting (one by default: each
   batch finds the next one formed, and no request waits behind more than that), plus one
   request for every other step of an ensemble (each holds about one while the batch
   runs): ``ceil((1 + target) * b*) + steps - 1``, within ``[floor, ceiling]``
   (``server.max_in_flight``, which also bounds every model together). For the CPU text
-  classifier: 9, where a sweep of static limits finds its knee (8-16).
+  classifier: 10, where a sweep of static limits finds its knee (8-16).
 - **Learning.** The statistics are read every ``interval_seconds`` while the gateway has
   sent something since the last read (an idle gateway asks Triton nothing), for every
   model in one call; each read's batches are added to an average that forgets with a
   half-life of ``memory_seconds``, so a model that got slower or faster (another GPU,
   Triton throttled) is followed within seconds. Triton's speed changing by the same
-  factor for every batch (5x slower) moves ``a`` and ``c`` alike, and ``b*`` not at all.
-  A fit whose ``a`` is not above zero (a batch's time all proportional to its size: what a
-  mix of two speeds reads like while Triton slows, its larger batches the slower) is not
-  believed once the gate has a fit, and the limit stays; as the first fit (a light load's
-  batches of 1 and 2 often read so) it gives the cautious limit, ``b* = 1``, so the next
-  flood does not start from the ceiling.
+  factor for every batch (5x slower) moves every size's cost alike, and ``b*`` not at
+  all. Batches whose cost is all proportional to their size (a light load's batches of 1
+  and 2 often read so) give the cautious limit, ``b* = 1``: the next flood does not start
+  from the ceiling, and its larger batches, once seen, open it.
 - **Until measured** (fewer than two batch sizes seen, at least ``min_batches`` batches)
   a model's limit is the ceiling, as a static cap's would be: a cold replica sheds no
   burst it can serve, and a flood's first batches, of every size, measure it.
@@ -108,37 +110,29 @@ def since(now: Batches, before: Batches) -> Batches:
 
 
 @dataclass(frozen=True)
-class Fit:
-    """A batch of ``b`` costs ``overhead + per_request * b`` seconds."""
+class Worth:
+    """What a model's measured batches say: the batch worth making (``size``) and the
+    cheapest cost per request seen, in seconds, over ``batches`` executions."""
 
-    overhead: float
-    per_request: float
-    batches: float  # executions it was fitted to
-
-    def worth(self, efficiency: float) -> float:
-        """The smallest batch delivering ``efficiency`` of the most it can (inf: batching
-        is free, the larger the better)."""
-        if self.per_request <= 0:
-            return math.inf
-        return max(1.0, efficiency / (1 - efficiency) * max(0.0, self.overhead) / self.per_request)
+    size: int
+    cheapest: float
+    batches: float
 
 
-def fit(batches: Batches) -> Fit | None:
-    """Least squares of a batch's time on its size, each batch counted once; None with
-    fewer than two sizes."""
-    total = sum(cost.count for cost in batches.values())
-    if len(batches) < 2 or total <= 0:
+def worth(batches: Batches, efficiency: float, min_size_batches: float = 2.0) -> Worth | None:
+    """The smallest batch size whose cost per request is within ``1 - efficiency`` of
+    the cheapest among the sizes seen ``min_size_batches`` times; None with fewer than
+    two sizes (one says nothing of what batching gains)."""
+    seen = {size: cost for size, cost in batches.items() if cost.count > 0 and cost.ns > 0}
+    if len(seen) < 2:
         return None
-    mean_size = sum(size * cost.count for size, cost in batches.items()) / total
-    mean_time = sum(cost.ns for cost in batches.values()) / total / 1e9
-    spread = sum(cost.count * (size - mean_size) ** 2 for size, cost in batches.items())
-    if spread <= 0:
-        return None
-    slope = (
-        sum((size - mean_size) * (cost.ns / 1e9 - cost.count * mean_time) for size, cost in batches.items())
-        / spread
+    each = {size: cost.ns / cost.count / size / 1e9 for size, cost in seen.items()}
+    trusted = [each[size] for size, cost in seen.items() if cost.count >= min_size_batches] or list(
+        each.values()
     )
-    return Fit(mean_time - slope * mean_size, slope, total)
+    cheapest = min(trusted)
+    size = min(size for size, cost in each.items() if cost * efficiency <= cheapest + 1e-12)
+    return Worth(size, cheapest, sum(cost.count for cost in seen.values()))
 
 
 def per_request(batches: Batches) -> float:
@@ -158,6 +152,7 @@ class GateSettings:
     interval_seconds: float = 0.25
     memory_seconds: float = 10.0  # the half-life of what was measured
     min_batches: int = 8
+    min_size_batches: float = 2.0  # a size's batches before its cost may set the cheapest
 
 
 @dataclass
@@ -167,7 +162,7 @@ class ModelGate:
     settings: GateSettings
     limit: int = 0
     batches: dict[str, Batches] = field(default_factory=dict)  # remembered, by step
-    last: Fit | None = None
+    last: Worth | None = None
     _read: dict[tuple[str, str], Batches] = field(
         default_factory=dict
     )  # the last read's totals, by replica and step
@@ -213,27 +208,14 @@ class ModelGate:
             self.batches[step] = {size: cost for size, cost in merged.items() if cost.count >= 0.01}
         measured = {step: self.batches.get(step, {}) for step in steps_read}
         bottleneck = max(measured.values(), key=per_request, default={})
-        found = fit(bottleneck)
-        # a batch whose time is all proportional to its size, once the gate has a fit, is
-        # not believed (a mix of two speeds while Triton slows down reads so, its larger
-        # batches the slower): the limit stays until a fit makes sense. The first fit is
-        # taken as it reads (a batch of 1 worth making: the cautious limit), so a light
-        # load's batches of 1 and 2 do not leave the ceiling for the next flood
-        if (
-            found is not None
-            and found.batches >= self.settings.min_batches
-            and (found.overhead > 0 or self.last is None)
-        ):
+        found = worth(bottleneck, self.settings.efficiency, self.settings.min_size_batches)
+        if found is not None and found.batches >= self.settings.min_batches:
             self.last = found
         if self.last is None or not replicas:  # until measured: the ceiling
             return False
         settings, before = self.settings, self.limit
-        worth = self.last.worth(settings.efficiency)
-        if math.isinf(worth):
-            self.limit = settings.ceiling
-        else:
-            one = math.ceil((1 + settings.target) * worth - 1e-9) + len(steps_read) - 1
-            self.limit = max(settings.floor, min(settings.ceiling, one * len(replicas)))
+        one = math.ceil((1 + settings.target) * self.last.size - 1e-9) + len(steps_read) - 1
+        self.limit = max(settings.floor, min(settings.ceiling, one * len(replicas)))
         return self.limit != before
 
 
@@ -302,12 +284,12 @@ class QueueGate:
                 moved = True
                 last = gate.last
                 logger.info(
-                    "the gate of %s is %d, on %d replica(s) (a batch costs %.1f ms + %.2f ms a request)",
+                    "the gate of %s is %d, on %d replica(s) (batches of %d worth making; %.1f ms a request at the cheapest)",
                     model,
                     gate.limit,
                     len(replicas),
-                    last.overhead * 1000 if last else 0,
-                    last.per_request * 1000 if last else 0,
+                    last.size if last else 0,
+                    last.cheapest * 1000 if last else 0,
                 )
         if moved:
             self.on_change()

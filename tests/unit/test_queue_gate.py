@@ -1,6 +1,6 @@
 """Dispatch gated on what Triton's statistics say its batches cost (gateway.serving.queuegate):
-the batches read from Triton's statistics, the fit of a batch's cost on its size, each
-model's limit, and the admission that holds a model's requests behind its gate while
+the batches read from Triton's statistics, the batch worth making from each size's cost
+per request, each model's limit, and the admission that holds a model's requests behind its gate while
 another model's go."""
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from gateway.serving.queuegate import (
     ModelGate,
     QueueGate,
     batches_of,
-    fit,
     since,
+    worth,
 )
 
 MS = 1_000_000  # ns
@@ -79,14 +79,29 @@ def test_batches_are_read_from_triton_json_and_versions_summed() -> None:
     assert found["idle"] == {}
 
 
-def test_the_fit_finds_what_a_batch_and_a_request_cost() -> None:
-    found = fit(_costs(6.6, 18.9, {1: 80, 2: 50, 4: 6, 8: 3, 33: 2}))  # the CPU text model's
+def _measured(per_batch_ms: dict[int, tuple[int, float]]) -> Batches:
+    """Batches as measured: each size's count and the milliseconds one of them took."""
+    return {size: BatchCost(count, count * ms * MS) for size, (count, ms) in per_batch_ms.items()}
+
+
+def test_the_batch_worth_making_is_read_from_each_sizes_cost_not_a_line_through_them() -> None:
+    # the CPU text model on 2026-11-29, 8 clients and 100: its larger batches are dearer a
+    # request (a line through them drifts: 17.5 ms a batch from these, -171 ms from 11-45)
+    text = _measured(
+        {1: (6, 31), 2: (19, 47), 3: (7, 69), 4: (20, 70), 5: (8, 105), 6: (17, 105), 7: (4, 114)}
+    )
+    found = worth(text, 0.9)
     assert found is not None
-    assert found.overhead == pytest.approx(0.0066)
-    assert found.per_request == pytest.approx(0.0189)
-    assert found.worth(0.9) == pytest.approx(9 * 6.6 / 18.9)
-    assert fit(_costs(5, 1, {4: 10})) is None  # one size says nothing of the slope
-    assert fit(_costs(5, 0, {1: 10, 8: 10})).worth(0.9) == float("inf")  # type: ignore[union-attr]
+    assert found.size == 4  # 17.5 ms a request, within 10 % of 7's 16.3
+    assert found.cheapest == pytest.approx(0.114 / 7)
+    assert found.batches == 81
+    flood = {**text, 11: BatchCost(1, 271 * MS), 29: BatchCost(2, 2 * 877 * MS), 45: BatchCost(1, 1380 * MS)}
+    assert worth(flood, 0.9).size == 4  # type: ignore[union-attr]
+    # a size seen once does not set the cheapest: a lucky batch of 8 at 9 ms a request
+    assert worth({**text, 8: BatchCost(1, 72 * MS)}, 0.9).size == 4  # type: ignore[union-attr]
+    assert worth(_costs(5, 1, {4: 10}), 0.9) is None  # one size says nothing of batching
+    assert worth(_costs(5, 0, {1: 10, 8: 10}), 0.9).size == 8  # type: ignore[union-attr]  # a GPU's: the largest
+    assert worth(_costs(0, 20, {1: 10, 8: 10}), 0.9).size == 1  # type: ignore[union-attr]  # batching gains nothing
 
 
 def test_since_is_what_ran_between_reads_and_a_restart_counts_anew() -> None:
@@ -111,11 +126,12 @@ def test_the_limit_is_a_batch_worth_making_running_and_one_waiting() -> None:
         "post": _costs(3.6, 0.2, {1: 80, 2: 50, 33: 2}),
     }
     assert _read(gate, steps)
-    # the model step is the bottleneck: b* = 9 x 6.6 / 18.9 = 3.14; 2 x b* running and
-    # waiting, and one in each other step
-    assert gate.limit == 7 + 2
+    # the model step is the bottleneck: its batches of 33 the cheapest a request (19.1 ms),
+    # 4 the smallest within 10 % (20.55 ms); 2 x 4 running and waiting, and one in each
+    # other step
+    assert gate.limit == 8 + 2
     assert gate.last is not None
-    assert gate.last.per_request == pytest.approx(0.0189)
+    assert gate.last.size == 4
 
 
 def test_slower_by_the_same_factor_everywhere_leaves_the_limit() -> None:
@@ -123,7 +139,7 @@ def test_slower_by_the_same_factor_everywhere_leaves_the_limit() -> None:
     for gate, factor in ((fast, 1), (slow, 5)):
         _read(gate, {"m": {}})
         _read(gate, {"m": _costs(6.6 * factor, 18.9 * factor, {1: 40, 3: 20, 8: 5})})
-    assert fast.limit == slow.limit == 7
+    assert fast.limit == slow.limit == 6  # batches of 3 (21.1 ms a request; of 8, 19.7)
 
 
 def test_batching_for_free_opens_to_the_ceiling_and_a_first_fit_without_overhead_is_cautious() -> None:
@@ -151,11 +167,11 @@ def test_until_enough_batches_are_seen_the_limit_stays() -> None:
 def test_what_was_measured_is_forgotten_as_the_model_changes() -> None:
     gate = ModelGate(GateSettings(ceiling=64, memory_seconds=1.0))
     _read(gate, {"m": {}})
-    totals = _costs(5, 0, {1: 50, 8: 50})  # a GPU-like model: a fixed cost per batch
+    totals = _costs(5, 0, {1: 50, 3: 50, 8: 50})  # a GPU-like model: a fixed cost per batch
     _read(gate, {"m": totals})
-    assert gate.limit == 64
+    assert gate.limit == 16  # the largest batches seen: 8, the cheapest a request
     for second in range(1, 11):  # then a CPU-like one: 6.6 ms + 18.9 ms a request
-        now = _costs(6.6, 18.9, {1: 50 * second, 8: 50 * second})
+        now = _costs(6.6, 18.9, {1: 50 * second, 3: 50 * second, 8: 50 * second})
         _read(
             gate,
             {
@@ -166,7 +182,7 @@ def test_what_was_measured_is_forgotten_as_the_model_changes() -> None:
             },
             1.0,
         )
-    assert gate.limit == 7
+    assert gate.limit == 6  # batches of 3: 21.1 ms a request, within 10 % of 8's 19.7
 
 
 class _Statistics:
@@ -191,15 +207,15 @@ async def test_a_models_requests_wait_behind_its_gate_while_anothers_go() -> Non
     source.models = {"tokenize": {}, "model": {}, "image": {}}
     held = [await admission.acquire(Tenant("a"), "text") for _ in range(8)]
     await gate.read(source, _steps)  # the base
-    source.models["model"] = _costs(10, 10, {1: 20, 4: 20})  # b* = 9: a limit of 19
+    source.models["model"] = _costs(10, 10, {1: 20, 4: 20})  # batches of 4: a limit of 9
     source.models["tokenize"] = _costs(1, 0.1, {1: 20, 4: 20})
     gate.sent = True
     await gate.read(source, _steps)
-    assert gate.limit("text") == 19
-    held += [await admission.acquire(Tenant("a"), "text") for _ in range(11)]
+    assert gate.limit("text") == 9
+    held += [await admission.acquire(Tenant("a"), "text")]
     waiting = asyncio.create_task(admission.acquire(Tenant("a"), "text"))
     await asyncio.sleep(0)
-    assert not waiting.done()  # 19 in flight for a gate of 19
+    assert not waiting.done()  # 9 in flight for a gate of 9
     image = await asyncio.wait_for(admission.acquire(Tenant("a"), "image"), 1)
     assert image.model == "image"  # another model's gate is open
     assert admission.limit == 64  # the models' limits together, within the ceiling
@@ -211,7 +227,7 @@ async def test_a_models_requests_wait_behind_its_gate_while_anothers_go() -> Non
     }
     gate.sent = True
     await gate.read(source, _steps)
-    assert gate.limit("text") > 19
+    assert gate.limit("text") > 9
     ticket = await asyncio.wait_for(waiting, 1)
     assert ticket.model == "text"
     for t in [*held, image, ticket]:
@@ -244,32 +260,27 @@ async def test_a_triton_that_does_not_answer_leaves_the_gates_as_they_are() -> N
     assert gate.limit("image") == 32
 
 
-def test_a_first_fit_without_overhead_is_cautious_and_a_later_one_holds() -> None:
+def test_batches_whose_cost_is_all_proportional_to_their_size_give_the_cautious_limit() -> None:
     # a light load's batches of 1 and 2, their time proportional to their size: batching
     # gains nothing measurable, one running and one waiting, and one in the other step
     gate = ModelGate(GateSettings(ceiling=64))
     _read(gate, {"model": {}, "post": {}})
     assert _read(gate, {"model": _costs(0, 20, {1: 10, 2: 10}), "post": _costs(1, 1, {1: 20})})
     assert gate.limit == 2 + 1
-    # once the gate has a fit, one without overhead (a mix of two speeds) is not believed
-    fitted = ModelGate(GateSettings(ceiling=64), limit=9)
-    _read(fitted, {"m": {}})
-    _read(fitted, {"m": _costs(6.6, 18.9, {1: 40, 3: 20, 8: 5})})
-    assert fitted.limit == 7
-    slowed = {
-        size: BatchCost(cost.count + 400, cost.ns + 400 * 80 * size * MS)
-        for size, cost in _costs(6.6, 18.9, {1: 40, 3: 20, 8: 5}).items()
-    }
-    assert not _read(fitted, {"m": slowed})  # 5x dearer and all of it per request
-    assert fitted.limit == 7
+    # and the flood's larger batches, once seen cheaper a request, open it
+    assert _read(
+        gate,
+        {"model": _costs(0, 20, {1: 10, 2: 10}) | _costs(40, 10, {6: 10}), "post": _costs(1, 1, {1: 20})},
+    )
+    assert gate.limit == 12 + 1
 
 
-def test_replicas_are_fitted_together_each_on_its_own_counters_and_the_limit_is_one_replicas_times_theirs() -> (
+def test_replicas_are_read_together_each_on_its_own_counters_and_the_limit_is_one_replicas_times_theirs() -> (
     None
 ):
     """Several Tritons behind one gateway (gateway.serving.placement): each replica's
     statistics are its own counters, so what ran is taken per replica; their batches are
-    fitted together, and the gate allows one replica's limit on each. A replica that
+    read together, and the gate allows one replica's limit on each. A replica that
     restarts (its counters back to zero) or leaves takes nothing from another's."""
     gate = ModelGate(GateSettings(ceiling=64))
     assert not gate.judge_replicas({"a": {"m": {}}, "b": {"m": {}}}, 0.25)  # the bases
@@ -280,20 +291,20 @@ def test_replicas_are_fitted_together_each_on_its_own_counters_and_the_limit_is_
     one = ModelGate(GateSettings(ceiling=64))
     one.judge({"m": {}}, 0.25)
     one.judge({"m": a}, 0.25)
-    assert one.limit == 18  # b* = 9: 2 batches of it (target 1), one step
-    assert gate.limit == 2 * 18
+    assert one.limit == 8  # batches of 4: 2 of them (target 1), one step
+    assert gate.limit == 2 * 8
     # b restarts (counters from zero) and then leaves: the limit follows the replicas read
     gate.judge_replicas(
         {"a": {"m": _costs(10, 10, {1: 40, 4: 40})}, "b": {"m": _costs(10, 10, {1: 2})}}, 0.25
     )
-    assert gate.limit == 2 * 18
+    assert gate.limit == 2 * 8
     assert gate.judge_replicas({"a": {"m": _costs(10, 10, {1: 60, 4: 60})}}, 0.25)
-    assert gate.limit == 18
+    assert gate.limit == 8
     # the ceiling bounds the replicas together
     many = ModelGate(GateSettings(ceiling=64))
-    bases: dict[str, dict[str, Batches]] = {str(i): {"m": {}} for i in range(5)}
+    bases: dict[str, dict[str, Batches]] = {str(i): {"m": {}} for i in range(9)}
     many.judge_replicas(bases, 0.25)
-    many.judge_replicas({str(i): {"m": a} for i in range(5)}, 0.25)
+    many.judge_replicas({str(i): {"m": a} for i in range(9)}, 0.25)
     assert many.limit == 64
 
 
@@ -314,4 +325,4 @@ async def test_the_gate_reads_every_replicas_statistics_when_given_them() -> Non
         source.models["tokenize"] = _costs(1, 0.1, {1: 20, 4: 20})
     gate.sent = True
     await gate.read(each, _steps)
-    assert gate.limit("text") == 2 * 19
+    assert gate.limit("text") == 2 * 9
