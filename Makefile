@@ -38,7 +38,7 @@ help:
 	@echo "make test-quarantine  the tests of bounds not yet met (xfail), outside make test: XPASS when one holds"
 	@echo "make lint   ruff + mypy"
 	@echo "make bench  the gateway beside Triton direct, a reference gateway and KServe: table, JSON, plot in .reports/"
-	@echo "make bench-capacity  static in-flight limits 1..64 against the adaptive one under overload (hey)"
+	@echo "make bench-capacity  static in-flight limits 1..64 against the default gate under overload (hey)"
 	@echo "make bench-placement two Tritons, one 5x slower: shortest queue against round-robin and the two apart"
 	@echo "make bench-ledger  what each stage of the hot path costs (py-spy under load)"
 	@echo "make soak   5 minutes at 80 % of capacity: RSS drift, descriptors, metric series, errors"
@@ -188,7 +188,7 @@ BENCH_OPTIONS ?=
 bench: test-system-deps install $(VENV)/.dev-installed models
 	$(VENV)/bin/triton-gateway bench --out .reports/bench $(BENCH_OPTIONS)
 
-# Where the in-flight limit sits: static limits 1, 2, 4 ... 64 and the adaptive limit, each
+# Where the in-flight limit sits: static limits 1, 2, 4 ... 64 and the default (each model gated on Triton's batches), each
 # flooded by hey (100 connections that send again at once) for 30 s, three times interleaved,
 # at Triton's speed and 5x slower (about 40 minutes): .reports/capacity.json, the medians with
 # their spread, and the verdict against the best static limit and the cap of 64.

@@ -116,6 +116,7 @@ def metrics_page() -> str:
     from gateway.observe.metrics import (
         CapacityCollector,
         CapacityReading,
+        GateReading,
         GatewayMetrics,
         ReplicaCollector,
         ReplicaReading,
@@ -133,7 +134,9 @@ def metrics_page() -> str:
         rows.append((f"{name}{suffix}", kind, labels, _cell(getattr(value, "_documentation", ""))))
     # the families computed at scrape time (the admission's capacity, Triton replicas)
     seen = {row[0] for row in rows}
-    reading = CapacityReading(0, 0, 0, 0, 0.0, 0.0, False, False, 0, 0, 0.0, {"standard": 0})
+    reading = CapacityReading(
+        0, 0, 0, 0, 0.0, (GateReading("text_model", 0, 0, 0.0),), 0, 0, 0.0, {"standard": 0}
+    )
     collectors = (
         CapacityCollector(lambda: reading, ["standard"]),
         ReplicaCollector(lambda: [ReplicaReading("triton:8001", True, 0, 0.0, 0)]),

@@ -146,89 +146,31 @@ class TextLimits(BaseModel):
 
 
 class AdaptiveSettings(BaseModel):
-    """The in-flight limit that follows Triton's speed (the knee, gateway.serving.knee; or each
-    model's own from Triton's batches, gateway.serving.queuegate): between ``floor`` and
-    ``server.max_in_flight``."""
+    """Each model's in-flight limit, computed from what Triton's own statistics say its
+    batches cost (gateway.serving.queuegate): the batch worth making running and
+    ``queue_target_batches`` of it waiting in Triton, the rest held in the gateway's fair
+    queue; every model together under ``server.max_in_flight``."""
 
     enabled: bool = Field(
         True,
-        description="Adapt the in-flight limit to what Triton delivers (max_in_flight its ceiling); "
-        "false: max_in_flight, always (docs/explanation/reliability.md).",
-    )
-    anchor: Literal["baseline", "knee", "triton"] = Field(
-        "knee",
-        description="triton (opt-in, to become the default): each model's own limit, computed from "
-        "what Triton's statistics say its batches cost (a batch worth making running and "
-        "queue_target_batches of it waiting), the rest held in the gateway's fair queue "
-        "(gateway.serving.queuegate; with the 0.1 s queue_seconds it sheds a steady load of 32 "
-        "clients the knee serves: docs/explanation/reliability.md); knee (the default): the fewest requests in flight at which Triton's delivery rate stops "
-        "rising (gateway.serving.knee; with latency_objective_seconds, no more than keeps the p90 "
-        "under it; while a light key's requests come beside a flood, the p90 within 1 + tolerance "
-        "of a request alone); baseline: the p90 latency always kept within 1 + tolerance times a "
-        "request's latency with nothing queued (gateway.serving.limit: latency first). make "
-        "bench-capacity measures both against static limits (docs/explanation/reliability.md).",
-    )
-    latency_objective_seconds: float | None = Field(
-        None,
-        gt=0,
-        le=600,
-        description="With the knee anchor: the p90 latency the limit keeps under, giving up "
-        "throughput for it (none: the knee alone).",
+        description="Gate each model on what Triton's statistics say its batches cost "
+        "(max_in_flight the ceiling of all together); false: max_in_flight, always "
+        "(docs/explanation/reliability.md).",
     )
     floor: int = Field(
-        1,
+        8,
         ge=1,
         le=10_000,
-        description="The lowest the limit goes, and the concurrency at which the baseline latency "
-        "is measured (1: what one client sees; raise it to the requests Triton runs in parallel "
-        "without queueing, if a probe at 1 costs too much throughput).",
-    )
-    idle: int | None = Field(
-        None,
-        ge=1,
-        le=100_000,
-        description="With the baseline anchor: where a light load (the limit never reached) takes "
-        "the limit: twice the most requests in flight over the last 10 s, at least this. A burst up to it is admitted at "
-        "once after a quiet spell; a flood after one starts from it, not from max_in_flight "
-        "(where a cold replica starts, untested, so it sheds no burst it can serve). None (the "
-        "default): the limit never moves while it does not bind (a flood after a light load then "
-        "queues max_in_flight in Triton). Below what steady clients hold at once, they bind it "
-        "and are shed to keep latency within the tolerance: on a CPU Triton 8 sheds 10 steady "
-        "clients and 12 sheds 32 (docs/explanation/reliability.md).",
-    )
-    tolerance: float = Field(
-        1.0,
-        gt=0,
-        le=100,
-        description="How far above what a request costs with nothing queued the p90 latency may rise "
-        "before the limit falls (1.0: twice): always with the baseline anchor; with the knee, while "
-        "a light key (below its share, nothing of it queued or refused for 2 s) is served beside "
-        "others. Higher trades latency for the "
-        "throughput Triton's dynamic batcher gains from a deeper queue (3.0: about 15 % more "
-        "text requests a second on CPU, and a key beside a flood waits 3x longer).",
-    )
-    window_seconds: float = Field(
-        0.1,
-        gt=0,
-        le=60,
-        description="How often the limit moves, at least (and at least 10 requests apart; the knee: "
-        "40, and 4x the limit or 0.25 s).",
-    )
-    probe_interval_seconds: float = Field(
-        30.0,
-        gt=0,
-        le=3600,
-        description="With the baseline anchor: how often the baseline is measured again, holding the limit at the floor for "
-        "probe_samples requests (also at once when the limit sits at the floor for 5 windows).",
-    )
-    probe_samples: int = Field(
-        20, ge=3, le=10_000, description="With the baseline anchor: requests one baseline measurement takes."
+        description="The fewest requests a model's gate lets into Triton at once (max_in_flight "
+        "at most): a few clients sending back to back are never refused for want of room in "
+        "Triton, whatever the batches measured (a light load's batches of 1 and 2 read as "
+        "batching gaining nothing, a gate of 2-4); 1: the gate alone.",
     )
     queue_target_batches: float = Field(
         1.0,
         gt=0,
         le=100,
-        description="With the triton anchor: the batches (each one worth making) a model's requests "
+        description="The batches (each one worth making) a model's requests "
         "may have waiting in Triton behind the one running; more: more throughput where deeper "
         "queues pay, at their latency.",
     )
@@ -236,7 +178,7 @@ class AdaptiveSettings(BaseModel):
         0.9,
         gt=0,
         lt=1,
-        description="With the triton anchor: the batch worth making is the smallest that delivers this share "
+        description="The batch worth making is the smallest that delivers this share "
         "of the most a model's batches can (its requests a second); lower: smaller batches and a shorter "
         "queue in Triton, for less throughput where batching pays.",
     )
@@ -244,7 +186,7 @@ class AdaptiveSettings(BaseModel):
         0.25,
         gt=0,
         le=60,
-        description="With the triton anchor: how often Triton's statistics are read while requests are sent.",
+        description="How often Triton's statistics are read while requests are sent.",
     )
 
 
@@ -274,8 +216,8 @@ class ServerSettings(BaseModel):
         64,
         ge=1,
         le=100_000,
-        description="Inference requests (/classify) handled at once, at most (the adaptive limit's "
-        "ceiling); more wait up to queue_seconds, then get 503 overloaded with Retry-After.",
+        description="Inference requests (/classify) handled at once, at most (the ceiling of every "
+        "model's gate together); more wait up to queue_seconds, then get 503 overloaded with Retry-After.",
     )
     adaptive: AdaptiveSettings = Field(default_factory=AdaptiveSettings)
     queue_seconds: float = Field(

@@ -565,7 +565,7 @@ def capacity() -> dict[str, Any]:
     panels = [
         panel(
             "In-flight limit",
-            "The adaptive limit per replica (it follows Triton's speed), the requests holding a slot, "
+            "The in-flight limit per replica (its models' gates together: it follows Triton's speed), the requests holding a slot, "
             "and the ceiling (max_in_flight).",
             [
                 ("max by (instance) (gateway_inflight_limit)", "limit {{instance}}"),
@@ -587,15 +587,13 @@ def capacity() -> dict[str, Any]:
             (12, 0, 12, 8),
         ),
         panel(
-            "Latency over a request alone",
-            "The last window's p90 latency of admitted requests over a request's latency with nothing "
-            "queued (1: no queueing in Triton). Probing: the limit tries another value (the knee a rung "
-            "beside its own; the baseline anchor its floor). Protecting: the knee keeps a light key's "
-            "latency within 1 + tolerance, below the knee.",
+            "Each model's gate",
+            "Each model's requests let into Triton at once (the batch worth making running and "
+            "queue_target_batches of it waiting), and the batch worth making, both computed from what "
+            "Triton's statistics say each batch size costs a request.",
             [
-                ("max by (instance) (gateway_inflight_latency_ratio)", "ratio {{instance}}"),
-                ("max(gateway_inflight_probing)", "probing"),
-                ("max(gateway_inflight_protecting)", "protecting"),
+                ("max by (model) (gateway_gate_limit)", "gate {{model}}"),
+                ("max by (model) (gateway_gate_batch)", "batch worth making {{model}}"),
             ],
             "short",
             (0, 8, 12, 8),
@@ -651,7 +649,7 @@ def capacity() -> dict[str, Any]:
     return dashboard(
         "triton-gateway-capacity",
         "Triton gateway: capacity",
-        "The adaptive in-flight limit, its queue, the tiers' slots and the signals the autoscalers use.",
+        "The in-flight limit (each model's gate), its queue, the tiers' slots and the signals the autoscalers use.",
         panels,
         with_model=False,
     )

@@ -1,17 +1,17 @@
 """Where the in-flight limit sits under steady overload (`make bench-capacity`).
 
     .venv/bin/python -m gateway.bench.capacity [--seconds 30] [--rounds 3] [--clients 100]
-        [--limits 1 2 4 8 16 32 64] [--speeds 1 5] [--out .reports/capacity]
+        [--limits 1 2 4 8 16 32 64] [--speeds 1 5] [--no-gate] [--out .reports/capacity]
         [--no-sweep] [--refusal-rounds 3] [--refusal-seconds 8] [--refusal-ways WAY ...]
 
 A real tritonserver on the real model repository (the CPU twins: Triton is the bottleneck,
 as in production; ``--repository trivial``: fixed answers, the gateway's own cost is) and, one after another, a gateway process with each static limit
-(``max_in_flight`` N, the adaptive limit off) and one with the adaptive limit under a
-ceiling of the largest, each flooded by ``hey`` (a Go program: a few % of a core, and
+(``max_in_flight`` N, the gate off) and one with the default, each model's gate on
+Triton's batches (gateway.serving.queuegate) under a ceiling of the largest, each flooded by ``hey`` (a Go program: a few % of a core, and
 each of its connections sends again the moment an answer, 503 or not, comes back: the
 retry-at-once client). At Triton's speed and with Triton made ``speed`` times slower (its
 processes stopped most of each 20 ms). Each row: goodput (answers 200 a second), the
-admitted p50 and p99, refusals a second, and the limit the adaptive gateway reports at the
+admitted p50 and p99, refusals a second, and the limit the gated gateway reports at the
 end (``gateway_inflight_limit``).
 
 Each limit is measured ``--rounds`` times, interleaved: every round runs every limit, in an
@@ -21,7 +21,7 @@ and highest) of its goodput and p99 beside it; the verdict is read from the medi
 flood per limit was a coin toss: the best static limit changed between runs of the same
 sweep).
 
-The verdict per speed, what issue 42 asks of the adaptive limit: its goodput against the
+The verdict per speed, what issues 42 and 54 ask of the default: its goodput against the
 best static's (>= 90 %), its p99 against the p99 of the smallest static limit that reaches
 90 % of that goodput (<= 1.5x), and against the static cap of the ceiling (goodput >= 90 %,
 p99 <= half), and which static limits meet that last bound themselves.
@@ -50,16 +50,13 @@ from pathlib import Path
 
 import httpx
 
+from gateway.bench.quantiles import percentile
 from gateway.bench.side_by_side import REPOSITORIES, _cpu_seconds
 from gateway.dev.gatewayprocess import GatewayProcess
 from gateway.dev.tritonserver import TritonServer, free_port, throttled
-from gateway.serving.limit import percentile
 
 TEXT = json.dumps({"texts": ["the film was a delight from start to finish"]})
-ADAPTIVE = "adaptive"  # at the knee
-BASELINE = "adaptive, baseline anchor"
-QUEUE = "adaptive, triton queue"  # gated on Triton's own queue (gateway.serving.queuegate)
-ANCHORS = {ADAPTIVE: "knee", BASELINE: "baseline", QUEUE: "triton"}
+ADAPTIVE = "gate"  # the default: each model gated on Triton's batches (gateway.serving.queuegate)
 # the best static limit loaded by as many clients as it has slots: its goodput without a
 # retry storm, against which the adaptive limit's under the storm is read
 CALM = "no storm, static"
@@ -199,12 +196,8 @@ def measure(
     seconds: float,
     extra: dict[str, str],
 ) -> Row:
-    if limit in ANCHORS:
-        env = {
-            "GATEWAY_SERVER__MAX_IN_FLIGHT": str(ceiling),
-            "GATEWAY_SERVER__ADAPTIVE__ENABLED": "true",
-            "GATEWAY_SERVER__ADAPTIVE__ANCHOR": ANCHORS[limit],
-        }
+    if limit == ADAPTIVE:
+        env = {"GATEWAY_SERVER__MAX_IN_FLIGHT": str(ceiling), "GATEWAY_SERVER__ADAPTIVE__ENABLED": "true"}
     else:
         env = {
             "GATEWAY_SERVER__MAX_IN_FLIGHT": limit.split()[1],
@@ -218,7 +211,7 @@ def measure(
         slow = throttled(triton, 0.004, 0.004 * (speed - 1)) if speed > 1 else nullcontext()
         with slow:
             answers = hey(gateway.url, clients, seconds)
-        reported = final_limit(gateway.url) if limit in ANCHORS else None
+        reported = final_limit(gateway.url) if limit == ADAPTIVE else None
     finally:
         gateway.stop()
     served = sorted(latency for at, latency, status in answers if status == 200 and at >= STEADY_AFTER)
@@ -496,11 +489,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limits", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
     parser.add_argument("--speeds", type=int, nargs="+", default=[1, 5])
     parser.add_argument(
-        "--anchors",
-        nargs="+",
-        choices=sorted(ANCHORS.values()),
-        default=sorted(ANCHORS.values()),
-        help="the adaptive limits measured beside the static ones",
+        "--gate",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="measure the default (each model gated on Triton's batches) beside the static limits",
     )
     parser.add_argument(
         "--repository",
@@ -563,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
         triton.start()
         try:
             triton.wait_ready(timeout=180)
-            adaptive = [name for name, anchor in ANCHORS.items() if anchor in options.anchors]
+            adaptive = [ADAPTIVE] if options.gate else []
             configs = [*(f"static {n}" for n in options.limits), *adaptive]
             for round_index in range(options.rounds if options.sweep else 0):
                 for speed in options.speeds:
@@ -621,7 +613,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
         finally:
             triton.stop()
-    judged = [name for name in ANCHORS if ANCHORS[name] in options.anchors]
+    judged = [ADAPTIVE] if options.gate else []
     verdicts = (
         [verdict(rows, speed, name) for speed in options.speeds for name in judged] if options.sweep else []
     )

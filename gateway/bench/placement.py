@@ -28,10 +28,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gateway.bench.capacity import hey
+from gateway.bench.quantiles import percentile
 from gateway.bench.side_by_side import REPOSITORIES
 from gateway.dev.gatewayprocess import GatewayProcess
 from gateway.dev.tritonserver import TritonServer, throttled
-from gateway.serving.limit import percentile
 
 STEADY_AFTER = 2.0  # seconds: the placement learns each replica's call time in the first calls
 FLOOD = ("apart", "shortest queue", "round robin")
@@ -128,7 +128,9 @@ class Gateways:
 @contextmanager
 def gateways(fast: TritonServer, slow: TritonServer, workdir: Path) -> Iterator[Gateways]:
     both = f"{fast.grpc_url},{slow.grpc_url}"
-    quiet = {"GATEWAY_LOG_LEVEL": "warning"}
+    # the static cap, not the gate on Triton's batches: the placement alone is measured
+    # (its clients under the cap, nothing refused)
+    quiet = {"GATEWAY_LOG_LEVEL": "warning", "GATEWAY_SERVER__ADAPTIVE__ENABLED": "false"}
     with ExitStack() as stack:
 
         def start(triton: TritonServer, **env: str) -> GatewayProcess:

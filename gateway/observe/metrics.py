@@ -438,6 +438,16 @@ class TritonMetricsScraper:
 
 
 @dataclass(frozen=True)
+class GateReading:
+    """One model's gate at scrape time (gateway.serving.queuegate)."""
+
+    model: str
+    limit: int
+    batch: int  # the batch worth making, 0 until measured
+    cost_seconds: float  # the cheapest compute time a request measured, 0 until then
+
+
+@dataclass(frozen=True)
 class CapacityReading:
     """The admission's state at scrape time (gateway.serving.admission.Admission.reading)."""
 
@@ -446,9 +456,7 @@ class CapacityReading:
     in_flight: int
     waiting: int
     in_use: float  # the limit's share in use, averaged (0-1)
-    latency_ratio: float  # the last window's p90 latency over a request's alone
-    probing: bool
-    protecting: bool  # a light key's latency is being kept (the knee)
+    gates: Sequence[GateReading]  # each gated model's (none with a static limit)
     admitted: int
     shed: int
     waited_seconds: float
@@ -513,12 +521,12 @@ class CapacityCollector:
         r = self._read()
         yield GaugeMetricFamily(
             "gateway_inflight_limit",
-            "Inference requests the gateway admits at once now (its models' gates together, or the "
-            "adaptive limit; max_in_flight at most).",
+            "Inference requests the gateway admits at once now (its models' gates together; "
+            "max_in_flight at most).",
             value=r.limit,
         )
         yield GaugeMetricFamily(
-            "gateway_inflight_ceiling", "The adaptive limit's ceiling (max_in_flight).", value=r.ceiling
+            "gateway_inflight_ceiling", "The limit's ceiling (max_in_flight).", value=r.ceiling
         )
         yield GaugeMetricFamily(
             "gateway_inflight_admitted",
@@ -535,25 +543,31 @@ class CapacityCollector:
             "Share of the in-flight limit in use, averaged over about 10 s (0-1): the one to scale on.",
             value=r.in_use,
         )
-        yield GaugeMetricFamily(
-            "gateway_inflight_latency_ratio",
-            "The last window's p90 latency of admitted requests over a request's latency with nothing "
-            "queued (1: nothing queues in Triton; above 1 + tolerance the baseline anchor falls, and "
-            "the knee does while it protects a light key).",
-            value=r.latency_ratio,
+        gate_limit = GaugeMetricFamily(
+            "gateway_gate_limit",
+            "Each model's gate: its requests the gateway lets into Triton at once (the batch worth "
+            "making running and queue_target_batches of it waiting; max_in_flight until measured).",
+            labels=["model"],
         )
-        yield GaugeMetricFamily(
-            "gateway_inflight_probing",
-            "1 while the limit tries another value: the knee a rung beside its own, the baseline "
-            "anchor its floor (to measure the baseline).",
-            value=1 if r.probing else 0,
+        gate_batch = GaugeMetricFamily(
+            "gateway_gate_batch",
+            "Each model's batch worth making, from Triton's statistics: the smallest batch size within "
+            "1 - batch_efficiency of the cheapest cost a request (0 until measured).",
+            labels=["model"],
         )
-        yield GaugeMetricFamily(
-            "gateway_inflight_protecting",
-            "1 while the knee keeps a light key's latency (a key below its share, nothing of it "
-            "queued or refused lately, beside others): the limit is below the knee for it.",
-            value=1 if r.protecting else 0,
+        gate_cost = GaugeMetricFamily(
+            "gateway_gate_request_cost_seconds",
+            "Each model's cheapest compute time a request, at the batch size that gives it, as Triton "
+            "measures it (its bottleneck step's; 0 until measured).",
+            labels=["model"],
         )
+        for gate in r.gates:
+            gate_limit.add_metric([gate.model], gate.limit)
+            gate_batch.add_metric([gate.model], gate.batch)
+            gate_cost.add_metric([gate.model], gate.cost_seconds)
+        yield gate_limit
+        yield gate_batch
+        yield gate_cost
         yield CounterMetricFamily(
             "gateway_admission_admitted", "Inference requests given an in-flight slot.", value=r.admitted
         )

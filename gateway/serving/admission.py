@@ -1,8 +1,9 @@
 """Admission control: a limit on inference requests in flight, shared fairly between keys,
 and the drain at shutdown.
 
-The limit is adaptive (:mod:`gateway.serving.limit`: it follows what Triton can do now,
-``max_in_flight`` its ceiling) or static. Past it a request waits a short time
+Each model's limit is its gate's (:mod:`gateway.serving.queuegate`: what Triton's own
+statistics say its batches cost, ``max_in_flight`` the ceiling of every model together),
+or the static ``max_in_flight``. Past it a request waits a short time
 (``queue_seconds``), then gets 503 ``overloaded`` with Retry-After: under overload clients
 hear "no" in milliseconds instead of queueing into the Triton deadline. Once the queue
 has stood non-empty that long, the newest waiter is served first (adaptive LIFO).
@@ -24,18 +25,15 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import deque
-from collections.abc import AsyncIterator, Hashable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
 from time import monotonic
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from gateway.errors import OverloadedError, ShuttingDownError, TritonTimeoutError
+from gateway.errors import OverloadedError, ShuttingDownError
 from gateway.observe.metrics import CapacityReading
-from gateway.serving.knee import KneeLimit, KneeSettings
-from gateway.serving.limit import AdaptiveLimit, LimitSettings
 from gateway.serving.queuegate import GateSettings, QueueGate
-from gateway.shared.swept import Swept
 
 if TYPE_CHECKING:
     from gateway.settings import ServerSettings, TierSettings
@@ -44,9 +42,6 @@ if TYPE_CHECKING:
 
 # a key over its share may not take the last ceiling // RESERVE_FRACTION slots
 RESERVE_FRACTION = 16
-# a key none of whose requests waited or was refused this long is a light one (its
-# requests below its share are protected: the limit keeps their latency near one alone)
-LIGHT_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -63,73 +58,15 @@ class Tenant:
 ANONYMOUS = Tenant()
 
 
-class ConcurrencyLimit(Protocol):
-    """A limit on requests in flight, fed each admitted request's latency."""
-
-    @property
-    def limit(self) -> int: ...
-
-    @property
-    def ceiling(self) -> int: ...
-
-    @property
-    def probing(self) -> bool: ...
-
-    @property
-    def protecting(self) -> bool: ...
-
-    @property
-    def sample_ratio(self) -> float: ...
-
-    def observe(
-        self,
-        cost: Hashable,
-        seconds: float,
-        admitted_at: float,
-        in_flight: int = 0,
-        saturated: bool | None = None,
-        protected: bool = False,
-    ) -> None: ...
-
-
-@dataclass
-class StaticLimit:
-    """The same number whatever Triton does (``GATEWAY_SERVER__ADAPTIVE__ENABLED=false``)."""
-
-    limit: int
-    probing: bool = False
-    sample_ratio: float = 0.0
-    protecting: bool = False
-
-    @property
-    def ceiling(self) -> int:
-        return self.limit
-
-    def observe(
-        self,
-        cost: Hashable,
-        seconds: float,
-        admitted_at: float,
-        in_flight: int = 0,
-        saturated: bool | None = None,
-        protected: bool = False,
-    ) -> None:
-        return None
-
-
 @dataclass
 class Ticket:
     """One admitted request: when it got its slot, and for whom."""
 
     tenant: Tenant
     admitted_at: float
-    in_flight: int = 0  # the others in flight when it was admitted
     # admitted while it held less than its guaranteed share and other keys contended:
     # its Triton calls go at the high priority, ahead of a flood's queued requests
     favoured: bool = False
-    # the room was full when it was admitted (or others waited): the limit bound
-    saturated: bool = False
-    seq: int = 0  # the admissions counter after its own: those after it overlapped it
     model: str = ""  # whose gate it passed (gateway.serving.queuegate), "" for none
 
 
@@ -194,14 +131,14 @@ class Admission:
 
     def __init__(
         self,
-        limit: int | ConcurrencyLimit,
+        ceiling: int,
         queue_seconds: float,
         retry_after: int,
         clock: Any = monotonic,
         gate: QueueGate | None = None,
         retry_after_max: int | None = None,
     ) -> None:
-        self.limiter: ConcurrencyLimit = StaticLimit(limit) if isinstance(limit, int) else limit
+        self.ceiling = ceiling  # every model's requests in flight together (max_in_flight)
         # each model's own limit, from Triton's queue (gateway.serving.queuegate); None: one
         # limit for every model together
         self.gate = gate
@@ -217,7 +154,7 @@ class Admission:
         # the slots under the ceiling a key over its share may not take (1 in 16: none
         # under 16), so a key arriving beside one that holds the ceiling is admitted at
         # once instead of waiting for a completion that may be 100s of ms away
-        self.reserve = self.limiter.ceiling // RESERVE_FRACTION
+        self.reserve = ceiling // RESERVE_FRACTION
         self.in_flight = 0
         self.held: dict[str, int] = {}
         self.held_by_tier: dict[str, int] = {}
@@ -227,9 +164,6 @@ class Admission:
         self._shares = 0.0
         self._waiting: dict[str, deque[_Waiter]] = {}
         self.waiting = 0
-        # when each key last had a request wait for a slot or refused (a key of the keys file)
-        # (forgotten LIGHT_SECONDS after: the same as never)
-        self._pressed: Swept[str, float] = Swept(lambda when, now: now - when >= LIGHT_SECONDS)
         self._queued_since: float | None = None  # when the queue last stopped being empty
         self.utilization = Utilization()
         self.throughput = Throughput()
@@ -244,11 +178,11 @@ class Admission:
 
     @property
     def limit(self) -> int:
-        """What may be in flight now: the limit, or with a gate its models' together."""
+        """What may be in flight now: the ceiling, or with a gate its models' together."""
         gate = self.gate
         if gate is None or not gate.gates:
-            return self.limiter.limit
-        return min(self.limiter.limit, sum(g.limit for g in gate.gates.values()))
+            return self.ceiling
+        return min(self.ceiling, sum(g.limit for g in gate.gates.values()))
 
     def _model_open(self, model: str) -> bool:
         gate = self.gate
@@ -313,20 +247,19 @@ class Admission:
         such a request is admitted at once, past the limit and into the reserve if need
         be (never past the ceiling), so a key that floods cannot make another wait while
         the limit falls. Only requests of keys over their share wait, and are shed."""
-        return self.in_flight < self.limiter.ceiling and self.under_share(tenant)
+        return self.in_flight < self.ceiling and self.under_share(tenant)
 
     def _room(self, tenant: Tenant) -> int:
         """What may be in flight when ``tenant`` is admitted by the plain rule: the limit,
         less the reserve for a key (requests without keys have no one to share with);
         with a gate, each model's is its own and this only the ceiling."""
-        limit = self.limiter.limit
-        return limit if tenant.id == "" else min(limit, self.limiter.ceiling - self.reserve)
+        limit = self.ceiling
+        return limit if tenant.id == "" else limit - self.reserve
 
     def _take(self, tenant: Tenant, now: float, model: str = "") -> Ticket:
         """One slot for ``tenant`` (already counted present)."""
         guaranteed = self._guaranteed(tenant)
         held = self.held.get(tenant.id, 0)
-        saturated = self.in_flight + 1 >= self._room(tenant) or bool(self._waiting)
         if self.gate is not None:
             self.by_model[model] = self.by_model.get(model, 0) + 1
             self.gate.note_sent(model)
@@ -337,14 +270,12 @@ class Admission:
         self._idle.clear()
         self.utilization.set(min(1.0, self.in_flight / max(1, self.limit)), now)
         favoured = guaranteed is not None and held < guaranteed
-        return Ticket(tenant, now, self.in_flight - 1, favoured, saturated, self.admitted, model)
+        return Ticket(tenant, now, favoured, model)
 
     def refused(self, tenant: Tenant) -> None:
         """A request of ``tenant`` was refused before it waited (gateway.serving.refusal):
-        counted as shed, and the key is not a light one for a while."""
+        counted as shed."""
         self.shed += 1
-        now = self.clock()
-        self._pressed.put(tenant.id, now, now)
 
     async def acquire(self, tenant: Tenant = ANONYMOUS, model: str = "") -> Ticket:
         """Take one in-flight slot for a request (for ``model``: through its gate, when
@@ -366,7 +297,6 @@ class Admission:
         )
         future: asyncio.Future[Ticket] = asyncio.get_running_loop().create_future()
         waiter = _Waiter(tenant, future, now, model)
-        self._pressed.put(tenant.id, now, now)
         self._waiting.setdefault(tenant.id, deque()).append(waiter)
         self._queued(+1, now, model)
         self._enter(tenant)
@@ -498,32 +428,10 @@ class Admission:
         if self.held.get(chosen, 0) / share < (self.held.get(releaser.id, 0) + 1) / releaser.share:
             self._grant_to(chosen, now)
 
-    def _light(self, ticket: Ticket, now: float) -> bool:
-        """Whether ``ticket`` is a light key's request beside others: admitted below its
-        share while other keys contended, and none of the key's requests waited for a
-        slot or was refused lately. The limit keeps such a key's latency near one
-        request's alone (gateway.serving.knee), since it has no throughput to gain from
-        Triton's queue, only a wait in it; a key that floods gets the knee."""
-        pressed = self._pressed.get(ticket.tenant.id)
-        return ticket.favoured and (pressed is None or now - pressed >= LIGHT_SECONDS)
-
-    def release(self, ticket: Ticket, cost: Hashable | None = None, served: bool = True) -> None:
-        """Give back the slot taken by :meth:`acquire`; with ``cost``, the request's
-        latency (admission to now) feeds the adaptive limit under that cost class.
-        ``served`` False: the slot did no work (a probe), and is no completion."""
+    def release(self, ticket: Ticket, served: bool = True) -> None:
+        """Give back the slot taken by :meth:`acquire`. ``served`` False: the slot did no
+        work (a probe), and is no completion."""
         now = self.clock()
-        if cost is not None:
-            # the others it shared Triton with: in flight when it came, and admitted since
-            # (a request admitted alone, joined at once by a burst, did not run alone)
-            others = ticket.in_flight + self.admitted - ticket.seq
-            self.limiter.observe(
-                cost,
-                now - ticket.admitted_at,
-                ticket.admitted_at,
-                others,
-                ticket.saturated,
-                self._light(ticket, now),
-            )
         self.in_flight -= 1
         if self.gate is not None:
             left = self.by_model[ticket.model] - 1
@@ -552,39 +460,28 @@ class Admission:
         self,
         waiting: AbstractContextManager[Any] | None = None,
         tenant: Tenant = ANONYMOUS,
-        cost: Hashable | None = None,
         model: str = "",
     ) -> AsyncIterator[Ticket]:
         """Hold one in-flight slot for the duration of the block (through ``model``'s gate,
         when there are gates); ``waiting`` (say, a tracing span) is entered only while the
-        slot is being acquired. The block's
-        latency feeds the limit under ``cost`` when it ends normally or by a Triton
-        timeout (the slowest latency there is); other failures say nothing about speed."""
+        slot is being acquired."""
         with waiting or nullcontext():
             ticket = await self.acquire(tenant, model)
-        measured = cost
         try:
             yield ticket
-        except TritonTimeoutError:
-            raise
-        except BaseException:
-            measured = None
-            raise
         finally:
-            self.release(ticket, measured)
+            self.release(ticket)
 
     def reading(self) -> CapacityReading:
         """What the capacity gauges show (read at scrape time)."""
-        limiter = self.limiter
+        gate = self.gate
         return CapacityReading(
             limit=self.limit,
-            ceiling=limiter.ceiling,
+            ceiling=self.ceiling,
             in_flight=self.in_flight,
             waiting=self.waiting,
             in_use=self.utilization.read(self.clock()),
-            latency_ratio=limiter.sample_ratio,
-            probing=limiter.probing,
-            protecting=limiter.protecting,
+            gates=() if gate is None else gate.readings(),
             admitted=self.admitted,
             shed=self.shed,
             waited_seconds=self.waited_seconds,
@@ -607,13 +504,12 @@ class Admission:
 
 
 def build_admission(server: ServerSettings) -> Admission:
-    """The gateway's admission: the adaptive limit (at the knee, or anchored to the baseline
-    latency) under ``max_in_flight``, or that cap."""
+    """The gateway's admission: each model gated on what Triton's statistics say its
+    batches cost (every model together under ``max_in_flight``), or that static cap."""
     ceiling = server.max_in_flight
     adaptive = server.adaptive
-    limit: int | ConcurrencyLimit = ceiling
-    if adaptive.enabled and adaptive.anchor == "triton":
-        gate = QueueGate(
+    gate = (
+        QueueGate(
             GateSettings(
                 target=adaptive.queue_target_batches,
                 efficiency=adaptive.batch_efficiency,
@@ -622,39 +518,14 @@ def build_admission(server: ServerSettings) -> Admission:
                 interval_seconds=adaptive.statistics_interval_seconds,
             )
         )
-        return Admission(
-            ceiling,
-            server.queue_seconds,
-            server.retry_after_seconds,
-            gate=gate,
-            retry_after_max=server.retry_after_max_seconds,
-        )
-    if adaptive.enabled and adaptive.anchor == "knee":
-        limit = KneeLimit(
-            KneeSettings(
-                floor=min(adaptive.floor, ceiling),
-                ceiling=ceiling,
-                window_seconds=adaptive.window_seconds,
-                objective_seconds=adaptive.latency_objective_seconds,
-                protect_tolerance=adaptive.tolerance,
-            )
-        )
-    elif adaptive.enabled:
-        limit = AdaptiveLimit(
-            LimitSettings(
-                floor=min(adaptive.floor, ceiling),
-                ceiling=ceiling,
-                idle=None if adaptive.idle is None else min(adaptive.idle, ceiling),
-                tolerance=adaptive.tolerance,
-                window_seconds=adaptive.window_seconds,
-                probe_interval_seconds=adaptive.probe_interval_seconds,
-                probe_samples=adaptive.probe_samples,
-            )
-        )
+        if adaptive.enabled
+        else None
+    )
     return Admission(
-        limit,
+        ceiling,
         server.queue_seconds,
         server.retry_after_seconds,
+        gate=gate,
         retry_after_max=server.retry_after_max_seconds,
     )
 

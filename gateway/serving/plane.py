@@ -64,12 +64,6 @@ def rows(inputs: Sequence[Tensor]) -> int:
     return int(inputs[0].array.shape[0]) if inputs else 0
 
 
-def cost_bucket(inputs: int) -> int:
-    """The adaptive limit's cost class for a request of ``inputs`` inputs: 1, 2-4, 5-16, 17+
-    (a batch of 8 is compared with batches, not with single inputs)."""
-    return 1 if inputs <= 1 else 4 if inputs <= 4 else 16 if inputs <= 16 else 17
-
-
 @contextlib.asynccontextmanager
 async def _no_slot() -> AsyncIterator[Ticket | None]:
     yield None
@@ -109,11 +103,7 @@ class InferencePlane:
         kind, model, tracing = entry.kind, entry.name, self.tracing
         # the span covers the wait for an in-flight slot (the gateway's queue)
         count = kind.count(payload)
-        slot = (
-            self.admission.slot(tracing.span("admission"), tenant, (model, cost_bucket(count)), model)
-            if admitted
-            else _no_slot()
-        )
+        slot = self.admission.slot(tracing.span("admission"), tenant, model) if admitted else _no_slot()
         async with slot as ticket:
             with tracing.span(f"validate {kind.noun}s", {"gateway.inputs": count}):
                 await self.workers.run(kind.payload_bytes(payload), kind.check, payload, entry.caps)
@@ -188,9 +178,7 @@ class InferencePlane:
     ) -> InferResult:
         """One inference on checked tensors (the Open Inference Protocol routes);
         ``classes``: Triton's classification extension, by output."""
-        async with self.admission.slot(
-            self.tracing.span("admission"), tenant, (model, "tensors"), model
-        ) as ticket:
+        async with self.admission.slot(self.tracing.span("admission"), tenant, model) as ticket:
             with self.backend.circuit(model):
                 return await self.backend.infer(
                     model,

@@ -19,7 +19,11 @@ size compute time).
   ``1 - efficiency`` of the cheapest measured (``efficiency`` 0.9 by default: the text
   model's 4; on a GPU, where a batch costs about the same whatever its size, the largest
   seen, so the limit opens as larger batches are seen). A larger batch only waits longer
-  for no more throughput. The cheapest is taken among the sizes seen at least
+  for no more throughput. While the batch worth making is the largest seen (no size
+  measured past the cheapest), the limit makes room for twice it: a larger batch forms
+  only where there is room for it, so a limit that never had room for one would never
+  learn whether it pays (a light load's batches of 1 and 2, followed by a flood on a
+  Triton whose larger batches pay more when it is slowed). The cheapest is taken among the sizes seen at least
   ``min_size_batches`` times (one lucky batch does not set it).
 - **The limit.** ``b*`` running and ``target`` batches of it waiting (one by default: each
   batch finds the next one formed, and no request waits behind more than that), plus one
@@ -51,6 +55,7 @@ from time import monotonic
 from typing import Any, Protocol
 
 from gateway.errors import GatewayError
+from gateway.observe.metrics import GateReading
 
 logger = logging.getLogger(__name__)
 
@@ -117,6 +122,14 @@ class Worth:
     size: int
     cheapest: float
     batches: float
+    largest: int = 0  # the largest size seen
+
+    @property
+    def trying(self) -> int:
+        """The batch the limit makes room for: ``size``, or twice it while it is the
+        largest seen (the cheapest so far: a larger one, never seen, may be cheaper still,
+        and is seen only if there is room to form it)."""
+        return 2 * self.size if self.size >= self.largest else self.size
 
 
 def worth(batches: Batches, efficiency: float, min_size_batches: float = 2.0) -> Worth | None:
@@ -132,7 +145,7 @@ def worth(batches: Batches, efficiency: float, min_size_batches: float = 2.0) ->
     )
     cheapest = min(trusted)
     size = min(size for size, cost in each.items() if cost * efficiency <= cheapest + 1e-12)
-    return Worth(size, cheapest, sum(cost.count for cost in seen.values()))
+    return Worth(size, cheapest, sum(cost.count for cost in seen.values()), max(seen))
 
 
 def per_request(batches: Batches) -> float:
@@ -214,7 +227,7 @@ class ModelGate:
         if self.last is None or not replicas:  # until measured: the ceiling
             return False
         settings, before = self.settings, self.limit
-        one = math.ceil((1 + settings.target) * self.last.size - 1e-9) + len(steps_read) - 1
+        one = math.ceil((1 + settings.target) * self.last.trying - 1e-9) + len(steps_read) - 1
         self.limit = max(settings.floor, min(settings.ceiling, one * len(replicas)))
         return self.limit != before
 
@@ -244,6 +257,18 @@ class QueueGate:
     def limit(self, model: str) -> int:
         gate = self.gates.get(model)
         return self.settings.ceiling if gate is None else gate.limit
+
+    def readings(self) -> tuple[GateReading, ...]:
+        """Each gated model's limit and what it was computed from (for the metrics)."""
+        return tuple(
+            GateReading(
+                model,
+                gate.limit,
+                gate.last.size if gate.last else 0,
+                gate.last.cheapest if gate.last else 0.0,
+            )
+            for model, gate in self.gates.items()
+        )
 
     def note_sent(self, model: str) -> None:
         self.sent = True

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from gateway.serving.limit import percentile
+from gateway.bench.quantiles import percentile
 
 
 @dataclass(frozen=True)

@@ -176,20 +176,18 @@ def test_cost_ledger_attributes_a_profile_to_the_stages(tmp_path: Path, triton_p
     assert "| access log |" in result.stdout
 
 
-def test_bench_capacity_sweeps_static_limits_and_the_adaptive_ones(
-    tmp_path: Path, triton_python_env: Path
-) -> None:
-    """The short form of `make bench-capacity`: a static limit, the knee and the gate on
-    Triton's queue under a hey flood, and a refusal's CPU four ways (the gRPC door's too);
-    well formed, and the flood really overloads (refusals) while the knee moved from its
-    ceiling or held it. (One static limit, the ceiling: each flood costs a gateway start, about 6 s.)"""
+def test_bench_capacity_sweeps_static_limits_and_the_gate(tmp_path: Path, triton_python_env: Path) -> None:
+    """The short form of `make bench-capacity`: a static limit and the default (each model
+    gated on Triton's batches) under a hey flood, and a refusal's CPU four ways (the gRPC
+    door's too); well formed, and the flood really overloads (refusals) while the gate
+    moved from its ceiling or held it. (One static limit, the ceiling: each flood costs a gateway start, about 6 s.)"""
     out = tmp_path / "capacity"
     result = subprocess.run(
         [
             sys.executable, "-m", "gateway.bench.capacity",
             "--seconds", "3", "--rounds", "2", "--clients", "40", "--limits", "16", "--speeds", "1",
             "--repository", "trivial", "--triton-env", str(triton_python_env), "--out", str(out),
-            "--refusal-seconds", "1", "--anchors", "knee", "triton",
+            "--refusal-seconds", "1",
         ],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
@@ -197,9 +195,9 @@ def test_bench_capacity_sweeps_static_limits_and_the_adaptive_ones(
     report = json.loads(out.with_suffix(".json").read_text())
     rows = {row["limit"]: row for row in report["rows"]}
     # two floods of each, interleaved; a row is their median, with their spread
-    assert len(report["runs"]) == 2 * 3
-    assert [run["limit"] for run in report["runs"]][:3] != [run["limit"] for run in report["runs"]][3:]
-    for name in ("static 16", "adaptive", "adaptive, triton queue"):
+    assert len(report["runs"]) == 2 * 2
+    assert [run["limit"] for run in report["runs"]][:2] != [run["limit"] for run in report["runs"]][2:]
+    for name in ("static 16", "gate"):
         row = rows[name]
         floods = [run for run in report["runs"] if run["limit"] == name]
         assert row["rounds"] == 2
@@ -209,16 +207,15 @@ def test_bench_capacity_sweeps_static_limits_and_the_adaptive_ones(
         ]
         assert row["goodput"] == sum(r["goodput"] for r in floods) / 2  # the median of two
     [calm] = [name for name in rows if name.startswith("no storm, static ")]
-    assert set(rows) == {"static 16", "adaptive", "adaptive, triton queue", calm}
+    assert set(rows) == {"static 16", "gate", calm}
     for row in rows.values():
         assert row["goodput"] > 0
         assert 0 < row["p50_ms"] <= row["p99_ms"]
         assert row["other_statuses"] == {}  # 200 and 503 only
     assert rows["static 16"]["refused_per_second"] > 0  # 40 connections on 16 slots
     assert rows[calm]["refused_per_second"] == 0  # as many clients as slots
-    assert 1 <= rows["adaptive"]["final_limit"] <= 16
-    assert 1 <= rows["adaptive, triton queue"]["final_limit"] <= 16
-    assert [v["adaptive"] for v in report["verdicts"]] == ["adaptive", "adaptive, triton queue"]
+    assert 1 <= rows["gate"]["final_limit"] <= 16
+    assert [v["adaptive"] for v in report["verdicts"]] == ["gate"]
     for verdict in report["verdicts"]:
         assert verdict["goodput_vs_best"] > 0
         assert verdict["storm_goodput_vs_calm"] > 0
@@ -235,4 +232,4 @@ def test_bench_capacity_sweeps_static_limits_and_the_adaptive_ones(
         assert cost["gateway_cpu_ms_per_answer"] > 0
         assert cost["storm_cores"] > 0
         assert cost["calm_goodput"] > 0
-    assert "adaptive, triton queue: goodput" in result.stdout
+    assert "gate: goodput" in result.stdout

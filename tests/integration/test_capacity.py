@@ -51,7 +51,7 @@ def test_a_5x_slowdown_is_followed_by_the_gate_and_a_recovery_too(
     triton: TritonServer, spawn_gateway: Callable[..., GatewayProcess]
 ) -> None:
     """100 clients sending back to back, Triton at speed, then 5x slower, then at speed
-    again, against the static cap of 64 in the same run. Issue 54's gate (opt-in:
+    again, against the static cap of 64 in the same run. Issue 54's gate (the default:
     each model's limit from what Triton's statistics say its batches cost,
     gateway.serving.queuegate) settles near the knee at speed: about the cap's goodput at
     a fraction of its p99; slowed, every batch is dearer by the same factor and the limit
@@ -70,7 +70,7 @@ def test_a_5x_slowdown_is_followed_by_the_gate_and_a_recovery_too(
     suite run, p99 894 ms). Read per size, seven runs in a row passed (limit 8-14 at
     speed, p99 419-610 ms against the cap's 1.8-2.3 s; 5x slower, p99 1.2-2.2 s against
     4.5-5.6 s)."""
-    gate = spawn_gateway(triton, GATEWAY_SERVER__ADAPTIVE__ANCHOR="triton")
+    gate = spawn_gateway(triton)
     static = spawn_gateway(triton, GATEWAY_SERVER__ADAPTIVE__ENABLED="false")
     text_load(gate, 8, 3, "warm-up")  # a light load first, as a replica has before a flood
     before = text_load(static, 100, 4, "static, Triton at speed")
@@ -140,14 +140,11 @@ def percentile_of(values: list[float], q: float) -> float:
 @pytest.mark.quarantine
 @pytest.mark.xfail(
     strict=False,
-    reason="issue 54 item 4, not met. On 2026-11-29 with the knee (the default): 16-17 of 28 "
-    "answered, all 200, median 1.9-2.1x alone, but the first two took 1.5-1.8 s (the flood's "
-    "first 60 requests in Triton while the knee comes down from the ceiling), and hey's one "
-    "connection waits on them; with the gate on Triton's batches (opt-in): 5-14 answered, "
-    "500-1,900 ms (10-38x); its limit read 29 through the flood (a line through the batch "
-    "sizes). With the batch worth making read per size: 10-14 answered, all 200, median "
-    "499-710 ms (5.1-8.1x): the key waits behind two batches of about 4 in Triton, 2x slower, "
-    "and its own. Quarantined: make test-quarantine runs it (XPASS when it holds)",
+    reason="issue 54 item 4, not met. With the gate on Triton's batches (the default since "
+    "2026-11-30), read per size: 10-14 answered, all 200, median 499-710 ms (5.1-8.1x): the "
+    "key waits behind two batches of about 4 in Triton, 2x slower, and its own. The knee "
+    "before it: 16-17 of 28 answered, median 1.9-2.1x, its first two 1.5-1.8 s behind the "
+    "flood's first wave. Quarantined: make test-quarantine runs it (XPASS when it holds)",
 )
 def test_a_flooding_key_leaves_another_its_latency(
     triton: TritonServer, spawn_gateway: Callable[..., GatewayProcess], tmp_path: Path
@@ -194,9 +191,10 @@ def test_a_flooding_key_leaves_another_its_latency(
 def test_a_flood_after_a_light_load_is_learnt_fast_and_a_cold_burst_is_served(
     triton: TritonServer, spawn_gateway: Callable[..., GatewayProcess]
 ) -> None:
-    """Issue 42's third point, with the defaults (the knee, refusals from the headers,
-    retries at once held). A cold replica takes a burst of 24 requests at once (its limit
-    starts at the ceiling: nothing is shed that it can serve). Then a light load (2
+    """Issue 42's third point, with the defaults (each model's gate on Triton's batches,
+    refusals from the headers, retries at once held). A cold replica takes a burst of 24
+    requests at once (a gate starts at the ceiling until measured: nothing is shed that it
+    can serve). Then a light load (2
     connections for 12 s), then 100 connections (hey) that send again the moment an
     answer comes, for 12 s: the p99 of what is admitted over the whole flood, its first
     seconds included, is within 2x the p99 once the limit has learnt (after 2 s).
@@ -204,8 +202,9 @@ def test_a_flood_after_a_light_load_is_learnt_fast_and_a_cold_burst_is_served(
     Filed on 3de95b9: p99 1.28 s after the first 2 s, 2.2 s over the whole flood. With
     the baseline anchor the default, which never moves while it does not bind, the
     flood's first wave queued 64 deep in Triton: 5.5-9.8x (its ``idle`` setting, 8, read
-    1.06-1.15x but shed 10 steady clients). The knee reaches its rung in the first
-    windows and reads the flood's queue as throughput, not as congestion: 0.98x."""
+    1.06-1.15x but shed 10 steady clients). The knee reached its rung in the first
+    windows: 0.98x. The gate starts the flood from what the light load's batches of 1 and
+    2 measured (a few requests) and opens as larger batches are measured."""
     gateway = spawn_gateway(triton)
     burst = hey(gateway.url, 24, 0, requests=24)
     assert Counter(status for _, _, status in burst) == {200: 24}

@@ -183,14 +183,13 @@ def test_a_name_is_resolved_into_replicas_as_a_headless_service_gives_them(
 def test_the_gate_on_tritons_queue_reads_every_replica_and_allows_each_its_own(
     triton: TritonServer, second_triton: TritonServer, spawn_gateway: Callable[..., GatewayProcess]
 ) -> None:
-    """The gate on Triton's batches (``anchor=triton``) with two replicas: it reads both
+    """The gate on Triton's batches (the default) with two replicas: it reads both
     replicas' statistics (each its own counters) and allows each replica its batches, not
     the first replica's limit for the two together (before: the first one's statistics
     alone, one replica's limit). Issue 54 items 1 and 5 together."""
     gateway = spawn_gateway(
         triton,
         GATEWAY_TRITON__URL=f"{triton.grpc_url},{second_triton.grpc_url}",
-        GATEWAY_SERVER__ADAPTIVE__ANCHOR="triton",
     )
     load(4.0, flow(gateway, "flood", 32))
     judged = re.findall(

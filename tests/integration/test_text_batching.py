@@ -51,16 +51,18 @@ def texts() -> list[str]:
     return [" ".join(rng.choices(WORDS, k=rng.randint(3, 40))) for _ in range(REQUESTS)]
 
 
-async def send_through_gateway(url: str) -> list[int]:
+async def send_through_gateway(url: str) -> list[tuple[int, str | None]]:
+    """Each text's status, and its Retry-After."""
     gate = asyncio.Semaphore(CONCURRENCY)
     limits = httpx.Limits(max_connections=CONCURRENCY)
     async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
 
-        async def one(text: str) -> int:
+        async def one(text: str) -> tuple[int, str | None]:
             async with gate:
-                return (await client.post("/classify", json={"text": text})).status_code
+                answer = await client.post("/classify", json={"text": text})
+                return answer.status_code, answer.headers.get("retry-after")
 
-        return await asyncio.gather(*(one(text) for text in texts()))
+        return list(await asyncio.gather(*(one(text) for text in texts())))
 
 
 async def send_to_triton(url: str) -> int:
@@ -118,14 +120,21 @@ def test_single_texts_of_different_lengths_batch_together(triton: TritonServer) 
 def test_through_the_gateway_texts_batch_too(triton: TritonServer, gateway: ServedApp) -> None:
     warm_up(triton)
     inferences_before, executions_before = text_model_counts(triton)
-    statuses = asyncio.run(send_through_gateway(gateway.url))
+    answers = asyncio.run(send_through_gateway(gateway.url))
     inferences, executions = text_model_counts(triton)
     inferences -= inferences_before
     executions -= executions_before
+    served = sum(status == 200 for status, _ in answers)
     print(
         f"{REQUESTS} single-text requests of 3-40 words at c={CONCURRENCY}, through the gateway: "
-        f"{executions} text_model executions, {inferences / executions:.1f} inferences per execution"
+        f"{served} served, {executions} text_model executions, "
+        f"{inferences / executions:.1f} inferences per execution"
     )
-    assert statuses == [200] * REQUESTS
-    assert inferences == REQUESTS
+    # 32 clients sending back to back are past what the text model's gate lets into Triton
+    # at once (about 10 on a CPU: a batch worth making running and one waiting), so beyond
+    # the short wait in the gateway's queue some hear 503 with a Retry-After
+    # (docs/explanation/reliability.md: the latency bound is the default's choice)
+    assert all(status == 200 or (status == 503 and retry_after) for status, retry_after in answers), answers
+    assert served >= CONCURRENCY
+    assert inferences == served  # each admitted text reached Triton once, no refused one did
     assert inferences / executions > 1.2

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.serving.admission import LIGHT_SECONDS, Admission, Tenant
-from gateway.serving.refusal import Refusals
 from gateway.settings import RedisSettings
 from gateway.shared.keyfiles import ApiKey
 from gateway.shared.ratelimit import RateLimiter
@@ -61,17 +59,6 @@ def test_a_bucket_that_still_limits_is_never_forgotten() -> None:
         return again.wait
 
     assert asyncio.run(scenario()) > 0
-
-
-def test_keys_pressed_long_ago_are_forgotten_by_admission() -> None:
-    clock = Clock()
-    admission = Admission(4, queue_seconds=1, retry_after=1, clock=clock)
-    refusals = Refusals(admission)
-    for wave in range(4):
-        for n in range(2000):
-            refusals.refusal(Tenant(f"idp:tenant-{wave}-{n}"), close=False)
-        clock.now += LIGHT_SECONDS
-    assert len(admission._pressed) <= 4000  # 8,000 before
 
 
 def test_the_sweep_keeps_live_entries_and_happens_on_doubling() -> None:

@@ -72,4 +72,4 @@ def test_the_cross_check_reads_saved_runs_without_starting_anything(
     assert len(saved) == 2
     printed = capsys.readouterr().out
     assert "static 8: the knee's bound in 1 of 2 pairs" in printed
-    assert printed.index("static 4:") < printed.index("static 16:") < printed.index("adaptive:")
+    assert printed.index("static 4:") < printed.index("static 16:") < printed.index(f"{ADAPTIVE}:")

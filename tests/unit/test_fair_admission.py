@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Coroutine, Hashable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import pytest
 
 from gateway.errors import OverloadedError
-from gateway.serving.admission import Admission, StaticLimit, Tenant, Ticket
+from gateway.serving.admission import Admission, Tenant, Ticket
+from gateway.serving.queuegate import GateSettings, QueueGate
 from gateway.serving.refusal import Refusals
 
 FLOOD = Tenant("flood")
@@ -108,30 +108,19 @@ async def test_a_cancelled_waiter_returns_a_slot_granted_to_it() -> None:
     assert admission.held == {}
 
 
-@dataclass
-class Shrunk(StaticLimit):
-    """A limit that has just fallen below what is in flight (ceiling above it)."""
-
-    top: int = 10
-
-    @property
-    def ceiling(self) -> int:
-        return self.top
-
-
 @run
 async def test_a_key_below_its_share_is_admitted_at_once_while_the_limit_falls() -> None:
-    limiter = Shrunk(limit=8)
-    admission = Admission(limiter, queue_seconds=5, retry_after=1)
-    held = [await admission.acquire(FLOOD) for _ in range(8)]
-    limiter.limit = 2  # Triton slowed down: 8 in flight, 2 allowed
-    flooding = asyncio.create_task(admission.acquire(FLOOD))
+    gate = QueueGate(GateSettings(ceiling=10))
+    admission = Admission(10, queue_seconds=5, retry_after=1, gate=gate)
+    held = [await admission.acquire(FLOOD, "m") for _ in range(8)]
+    gate.gates["m"].limit = 2  # the model's batches measured dearer: 8 in flight, 2 allowed
+    flooding = asyncio.create_task(admission.acquire(FLOOD, "m"))
     await asyncio.sleep(0)
     assert not flooding.done()  # over its share: it waits for the limit
-    quiet = await asyncio.wait_for(admission.acquire(QUIET), 1)  # below its share (1 of 2): at once
+    quiet = await asyncio.wait_for(admission.acquire(QUIET, "m"), 1)  # below its share (1 of 2): at once
     assert admission.held == {"flood": 8, "quiet": 1}
     with pytest.raises(TimeoutError):  # its share is 1: a second one waits like anyone
-        await asyncio.wait_for(asyncio.shield(asyncio.ensure_future(admission.acquire(QUIET))), 0.05)
+        await asyncio.wait_for(asyncio.shield(asyncio.ensure_future(admission.acquire(QUIET, "m"))), 0.05)
     admission.release(quiet)
     for ticket in held:
         admission.release(ticket)
@@ -141,12 +130,12 @@ async def test_a_key_below_its_share_is_admitted_at_once_while_the_limit_falls()
 
 @run
 async def test_at_the_ceiling_a_slot_the_flood_gives_back_goes_to_the_other_key() -> None:
-    limiter = Shrunk(limit=4, top=4)
-    admission = Admission(limiter, queue_seconds=5, retry_after=1)
-    held = [await admission.acquire(FLOOD) for _ in range(4)]  # the flood holds the ceiling
-    limiter.limit = 1  # then Triton slows down: 4 in flight, 1 allowed
-    flooding = asyncio.create_task(admission.acquire(FLOOD))
-    quiet = asyncio.create_task(admission.acquire(QUIET))
+    gate = QueueGate(GateSettings(ceiling=4))
+    admission = Admission(4, queue_seconds=5, retry_after=1, gate=gate)
+    held = [await admission.acquire(FLOOD, "m") for _ in range(4)]  # the flood holds the ceiling
+    gate.gates["m"].limit = 1  # then Triton slows down: 4 in flight, 1 allowed
+    flooding = asyncio.create_task(admission.acquire(FLOOD, "m"))
+    quiet = asyncio.create_task(admission.acquire(QUIET, "m"))
     await asyncio.sleep(0)
     assert not quiet.done()  # no slot under the ceiling
     admission.release(held.pop())  # still 3 in flight over a limit of 1: handed over
@@ -218,87 +207,11 @@ async def test_a_standing_queue_serves_the_newest_first() -> None:
 
 @run
 async def test_without_keys_the_limit_is_the_only_rule() -> None:
-    limiter = Shrunk(limit=1)
-    admission = Admission(limiter, queue_seconds=0.01, retry_after=1)
+    admission = Admission(1, queue_seconds=0.01, retry_after=1)
     ticket = await admission.acquire()
     with pytest.raises(OverloadedError):
         await admission.acquire()
     admission.release(ticket)
-
-
-@dataclass
-class Recording(StaticLimit):
-    """A static limit that records the concurrency each completed request reports."""
-
-    seen: list[int] = field(default_factory=list)
-    light: list[bool] = field(default_factory=list)
-
-    def observe(
-        self,
-        cost: Hashable,
-        seconds: float,
-        admitted_at: float,
-        in_flight: int = 0,
-        saturated: bool | None = None,
-        protected: bool = False,
-    ) -> None:
-        self.seen.append(in_flight)
-        self.light.append(protected)
-
-
-@run
-async def test_a_request_joined_by_others_is_not_reported_as_alone() -> None:
-    """The baseline is measured on requests that ran alone: one admitted with nothing in
-    flight but joined at once by a burst shared Triton with it."""
-    limiter = Recording(8)
-    admission = Admission(limiter, queue_seconds=1, retry_after=1)
-    first = await admission.acquire()
-    burst = [await admission.acquire() for _ in range(3)]
-    admission.release(first, cost="text")
-    for ticket in burst:
-        admission.release(ticket, cost="text")
-    alone = await admission.acquire()
-    admission.release(alone, cost="text")
-    assert limiter.seen == [3, 3, 3, 3, 0]  # before: [0, 1, 2, 3, 0]
-
-
-@run
-async def test_a_light_keys_requests_beside_a_flood_are_reported_protected() -> None:
-    """The knee keeps a light key's latency near one request's alone (gateway.serving.knee):
-    its requests admitted below its share, while no request of the key waited or was
-    refused lately, are reported protected; a key that floods is not, nor is a light key
-    alone, nor one whose request waited a moment ago."""
-    now = [0.0]
-    limiter = Recording(16)  # a key over its share may take 15 (the reserve: 1)
-    admission = Admission(limiter, queue_seconds=0.01, retry_after=1, clock=lambda: now[0])
-    alone = await admission.acquire(QUIET)
-    admission.release(alone, cost="text")
-    flood = [await admission.acquire(FLOOD) for _ in range(15)]
-    with pytest.raises(OverloadedError):
-        await admission.acquire(FLOOD)  # the flood waits, and is refused
-    quiet = await admission.acquire(QUIET)  # below its share: at once
-    admission.release(quiet, cost="text")
-    admission.release(flood.pop(), cost="text")
-    assert limiter.light == [False, True, False]
-    # a key one of whose requests waited is not light for LIGHT_SECONDS
-    more = [await admission.acquire(QUIET) for _ in range(2)]  # 16 in flight: the ceiling
-    waited = asyncio.create_task(admission.acquire(QUIET))
-    await asyncio.sleep(0)
-    admission.release(more.pop(), cost="text")
-    admission.release(await waited, cost="text")
-    admission.release(more.pop(), cost="text")
-    assert limiter.light[-3:] == [False, False, False]
-    now[0] += 2.5
-    later = await admission.acquire(QUIET)
-    admission.release(later, cost="text")
-    assert limiter.light[-1] is True
-    # nor one refused from its headers
-    assert isinstance(Refusals(admission).refusal(QUIET), OverloadedError)
-    refused = await admission.acquire(QUIET)
-    admission.release(refused, cost="text")
-    assert limiter.light[-1] is False
-    for ticket in flood:
-        admission.release(ticket)
 
 
 @run

@@ -169,7 +169,8 @@ def test_what_was_measured_is_forgotten_as_the_model_changes() -> None:
     _read(gate, {"m": {}})
     totals = _costs(5, 0, {1: 50, 3: 50, 8: 50})  # a GPU-like model: a fixed cost per batch
     _read(gate, {"m": totals})
-    assert gate.limit == 16  # the largest batches seen: 8, the cheapest a request
+    # the largest batches seen, 8, the cheapest a request: room for twice them, 2 x 16
+    assert gate.limit == 32
     for second in range(1, 11):  # then a CPU-like one: 6.6 ms + 18.9 ms a request
         now = _costs(6.6, 18.9, {1: 50 * second, 3: 50 * second, 8: 50 * second})
         _read(
@@ -207,11 +208,17 @@ async def test_a_models_requests_wait_behind_its_gate_while_anothers_go() -> Non
     source.models = {"tokenize": {}, "model": {}, "image": {}}
     held = [await admission.acquire(Tenant("a"), "text") for _ in range(8)]
     await gate.read(source, _steps)  # the base
-    source.models["model"] = _costs(10, 10, {1: 20, 4: 20})  # batches of 4: a limit of 9
+    # batches of 4: a limit of 9 (a batch of 8 seen dearer: no room made for larger ones)
+    source.models["model"] = _costs(10, 10, {1: 20, 4: 20}) | {8: BatchCost(20, 20 * 8 * 15 * MS)}
     source.models["tokenize"] = _costs(1, 0.1, {1: 20, 4: 20})
     gate.sent = True
     await gate.read(source, _steps)
     assert gate.limit("text") == 9
+    # what the gauges show: each model's gate, its batch worth making and cheapest cost
+    readings = {r.model: r for r in admission.reading().gates}
+    assert (readings["text"].limit, readings["text"].batch) == (9, 4)
+    assert readings["text"].cost_seconds == pytest.approx(0.0125)  # (10 + 4 x 10) / 4 ms
+    assert set(readings) == {"text"}  # a model nothing was sent to has no gate yet
     held += [await admission.acquire(Tenant("a"), "text")]
     waiting = asyncio.create_task(admission.acquire(Tenant("a"), "text"))
     await asyncio.sleep(0)
@@ -220,7 +227,7 @@ async def test_a_models_requests_wait_behind_its_gate_while_anothers_go() -> Non
     assert image.model == "image"  # another model's gate is open
     assert admission.limit == 64  # the models' limits together, within the ceiling
     # the batches of text grow cheaper: its gate rises and its waiter goes
-    source.models["model"] = _costs(10, 10, {1: 20, 4: 20, 16: 1000})
+    source.models["model"] = _costs(10, 10, {1: 20, 4: 20, 16: 1000}) | {8: BatchCost(20, 20 * 8 * 15 * MS)}
     source.models["model"] = {
         s: BatchCost(c.count, c.ns if s < 16 else c.count * 12 * MS)
         for s, c in source.models["model"].items()
@@ -272,7 +279,25 @@ def test_batches_whose_cost_is_all_proportional_to_their_size_give_the_cautious_
         gate,
         {"model": _costs(0, 20, {1: 10, 2: 10}) | _costs(40, 10, {6: 10}), "post": _costs(1, 1, {1: 20})},
     )
-    assert gate.limit == 12 + 1
+    # (6 the largest seen and the cheapest: room for twice it, 2 x 12)
+    assert gate.limit == 24 + 1
+
+
+def test_while_the_largest_batch_seen_is_the_cheapest_the_limit_makes_room_for_twice_it() -> None:
+    """A limit that never had room to form a larger batch would never learn whether one
+    pays: while the batch worth making is the largest seen, the limit makes room for
+    twice it; once a larger batch is seen and is no cheaper, back to the one worth making."""
+    gate = ModelGate(GateSettings(ceiling=64))
+    _read(gate, {"m": {}})
+    light = _costs(10, 20, {1: 10, 2: 10})  # a light load's: 2 is the cheapest (25 ms a request)
+    assert _read(gate, {"m": light})
+    assert gate.last is not None
+    assert (gate.last.size, gate.last.largest, gate.limit) == (2, 2, 2 * 4)  # room for 4
+    # batches of 4 formed, and of 7 at 21 ms a request, no cheaper than 4 (22.5 ms) by 10 %
+    flood = light | _costs(10, 20, {4: 10}) | {7: BatchCost(10, 10 * 7 * 21 * MS)}
+    _read(gate, {"m": flood})
+    assert (gate.last.size, gate.last.largest, gate.limit) == (4, 7, 2 * 4)
+    # without the room it made, the light load's batches alone would have held it at 2 x 2
 
 
 def test_replicas_are_read_together_each_on_its_own_counters_and_the_limit_is_one_replicas_times_theirs() -> (
@@ -291,15 +316,16 @@ def test_replicas_are_read_together_each_on_its_own_counters_and_the_limit_is_on
     one = ModelGate(GateSettings(ceiling=64))
     one.judge({"m": {}}, 0.25)
     one.judge({"m": a}, 0.25)
-    assert one.limit == 8  # batches of 4: 2 of them (target 1), one step
-    assert gate.limit == 2 * 8
+    # batches of 4, the largest seen: room for 8, 2 of them (target 1), one step
+    assert one.limit == 16
+    assert gate.limit == 2 * 16
     # b restarts (counters from zero) and then leaves: the limit follows the replicas read
     gate.judge_replicas(
         {"a": {"m": _costs(10, 10, {1: 40, 4: 40})}, "b": {"m": _costs(10, 10, {1: 2})}}, 0.25
     )
-    assert gate.limit == 2 * 8
+    assert gate.limit == 2 * 16
     assert gate.judge_replicas({"a": {"m": _costs(10, 10, {1: 60, 4: 60})}}, 0.25)
-    assert gate.limit == 8
+    assert gate.limit == 16
     # the ceiling bounds the replicas together
     many = ModelGate(GateSettings(ceiling=64))
     bases: dict[str, dict[str, Batches]] = {str(i): {"m": {}} for i in range(9)}
@@ -325,4 +351,4 @@ async def test_the_gate_reads_every_replicas_statistics_when_given_them() -> Non
         source.models["tokenize"] = _costs(1, 0.1, {1: 20, 4: 20})
     gate.sent = True
     await gate.read(each, _steps)
-    assert gate.limit("text") == 2 * 9
+    assert gate.limit("text") == 2 * 17  # batches of 4 the largest seen: room for 8, 2 x 8 + 1
