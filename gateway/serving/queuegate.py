@@ -29,8 +29,10 @@ size compute time).
   batch finds the next one formed, and no request waits behind more than that), plus one
   request for every other step of an ensemble (each holds about one while the batch
   runs): ``ceil((1 + target) * b*) + steps - 1``, within ``[floor, ceiling]``
-  (``server.max_in_flight``, which also bounds every model together). For the CPU text
-  classifier: 10, where a sweep of static limits finds its knee (8-16).
+  (``server.max_in_flight``, which also bounds every model together; the gateway's floor
+  is 8, so a few clients sending back to back are never refused for want of room in
+  Triton whatever a light load's batches said). For the CPU text classifier: 10, where a
+  sweep of static limits finds its knee (8-16).
 - **Learning.** The statistics are read every ``interval_seconds`` while the gateway has
   sent something since the last read (an idle gateway asks Triton nothing), for every
   model in one call; each read's batches are added to an average that forgets with a
