@@ -56,7 +56,7 @@ from gateway.dev.gatewayprocess import GatewayProcess
 from gateway.dev.tritonserver import TritonServer, free_port, throttled
 
 TEXT = json.dumps({"texts": ["the film was a delight from start to finish"]})
-ADAPTIVE = "gate"  # the default: each model gated on Triton's batches (gateway.serving.queuegate)
+GATE = "gate"  # the default: each model gated on Triton's batches (gateway.serving.queuegate)
 # the best static limit loaded by as many clients as it has slots: its goodput without a
 # retry storm, against which the adaptive limit's under the storm is read
 CALM = "no storm, static"
@@ -74,7 +74,7 @@ UNDER_CEILING = 0.5
 @dataclass
 class Row:
     speed: int  # Triton this many times slower
-    limit: str  # "static N" or ADAPTIVE
+    limit: str  # "static N" or GATE
     seconds: float
     goodput: float  # answers 200 a second, after STEADY_AFTER
     p50_ms: float
@@ -148,7 +148,7 @@ class Verdict:
     storm_goodput_vs_calm: float | None  # the adaptive limit under the storm / no storm
     # the static limits that meet the cap's bound themselves (none: no limit can, this run)
     statics_meeting_ceiling_bound: list[str]
-    adaptive: str = ADAPTIVE  # which adaptive limit was judged
+    adaptive: str = GATE  # which adaptive limit was judged
 
 
 def hey(
@@ -196,7 +196,7 @@ def measure(
     seconds: float,
     extra: dict[str, str],
 ) -> Row:
-    if limit == ADAPTIVE:
+    if limit == GATE:
         env = {"GATEWAY_SERVER__MAX_IN_FLIGHT": str(ceiling), "GATEWAY_SERVER__ADAPTIVE__ENABLED": "true"}
     else:
         env = {
@@ -211,7 +211,7 @@ def measure(
         slow = throttled(triton, 0.004, 0.004 * (speed - 1)) if speed > 1 else nullcontext()
         with slow:
             answers = hey(gateway.url, clients, seconds)
-        reported = final_limit(gateway.url) if limit == ADAPTIVE else None
+        reported = final_limit(gateway.url) if limit == GATE else None
     finally:
         gateway.stop()
     served = sorted(latency for at, latency, status in answers if status == 200 and at >= STEADY_AFTER)
@@ -382,7 +382,7 @@ def _slots(row: Row) -> int:
     return int(row.limit.split()[1])
 
 
-def verdict(rows: list[Row], speed: int, name: str = ADAPTIVE) -> Verdict:
+def verdict(rows: list[Row], speed: int, name: str = GATE) -> Verdict:
     """Adaptive limit ``name``'s row at ``speed`` held to the run's static limits."""
     [adaptive] = [row for row in rows if row.speed == speed and row.limit == name]
     reference = Reference.of(rows, speed)
@@ -436,7 +436,7 @@ def cross(runs: dict[str, list[Row]]) -> list[Crossed]:
                 judged = [
                     reference.judge(row)
                     for row in rows
-                    if row.speed == speed and (row.limit.startswith("static") or row.limit == ADAPTIVE)
+                    if row.speed == speed and (row.limit.startswith("static") or row.limit == GATE)
                 ]
                 crossed.append(
                     Crossed(
@@ -461,7 +461,7 @@ def cross_main(files: list[Path], out: Path) -> int:
         )
     limits = sorted(
         {j.limit for c in crossed for j in c.judged},
-        key=lambda limit: (limit == ADAPTIVE, limit.split()[-1].zfill(4)),
+        key=lambda limit: (limit == GATE, limit.split()[-1].zfill(4)),
     )
     for speed in sorted({c.speed for c in crossed}):
         pairs = [c for c in crossed if c.speed == speed]
@@ -555,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
         triton.start()
         try:
             triton.wait_ready(timeout=180)
-            adaptive = [ADAPTIVE] if options.gate else []
+            adaptive = [GATE] if options.gate else []
             configs = [*(f"static {n}" for n in options.limits), *adaptive]
             for round_index in range(options.rounds if options.sweep else 0):
                 for speed in options.speeds:
@@ -613,7 +613,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
         finally:
             triton.stop()
-    judged = [ADAPTIVE] if options.gate else []
+    judged = [GATE] if options.gate else []
     verdicts = (
         [verdict(rows, speed, name) for speed in options.speeds for name in judged] if options.sweep else []
     )

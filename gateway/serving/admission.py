@@ -60,10 +60,9 @@ ANONYMOUS = Tenant()
 
 @dataclass
 class Ticket:
-    """One admitted request: when it got its slot, and for whom."""
+    """One admitted request: for whom, and through which gate."""
 
     tenant: Tenant
-    admitted_at: float
     # admitted while it held less than its guaranteed share and other keys contended:
     # its Triton calls go at the high priority, ahead of a flood's queued requests
     favoured: bool = False
@@ -250,11 +249,10 @@ class Admission:
         return self.in_flight < self.ceiling and self.under_share(tenant)
 
     def _room(self, tenant: Tenant) -> int:
-        """What may be in flight when ``tenant`` is admitted by the plain rule: the limit,
+        """What may be in flight when ``tenant`` is admitted by the plain rule: the ceiling,
         less the reserve for a key (requests without keys have no one to share with);
-        with a gate, each model's is its own and this only the ceiling."""
-        limit = self.ceiling
-        return limit if tenant.id == "" else limit - self.reserve
+        each model's gate is checked apart (:meth:`_model_open`)."""
+        return self.ceiling if tenant.id == "" else self.ceiling - self.reserve
 
     def _take(self, tenant: Tenant, now: float, model: str = "") -> Ticket:
         """One slot for ``tenant`` (already counted present)."""
@@ -270,7 +268,7 @@ class Admission:
         self._idle.clear()
         self.utilization.set(min(1.0, self.in_flight / max(1, self.limit)), now)
         favoured = guaranteed is not None and held < guaranteed
-        return Ticket(tenant, now, favoured, model)
+        return Ticket(tenant, favoured, model)
 
     def refused(self, tenant: Tenant) -> None:
         """A request of ``tenant`` was refused before it waited (gateway.serving.refusal):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.bench.capacity import ADAPTIVE, Reference, Row, cross, main, verdict
+from gateway.bench.capacity import GATE, Reference, Row, cross, main, verdict
 
 
 def row(limit: str, goodput: float, p99_ms: float, speed: int = 1) -> Row:
@@ -18,11 +18,11 @@ def row(limit: str, goodput: float, p99_ms: float, speed: int = 1) -> Row:
 # a flat curve past 8: which limit is "the smallest at 90 %" turns on a few per cent
 RUN_A = [
     row("static 4", 120, 80), row("static 8", 140, 130), row("static 16", 145, 250),
-    row("static 64", 150, 740), row(ADAPTIVE, 146, 180),
+    row("static 64", 150, 740), row(GATE, 146, 180),
 ]  # fmt: skip
 RUN_B = [
     row("static 4", 118, 85), row("static 8", 144, 120), row("static 16", 164, 220),
-    row("static 64", 143, 940), row(ADAPTIVE, 150, 300),
+    row("static 64", 143, 940), row(GATE, 150, 300),
 ]  # fmt: skip
 
 
@@ -45,7 +45,7 @@ def test_the_verdict_names_the_static_limits_that_meet_the_caps_bound_themselves
     assert v.p99_vs_smallest_at_90 == pytest.approx(300 / 220)
     assert v.statics_meeting_ceiling_bound == ["static 8", "static 16"]  # 4: 83 % of the cap's
     slow = [row(f"static {n}", g, p, speed=5) for n, g, p in [(16, 33, 850), (32, 44, 1060), (64, 44, 1680)]]
-    assert verdict([*slow, row(ADAPTIVE, 40, 1240, speed=5)], 5).statics_meeting_ceiling_bound == []
+    assert verdict([*slow, row(GATE, 40, 1240, speed=5)], 5).statics_meeting_ceiling_bound == []
 
 
 def test_runs_held_to_each_others_reference_show_a_bound_set_by_noise() -> None:
@@ -72,4 +72,4 @@ def test_the_cross_check_reads_saved_runs_without_starting_anything(
     assert len(saved) == 2
     printed = capsys.readouterr().out
     assert "static 8: the knee's bound in 1 of 2 pairs" in printed
-    assert printed.index("static 4:") < printed.index("static 16:") < printed.index(f"{ADAPTIVE}:")
+    assert printed.index("static 4:") < printed.index("static 16:") < printed.index(f"{GATE}:")

@@ -57,7 +57,7 @@ def _complete(admission: Admission, clock: Clock, count: int, seconds: float) ->
         admission.held[""] = admission.held.get("", 0) + 1
         admission.held_by_tier["standard"] = admission.held_by_tier.get("standard", 0) + 1
         admission._enter(Tenant())
-        admission.release(Ticket(Tenant(), clock.now))
+        admission.release(Ticket(Tenant()))
 
 
 @run
