@@ -612,7 +612,7 @@ def main(argv: list[str] | None = None) -> int:
                         flush=True,
                     )
         finally:
-            triton.stop()
+            triton.kill()
     judged = [GATE] if options.gate else []
     verdicts = (
         [verdict(rows, speed, name) for speed in options.speeds for name in judged] if options.sweep else []

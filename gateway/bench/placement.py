@@ -191,7 +191,7 @@ def measure(triton_env: Path, repository: Path, rounds: int, seconds: float, cli
                 triton_env.resolve(), repository, workdir / name, response_cache_bytes=0
             )
             server.start()
-            stack.callback(server.stop)
+            stack.callback(server.kill)
             tritons.append(server)
         for server in tritons:
             server.wait_ready(timeout=180)

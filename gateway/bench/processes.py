@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             for gateway in gateways:
                 gateway.stop(graceful=True)
-            triton.stop()
+            triton.kill()
     rows = []
     print("| scenario | c | processes | req/s | p50 / p99 ms | gateway CPU ms/req | Triton CPU ms/req |")
     print("|---|---|---|---|---|---|---|")

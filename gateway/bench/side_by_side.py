@@ -340,7 +340,7 @@ class Stack:
         for gateway in (self.gateway, self.variant, self.reference, self.kserve):
             if gateway is not None:
                 gateway.stop(graceful=True)
-        self.triton.stop()
+        self.triton.kill()
 
 
 def start_reference(triton: TritonServer, workdir: Path) -> GatewayProcess:

@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                         )
         finally:
             for _, server in servers:
-                server.stop()
+                server.kill()
     print(f"{options.model}, {scenario.name}, Triton direct, median of {options.rounds} interleaved rounds\n")
     print("| variant | c | req/s | p50 ms | p99 ms | errors |\n|---|---|---|---|---|---|")
     summary = []

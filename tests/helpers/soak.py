@@ -276,7 +276,7 @@ def main() -> int:
             triton.wait_ready(timeout=180)
             report = run_soak(triton, options.seconds, options.warmup, workdir)
         finally:
-            triton.stop()
+            triton.kill()
     print(report.summary())
     if options.json:
         options.json.write_text(json.dumps(asdict(report), indent=2))

@@ -122,7 +122,7 @@ def main() -> int:
             finally:
                 gateway.stop()
         finally:
-            triton.stop()
+            triton.kill()
     options.out.parent.mkdir(parents=True, exist_ok=True)
     draw(mine, caller, options.out)
     print(f"{len(mine)} spans in trace {trace_id}; wrote {options.out}")

@@ -88,7 +88,7 @@ def model_repository() -> Path:
 def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
     server = start_triton(REPOSITORY, tmp_path_factory.mktemp("triton"))
     yield server
-    server.stop()
+    server.kill()
 
 
 def gateway_settings(triton: TritonServer, **overrides: object) -> Settings:
@@ -202,7 +202,7 @@ def faults_triton(tmp_path: Path) -> Iterator[TritonServer]:
     (big / "config.pbtxt").write_text(BIG_OUTPUT_CONFIG)
     server = start_triton(repository, tmp_path / "triton")
     yield server
-    server.stop()
+    server.kill()
     _servers.remove(server)
 
 

@@ -82,7 +82,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield Stack(triton, repository, gateway, f"http://127.0.0.1:{admin_port}")
     finally:
         gateway.stop()
-        triton.stop()
+        triton.kill()
 
 
 @dataclass

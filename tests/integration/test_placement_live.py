@@ -41,7 +41,7 @@ ROUND_SECONDS = 4.5
 def second_triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
     server = start_triton(REPOSITORY, tmp_path_factory.mktemp("second-triton"))
     yield server
-    server.stop()
+    server.kill()
     _servers.remove(server)
 
 

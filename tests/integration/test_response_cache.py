@@ -28,7 +28,7 @@ def cached_triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonSe
         REPOSITORY, tmp_path_factory.mktemp("cached"), response_cache_bytes=64 * 1024 * 1024
     )
     yield server
-    server.stop()
+    server.kill()
 
 
 def cache_counts(triton: TritonServer, model: str) -> tuple[int, int]:

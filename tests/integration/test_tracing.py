@@ -49,7 +49,7 @@ def traced_triton(receiver: OtlpReceiver, tmp_path_factory: pytest.TempPathFacto
         server.wait_ready(timeout=180)
         yield server
     finally:
-        server.stop()
+        server.kill()
 
 
 def serve(triton: TritonServer, tracing: TracingSettings) -> ServedApp:

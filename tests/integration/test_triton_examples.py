@@ -106,7 +106,7 @@ def endpoints(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints]:
             yield Endpoints(triton, served.url.removeprefix("http://"), f"127.0.0.1:{port}", http)
     finally:
         served.stop()
-        triton.stop()
+        triton.kill()
 
 
 def _simple_inputs(module: Any) -> list[Any]:

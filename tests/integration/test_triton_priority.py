@@ -66,7 +66,7 @@ def test_a_gold_keys_priority_reaches_every_step_of_the_ensemble(
             assert answer.status_code == 200, answer.text
         log = triton.log_file.read_text(errors="replace")
     finally:
-        triton.stop()
+        triton.kill()
         _servers.remove(triton)
     gold, plain = prepared(log, "prioritygold"), prepared(log, "priorityplain")
     print(f"gold: {gold}; standard: {plain}")
