@@ -1,4 +1,5 @@
-"""Faults a healthy Triton does not produce: a failing model (502) and Triton stopped (503)."""
+"""Faults a healthy Triton does not produce: a failing model (502), a missing one (503), an 8 MiB
+answer, and Triton stopped (503)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from helpers.support import coffee_png
 
 
 def test_failing_model_is_502_and_other_models_still_answer(
-    faults_triton: TritonServer, serve_gateway: Callable[[Settings], httpx.Client]
+    faulty_triton: TritonServer, serve_gateway: Callable[[Settings], httpx.Client]
 ) -> None:
-    url = faults_triton.grpc_url
+    url = faulty_triton.grpc_url
     faulty = serve_gateway(Settings(triton=TritonSettings(url=url), image_model="faulty_classifier"))
     response = faulty.post("/classify", content=coffee_png(), headers={"content-type": "image/png"})
     assert response.status_code == 502, response.text
@@ -27,9 +28,9 @@ def test_failing_model_is_502_and_other_models_still_answer(
 
 
 def test_unknown_model_is_503_and_not_ready(
-    faults_triton: TritonServer, serve_gateway: Callable[[Settings], httpx.Client]
+    faulty_triton: TritonServer, serve_gateway: Callable[[Settings], httpx.Client]
 ) -> None:
-    client = serve_gateway(Settings(triton=TritonSettings(url=faults_triton.grpc_url), image_model="missing"))
+    client = serve_gateway(Settings(triton=TritonSettings(url=faulty_triton.grpc_url), image_model="missing"))
     response = client.post("/classify", content=coffee_png(), headers={"content-type": "image/png"})
     assert response.status_code == 503
     assert response.headers["retry-after"] == "5"
@@ -63,12 +64,12 @@ def test_triton_stopped(
 
 
 def test_a_large_answer_through_v2_is_not_refused(
-    faults_triton: TritonServer, serve_gateway: Callable[[Settings], httpx.Client]
+    faulty_triton: TritonServer, serve_gateway: Callable[[Settings], httpx.Client]
 ) -> None:
     """/v2 serves any allowed model: an 8 MiB answer passed gRPC's receive cap of 4 MiB
     (it came back as a 503 before the cap followed GATEWAY_TRITON__MAX_RECEIVE_BYTES)."""
     client = serve_gateway(
-        Settings(triton=TritonSettings(url=faults_triton.grpc_url), v2_models=["big_output"])
+        Settings(triton=TritonSettings(url=faulty_triton.grpc_url), v2_models=["big_output"])
     )
     query = {"name": "QUERY", "shape": [1], "datatype": "INT32", "data": [0]}
     request = {"inputs": [query], "parameters": {"binary_data_output": True}}
