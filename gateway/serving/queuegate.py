@@ -71,6 +71,7 @@ class BatchCost:
 
 
 Batches = dict[int, BatchCost]  # by batch size
+MIN_SIZE_BATCHES = 2.0  # a size's batches before its cost may set the cheapest (one lucky batch does not)
 
 
 def _number(value: Any) -> int:
@@ -134,7 +135,7 @@ class Worth:
         return 2 * self.size if self.size >= self.largest else self.size
 
 
-def worth(batches: Batches, efficiency: float, min_size_batches: float = 2.0) -> Worth | None:
+def worth(batches: Batches, efficiency: float, min_size_batches: float = MIN_SIZE_BATCHES) -> Worth | None:
     """The smallest batch size whose cost per request is within ``1 - efficiency`` of
     the cheapest among the sizes seen ``min_size_batches`` times; None with fewer than
     two sizes (one says nothing of what batching gains)."""
@@ -167,7 +168,7 @@ class GateSettings:
     interval_seconds: float = 0.25
     memory_seconds: float = 10.0  # the half-life of what was measured
     min_batches: int = 8
-    min_size_batches: float = 2.0  # a size's batches before its cost may set the cheapest
+    min_size_batches: float = MIN_SIZE_BATCHES  # a size's batches before its cost may set the cheapest
 
 
 @dataclass
