@@ -185,8 +185,9 @@ instance_group [ { kind: KIND_CPU count: 1 } ]
 """
 
 
-def _faulty_repository(root: Path) -> Path:
-    """The real repository plus a model that always fails and one with an 8 MiB answer."""
+def _faulty_triton(root: Path) -> Iterator[TritonServer]:
+    """A Triton of the real repository plus a model that always fails and one with an
+    8 MiB answer, under ``root``; killed after (its log no longer attached to failures)."""
     repository = root / "repository"
     shutil.copytree(REPOSITORY, repository, ignore=shutil.ignore_patterns("*.stamp", "__pycache__"))
     faulty = repository / "faulty_classifier"
@@ -197,7 +198,10 @@ def _faulty_repository(root: Path) -> Path:
     (big / "1").mkdir(parents=True)
     (big / "1" / "model.py").write_text(BIG_OUTPUT_MODEL)
     (big / "config.pbtxt").write_text(BIG_OUTPUT_CONFIG)
-    return repository
+    server = start_triton(repository, root / "triton")
+    yield server
+    server.kill()
+    _servers.remove(server)
 
 
 @pytest.fixture
@@ -205,21 +209,14 @@ def faults_triton(tmp_path: Path) -> Iterator[TritonServer]:
     """A Triton of this test's own (it may be stopped), with the real repository plus a
     model that always fails and one with an 8 MiB answer, for what a healthy server with
     the shipped models does not produce."""
-    server = start_triton(_faulty_repository(tmp_path), tmp_path / "triton")
-    yield server
-    server.kill()
-    _servers.remove(server)
+    yield from _faulty_triton(tmp_path)
 
 
 @pytest.fixture(scope="module")
 def faulty_triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
     """:func:`faults_triton`'s models on one Triton shared by a module's tests that only call it
     (a start is 5-7 s): a test that stops, kills or unloads takes ``faults_triton``."""
-    root = tmp_path_factory.mktemp("faulty")
-    server = start_triton(_faulty_repository(root), root / "triton")
-    yield server
-    server.kill()
-    _servers.remove(server)
+    yield from _faulty_triton(tmp_path_factory.mktemp("faulty"))
 
 
 @pytest.fixture
