@@ -29,6 +29,8 @@ or CORS on, or ``server.shed_at_head`` off.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from time import perf_counter
 
@@ -40,12 +42,12 @@ from gateway import jsoncodec
 from gateway.errors import GatewayError, ServiceUnavailableError
 from gateway.http.auth import TrustedProxies
 from gateway.http.bodies import unread_body_of
-from gateway.http.fastlane import ClassifyRoutes
+from gateway.http.fastlane import ClassifyRoutes, LaneMatch
 from gateway.http.paths import INFER, INFER_VERSION, OIP_INFER_PATH, TASK_ROUTES, classify_template
 from gateway.http.problems import in_door_form, log_problem
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.tracing import Tracing
-from gateway.serving.caller import CallerGate, request_id_of
+from gateway.serving.caller import Caller, CallerGate, request_id_of
 from gateway.serving.refusal import Refusals
 from gateway.serving.scope import CallScope
 from gateway.settings import Settings
@@ -124,30 +126,14 @@ class HeadShed:
         """The route's refusal of the request whose head ``scope`` holds (method, path,
         query string, headers, client, server, the lifespan's state), or None."""
         started = perf_counter()
-        if self.admin_port is not None and (scope.get("server") or ("", 0))[1] == self.admin_port:
+        candidate = self._candidate(scope)
+        if candidate is None:
             return None
-        lane = self.lane.match(scope)
-        oip = None
-        if lane is None:
-            if scope["method"] != "POST" or scope.get("root_path"):
-                return None
-            oip = OIP_INFER_PATH.fullmatch(scope["path"])
-            if oip is None and scope["path"] not in TASK_ROUTES:
-                return None
-        state = scope["state"]
-        log = state.get("prediction_log")
-        if log is None or log.enabled:
-            return None
+        lane, oip, caller = candidate
         refusals = self.refusals
-        headers = scope["headers"]
-        request_id = request_id_of(headers)
-        try:
-            certified = self.proxies.certified(scope)
-        except GatewayError:  # a certificate whose name is refused: the route refuses it
+        if not refusals.refuses(caller.tenant):
             return None
-        caller = self.gate.plain(request_id, headers, certified)
-        if caller is None or not refusals.refuses(caller.tenant):
-            return None
+        state = scope["state"]
         try:  # what the route refuses first: its 404 (its 400 for a version that is none)
             if lane is not None:
                 state["dispatcher"].check_model(lane.model, lane.version, caller)
@@ -162,7 +148,49 @@ class HeadShed:
             return None
         self.gate.count_allowed(caller)
         refusal, hold = refusals.unread_refusal(unread_body_of(scope), caller.tenant)
-        return self._answer(refusal, hold, route, model, request_id, started, scope)
+        return self._answer(refusal, hold, route, model, caller.request_id, started, scope)
+
+    def arrived(self, scope: Scope) -> Callable[[], None]:
+        """Count the request whose head ``scope`` holds, not refused, as its caller's
+        upload until its route runs (gateway.serving.refusal's ``arrived``; named only
+        when the rule asks). Returns what ends the count."""
+        return self.refusals.arrived(lambda: self._uploader(scope))
+
+    def _uploader(self, scope: Scope) -> str | None:
+        """The key id the route would count the request's upload against, where the head
+        can name it as :meth:`refuse` does; else None."""
+        candidate = self._candidate(scope)
+        if candidate is None or unread_body_of(scope).expects_continue:
+            return None
+        return candidate[2].tenant.id or None
+
+    def _candidate(self, scope: Scope) -> tuple[LaneMatch | None, re.Match[str] | None, Caller] | None:
+        """A request the head may answer for the route: one of its inference routes (the
+        classify lane's match, or the OIP door's path match; neither for a task route), on
+        the public listener, without a prediction log, from a caller
+        :meth:`CallerGate.plain` names; else None."""
+        if self.admin_port is not None and (scope.get("server") or ("", 0))[1] == self.admin_port:
+            return None
+        lane = self.lane.match(scope)
+        oip = None
+        if lane is None:
+            if scope["method"] != "POST" or scope.get("root_path"):
+                return None
+            oip = OIP_INFER_PATH.fullmatch(scope["path"])
+            if oip is None and scope["path"] not in TASK_ROUTES:
+                return None
+        log = scope["state"].get("prediction_log")
+        if log is None or log.enabled:
+            return None
+        headers = scope["headers"]
+        try:
+            certified = self.proxies.certified(scope)
+        except GatewayError:  # a certificate whose name is refused: the route refuses it
+            return None
+        caller = self.gate.plain(request_id_of(headers), headers, certified)
+        if caller is None:
+            return None
+        return lane, oip, caller
 
     def _answer(
         self,

@@ -218,11 +218,17 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self._disarm()
         self._body_done = False
         shed = self.head_shed
-        if shed is not None and shed.armed() and (self.cycle is None or self.cycle.response_complete):
-            refusal = self._head_refusal(shed)
-            if refusal is not None:
-                self._refuse(shed, refusal)
-                return
+        if shed is not None and (self.cycle is None or self.cycle.response_complete):
+            if shed.armed():
+                refusal = self._head_refusal(shed)
+                if refusal is not None:
+                    self._refuse(shed, refusal)
+                    return
+            if self.parser.get_method() == b"POST":
+                # counted as its caller's upload until its task first runs (the route
+                # counts its own from there): a storm's heads, parsed in one turn of the
+                # loop before any route runs, see those ahead of them
+                self.loop.call_soon(shed.arrived(self.scope))  # type: ignore[arg-type]
         super().on_headers_complete()
 
     def _head_refusal(self, shed: HeadShed) -> HeadRefusal | None:

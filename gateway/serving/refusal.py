@@ -10,8 +10,9 @@ a new door inherits the rule by calling this module, and a change to the rule is
 once.
 
 The rule (:meth:`Refusals.refuses`): draining; or, while requests complete (the gateway
-sees its queue move), either a named caller's own requests (in flight, waiting, and still
-uploading their bodies) are already more than the gateway serves within the queue wait
+sees its queue move), either a named caller's own requests (in flight, waiting, still
+uploading their bodies, and arrived: heads the HTTP protocol has parsed whose routes have
+not run yet) are already more than the gateway serves within the queue wait
 (the limit, and what completes in that wait: the rest would be refused after their
 uploads and the wait);
 or no slot is free for the caller, at least a limit's worth of requests already wait for
@@ -67,9 +68,11 @@ class Refusals:
         self.admission = admission
         self.shed_unread = shed_unread  # off: only a draining gateway refuses unread
         # named callers' requests reading their bodies now (past this rule, not yet waiting
-        # for a slot), by key id, and in all
+        # for a slot), by key id, and in all; arrived heads (:meth:`arrived`) among them
         self._uploading: dict[str, int] = {}
         self.uploading = 0
+        # arrived heads not named yet, and how to name each (only when the rule asks)
+        self._unnamed: dict[Upload, Callable[[], str | None]] = {}
         # a retry that comes at once waits at most the Retry-After it was told to wait
         retry_after = float(admission.retry_after)
         self.damper = RetryDamper(longest_seconds=retry_after, forget_seconds=retry_after)
@@ -94,6 +97,8 @@ class Refusals:
             return False
         served_in_wait = completed / admission.throughput.tau * admission.queue_seconds
         if tenant.id:  # a caller with a name: its own would be shed after their uploads
+            if self._unnamed:
+                self._name_arrivals()
             own = admission.holds(tenant) + self._uploading.get(tenant.id, 0)
             if own + 1 > limit + served_in_wait:
                 return True
@@ -172,8 +177,30 @@ class Refusals:
         finally:
             upload.done()
 
+    def arrived(self, name: Callable[[], str | None]) -> Callable[[], None]:
+        """A request whose head has been parsed and whose route has not run yet: counted
+        as an upload (its caller's, once ``name`` names it: asked only when the rule needs
+        the callers' counts, so a head costs a count, not an identification). Returns the
+        call that ends the count, which the HTTP protocol schedules to run just before the
+        request's task first runs (the route counts its own upload from there).
+
+        Without this, the heads of a storm parsed in one turn of the event loop, before
+        any of their routes ran, all passed the rule: none of them was uploading yet."""
+        upload = Upload(self, "")
+        self._unnamed[upload] = name
+        return upload.done
+
+    def _name_arrivals(self) -> None:
+        unnamed, self._unnamed = self._unnamed, {}
+        for upload, name in unnamed.items():
+            tenant_id = name()
+            if tenant_id:  # (else counted in all only: a caller the rule does not name)
+                upload.name(tenant_id)
+
     def _count(self, tenant_id: str, change: int) -> None:
         self.uploading += change
+        if not tenant_id:
+            return
         count = self._uploading.get(tenant_id, 0) + change
         if count:
             self._uploading[tenant_id] = count
@@ -188,13 +215,22 @@ class Upload:
     __slots__ = ("_refusals", "_tenant_id")
 
     def __init__(self, refusals: Refusals | None, tenant_id: str) -> None:
-        """Counted in ``refusals`` (None: not counted)."""
+        """Counted in ``refusals`` (None: not counted); ``tenant_id`` "": in all only."""
         self._refusals = refusals
         self._tenant_id = tenant_id
         if refusals is not None:
             refusals._count(tenant_id, 1)
 
+    def name(self, tenant_id: str) -> None:
+        """Count it as ``tenant_id``'s from now (an arrived head, named late)."""
+        if self._refusals is not None and not self._tenant_id:
+            self._refusals._count(tenant_id, 1)
+            self._refusals.uploading -= 1  # counted in all once
+            self._tenant_id = tenant_id
+
     def done(self) -> None:
-        if self._refusals is not None:
-            self._refusals._count(self._tenant_id, -1)
+        refusals = self._refusals
+        if refusals is not None:
             self._refusals = None
+            refusals._unnamed.pop(self, None)
+            refusals._count(self._tenant_id, -1)

@@ -7,8 +7,10 @@ layer and to one without it while the gateway sheds, get the same status, header
 from __future__ import annotations
 
 import json
+import selectors
 import socket
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -273,3 +275,57 @@ def test_requests_pipelined_behind_a_held_refusal_are_answered_in_order(
         served.stop()
     ids = [line.split(b": ")[1] for line in answer.split(b"\r\n") if line.lower().startswith(b"x-request-id")]
     assert ids == [b"held", b"behind"]
+
+
+def test_a_storm_of_heads_parsed_in_one_turn_sees_those_ahead_of_it(
+    tmp_path: Path, route_runs: list[str]
+) -> None:
+    """Issue 54's upload storm, in one turn of the event loop: the heads of many uploads
+    from one key are parsed before any of their routes runs. Each head counts as its key's
+    upload from then on (gateway.serving.refusal's ``arrived``), so those beyond what the
+    gateway serves within the queue wait are refused at the head, the route never run;
+    before, every route ran (nothing was uploading yet when the heads were judged), and
+    the routes refused them, each through the framework."""
+    keys = tmp_path / "keys"
+    keys.write_text(f"plain {hash_key('plain-secret')}\n")
+    settings = Settings(
+        auth={"keys_file": keys, "metrics_readers": []},
+        server={"max_in_flight": 2, "queue_seconds": 0.01, "adaptive": {"enabled": False}},
+    )
+    served = ServedApp(create_app(settings, backend_factory=lambda *_: FakeBackend()), settings).start()
+    count = 12
+    sockets: list[socket.socket] = []
+    try:
+        with httpx.Client(base_url=served.url, timeout=10) as client:
+            for _ in range(4):  # the gateway has seen its queue move
+                assert client.post("/classify", headers=PLAIN, **TEXT).status_code == 200
+        route_runs.clear()
+        head = (
+            b"POST /classify HTTP/1.1\r\nhost: x\r\nx-api-key: plain-secret\r\n"
+            b"content-type: image/jpeg\r\ncontent-length: 300000\r\n\r\n"
+        )
+        sockets = [socket.create_connection(("127.0.0.1", served.port), timeout=10) for _ in range(count)]
+        time.sleep(0.2)  # all accepted
+        assert served._loop is not None
+        served._loop.call_soon_threadsafe(time.sleep, 0.5)  # the loop is busy while the heads come
+        time.sleep(0.1)
+        for sock in sockets:
+            sock.sendall(head)  # the bodies never come: the admitted ones are uploading
+        answers: list[bytes] = []  # the two admitted wait for their bodies: no answer
+        with selectors.DefaultSelector() as selector:
+            for sock in sockets:
+                selector.register(sock, selectors.EVENT_READ)
+            deadline = time.monotonic() + 3
+            while len(answers) < count - 2 and time.monotonic() < deadline:
+                for key, _ in selector.select(timeout=0.2):
+                    selector.unregister(key.fileobj)
+                    answers.append(key.fileobj.recv(200).split(b"\r\n", 1)[0])  # type: ignore[union-attr]
+            time.sleep(0.2)
+            answers += [key.fileobj.recv(200)[:12] for key, _ in selector.select(timeout=0)]  # type: ignore[union-attr]
+    finally:
+        for sock in sockets:
+            sock.close()
+        served.stop()
+    print(f"{count} heads in one turn: routes run {len(route_runs)}; answers {Counter(answers)}")
+    assert answers == [b"HTTP/1.1 503 Service Unavailable"] * (count - 2)
+    assert len(route_runs) == 2, route_runs  # the two in the limit; before: all twelve

@@ -165,6 +165,44 @@ async def test_a_callers_own_uploads_beyond_what_the_wait_serves_are_refused_and
 
 
 @run
+async def test_heads_arrived_before_their_routes_run_count_as_their_keys_uploads() -> None:
+    """The HTTP protocol counts a head it lets through (``arrived``) until its route runs:
+    heads parsed in one turn of the loop see those ahead of them. Each is named (its key
+    found) only when the rule needs a key's count; a head whose caller has no name counts
+    in all only; ending a count twice ends it once."""
+    clock = Clock()
+    admission = Admission(LIMIT, queue_seconds=0.5, retry_after=1, clock=clock)
+    refusals = Refusals(admission)
+    _complete(admission, clock, count=8, seconds=2.0)  # about 4 a second: 2 in the wait
+    storm, other = Tenant("storm"), Tenant("other")
+    named: list[str] = []
+
+    def name(tenant_id: str) -> Callable[[], str | None]:
+        def named_now() -> str | None:
+            named.append(tenant_id)
+            return tenant_id or None
+
+        return named_now
+
+    ends = [refusals.arrived(name("storm")) for _ in range(LIMIT + 1)]
+    ends.append(refusals.arrived(name("")))  # no key
+    assert named == []  # nothing asked yet
+    assert refusals.uploading == LIMIT + 2
+    assert refusals.armed()
+    assert refusals.refuses(storm)  # the limit, and the 1.3 that complete in the wait, ahead
+    assert sorted(named) == ["", *["storm"] * (LIMIT + 1)]  # each named once
+    assert not refusals.refuses(other)
+    ends[0]()  # its route runs: no longer counted as arrived
+    ends[0]()
+    assert refusals.uploading == LIMIT + 1
+    assert not refusals.refuses(storm)
+    for end in ends:
+        end()
+    assert refusals.uploading == 0
+    assert len(named) == LIMIT + 2
+
+
+@run
 async def test_a_cold_replica_refuses_no_upload_of_its_own() -> None:
     admission = Admission(LIMIT, queue_seconds=0.5, retry_after=1, clock=Clock())
     refusals = Refusals(admission)
