@@ -490,7 +490,7 @@ class _Scope:
             status = CLIENT_GONE
         elif isinstance(error, GatewayError):
             status = error.status
-            door.metrics.rejections.labels(reason=error.slug).inc()
+            door.metrics.child(door.metrics.rejections, error.slug).inc()
             if status >= 500:
                 logger.warning("gRPC %s failed: %s (%s)", self.name, error.slug, error.detail)
         else:
