@@ -71,9 +71,17 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     base = factory.getbasetemp()
     deadline = time.monotonic() + 20  # what is shutting down gets to finish
+    import psutil
+
     from helpers.support import processes_under
 
-    while (left := processes_under(base)) and time.monotonic() < deadline:
+    # pytest itself, and what started it, name the folder when it was given (--basetemp)
+    ours = {os.getpid(), *(parent.pid for parent in psutil.Process().parents())}
+
+    def outliving() -> dict[int, str]:
+        return {pid: command for pid, command in processes_under(base).items() if pid not in ours}
+
+    while (left := outliving()) and time.monotonic() < deadline:
         time.sleep(0.25)
     if left:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
