@@ -197,8 +197,11 @@ class Refusals:
             if tenant_id:  # (else counted in all only: a caller the rule does not name)
                 upload.name(tenant_id)
 
-    def _count(self, tenant_id: str, change: int) -> None:
-        self.uploading += change
+    def _count(self, tenant_id: str, change: int, in_all: bool = True) -> None:
+        """Count ``change`` uploads of ``tenant_id`` ("": in all only), and in all unless
+        ``in_all`` is false (an arrived head named late: counted in all already)."""
+        if in_all:
+            self.uploading += change
         if not tenant_id:
             return
         count = self._uploading.get(tenant_id, 0) + change
@@ -224,8 +227,7 @@ class Upload:
     def name(self, tenant_id: str) -> None:
         """Count it as ``tenant_id``'s from now (an arrived head, named late)."""
         if self._refusals is not None and not self._tenant_id:
-            self._refusals._count(tenant_id, 1)
-            self._refusals.uploading -= 1  # counted in all once
+            self._refusals._count(tenant_id, 1, in_all=False)
             self._tenant_id = tenant_id
 
     def done(self) -> None:
