@@ -9,6 +9,9 @@ BUILD_ENV := .venv-build
 SCHEMA_CHECK := deploy/grafana/schema-check
 OIDC_PROVIDER := tests/oidc-provider
 PORT ?= 8080
+# `make test` runs the tests that time nothing on this many processes at once (pytest-xdist),
+# then the ones marked `alone` (floods, deadlines, latency bounds) one at a time.
+TEST_WORKERS ?= 2
 PIP := --disable-pip-version-check --quiet
 # Every environment installs from its lock (hashes, every package pinned: nothing resolves
 # at install time); `make lock` writes them.
@@ -159,7 +162,10 @@ lint: $(VENV)/.dev-installed
 
 test: test-system-deps install $(VENV)/.dev-installed models-examples lint $(SCHEMA_CHECK)/node_modules/.installed \
   $(OIDC_PROVIDER)/node_modules/.installed $(KSERVE_ENV)/.installed
-	TRITON_GATEWAY_TRITON_ENV=$(TRITON_ENV) $(VENV)/bin/pytest -m "not containers and not quarantine"
+	TRITON_GATEWAY_TRITON_ENV=$(TRITON_ENV) $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile \
+	  -m "not containers and not quarantine and not alone"; shared=$$?; \
+	TRITON_GATEWAY_TRITON_ENV=$(TRITON_ENV) $(VENV)/bin/pytest -m "not containers and not quarantine and alone"; \
+	alone=$$?; [ $$shared = 0 ] && [ $$alone = 0 ]
 
 # The tests of acceptance bounds not yet met (xfail: they cannot fail a run), kept out of
 # `make test`; run and reported here (XPASS when a bound holds).

@@ -24,6 +24,8 @@ from gateway.triton.tensors import Tensor
 
 from helpers.support import FakeBackend, ServedApp, small_png
 
+pytestmark = pytest.mark.alone  # it times or loads the machine: run with nothing beside it
+
 BODY_BYTES = 2 * 2**20
 
 

@@ -31,6 +31,8 @@ from gateway.shared.keyfiles import hash_key
 from helpers.counters import Totals, moved, totals
 from helpers.support import FakeBackend, ServedApp
 
+pytestmark = pytest.mark.alone  # it times or loads the machine: run with nothing beside it
+
 REFUSES_UNREAD = Refusals.refuses
 LIMIT = Admission.__dict__["limit"]
 METRICS_LINE = (

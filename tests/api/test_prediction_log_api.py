@@ -28,6 +28,8 @@ from gateway.shared.keyfiles import hash_key
 
 from helpers.support import FakeBackend, ServedApp, encode
 
+pytestmark = pytest.mark.alone  # it times or loads the machine: run with nothing beside it
+
 TEXT = "The striker scored twice in the final."
 
 

@@ -20,6 +20,8 @@ from helpers.balancer import Balanced, balanced_replicas, classified
 from helpers.load import LoadResult, run_load
 from helpers.support import chelsea_jpeg
 
+pytestmark = pytest.mark.alone  # it times or loads the machine: run with nothing beside it
+
 
 @pytest.fixture
 def balanced(triton: TritonServer, tmp_path: Path) -> Iterator[Balanced]:

@@ -29,6 +29,8 @@ from gateway.shared.keyfiles import hash_key
 
 from helpers.balancer import Balanced, balanced_replicas
 
+pytestmark = pytest.mark.alone  # it times or loads the machine: run with nothing beside it
+
 RATE, BURST = 20, 20
 FLOODED = {"X-API-Key": "flooded-key"}
 STEADY = {"X-API-Key": "steady-key"}  # no limit: the warm-up's and the bystanders' key

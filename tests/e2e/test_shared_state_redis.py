@@ -22,6 +22,8 @@ from gateway.shared.keyfiles import hash_key
 
 from helpers.support import FakeBackend
 
+pytestmark = pytest.mark.alone  # it times or loads the machine: run with nothing beside it
+
 KEY = {"X-API-Key": "client-key"}
 TEXT = {"texts": ["hello"]}
 

@@ -30,7 +30,7 @@ from gateway.dev.tritonserver import TritonServer, free_port
 from gateway.settings import MiB
 from gateway.shared.keyfiles import hash_key
 
-pytestmark = pytest.mark.attack
+pytestmark = [pytest.mark.attack, pytest.mark.alone]  # alone: it times the gateway
 
 # ATTACK_GATEWAY_CODE=<a checkout> runs the gateway from another commit's code (say a git
 # worktree of ee5cad7): how the suite was shown to fail before the fixes.

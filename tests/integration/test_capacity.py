@@ -26,6 +26,8 @@ from gateway.shared.keyfiles import hash_key
 
 from helpers.rawload import Flow, load, request_bytes
 
+pytestmark = pytest.mark.alone  # it times or loads the machine: run with nothing beside it
+
 TEXT = json.dumps({"texts": ["the film was a delight from start to finish"]}).encode()
 JSON = {"content-type": "application/json"}
 

@@ -31,6 +31,8 @@ from helpers.local_stack import ADMIN, JPEG, SENTIMENTS, LocalStack, add_model, 
 from helpers.support import chelsea_jpeg, coffee_png, encode, load_script, tiny_classifier_onnx
 from helpers.triton_fixtures import REPOSITORY
 
+pytestmark = pytest.mark.alone  # it times or loads the machine: run with nothing beside it
+
 CATS = {"tiger cat", "tabby", "Egyptian cat"}
 COFFEE = {"espresso", "cup"}
 ROOT = Path(__file__).resolve().parents[2]

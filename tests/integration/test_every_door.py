@@ -37,6 +37,8 @@ from gateway.shared.keyfiles import hash_key
 
 from helpers.oidc import AUDIENCE, OidcProvider
 
+pytestmark = pytest.mark.alone  # it times or loads the machine: run with nothing beside it
+
 LINGER = 2.0
 SERVICE = "inference.GRPCInferenceService"
 FULL, LIMITED, ADMIN = "full-secret", "texts-secret", "admin-secret"

@@ -23,6 +23,8 @@ from gateway.dev.tritonserver import TritonServer, free_port
 from gateway.shared.keyfiles import hash_key
 from gateway.triton.tensors import encode_bytes
 
+pytestmark = pytest.mark.alone  # it times or loads the machine: run with nothing beside it
+
 MiB = 1024 * 1024
 BUDGET = 256 * MiB
 KEY = (("authorization", "Bearer client-secret"),)

@@ -13,11 +13,14 @@ from collections.abc import Callable
 
 import grpc
 import httpx
+import pytest
 from tritonclient.grpc import service_pb2_grpc
 
 from gateway.bench.grpcstorm import infer_request
 from gateway.dev.gatewayprocess import GatewayProcess
 from gateway.dev.tritonserver import TritonServer, free_port, throttled
+
+pytestmark = pytest.mark.alone  # it times or loads the machine: run with nothing beside it
 
 
 def test_calls_that_come_back_at_once_are_held_and_never_past_their_deadline(

@@ -20,6 +20,8 @@ from gateway.dev.gatewayprocess import GatewayProcess
 from gateway.dev.tritonserver import TritonServer
 from gateway.shared.keyfiles import hash_key
 
+pytestmark = pytest.mark.alone  # it times or loads the machine: run with nothing beside it
+
 LINGER = 2.0
 HEAD = 3.0
 KEY = "client-secret"

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
+import pytest
 from prometheus_client import CollectorRegistry
 
 from gateway.app import create_app
@@ -20,6 +21,8 @@ from gateway.dev.tritonserver import TritonServer
 
 from helpers.support import ServedApp, coffee_png
 from helpers.triton_fixtures import gateway_settings
+
+pytestmark = pytest.mark.alone  # it times or loads the machine: run with nothing beside it
 
 DEADLINE = 3.0
 

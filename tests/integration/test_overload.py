@@ -6,12 +6,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import httpx
+import pytest
 
 from gateway.dev.gatewayprocess import GatewayProcess
 from gateway.dev.tritonserver import TritonServer
 
 from helpers.load import run_load
 from helpers.support import chelsea_jpeg
+
+pytestmark = pytest.mark.alone  # it times or loads the machine: run with nothing beside it
 
 CAP = 4
 

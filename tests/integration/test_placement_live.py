@@ -28,6 +28,8 @@ from gateway.dev.tritonserver import TritonServer, throttled
 from helpers.rawload import Flow, load, request_bytes
 from helpers.triton_fixtures import REPOSITORY, _servers, start_triton
 
+pytestmark = pytest.mark.alone  # it times or loads the machine: run with nothing beside it
+
 TEXT = json.dumps({"texts": ["the film was a delight from start to finish"]}).encode()
 JSON = {"content-type": "application/json"}
 SECONDS = 6.0

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import psutil
+import pytest
 
 from gateway.dev.gatewayprocess import GatewayProcess
 from gateway.dev.tritonserver import TritonServer, throttled
@@ -24,6 +25,8 @@ from gateway.shared.keyfiles import hash_key
 
 from helpers import uploadstorm
 from helpers.support import chelsea_jpeg, coffee_png
+
+pytestmark = pytest.mark.alone  # it times or loads the machine: run with nothing beside it
 
 MiB = 1024 * 1024
 

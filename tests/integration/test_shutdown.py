@@ -10,12 +10,15 @@ import time
 from collections.abc import Callable
 
 import httpx
+import pytest
 
 from gateway.dev.gatewayprocess import GatewayProcess
 from gateway.dev.tritonserver import TritonServer
 
 from helpers.load import LoadResult, run_load
 from helpers.support import chelsea_jpeg, coffee_png
+
+pytestmark = pytest.mark.alone  # it times or loads the machine: run with nothing beside it
 
 
 def send_batch(client: httpx.AsyncClient) -> object:

@@ -8,11 +8,14 @@ import time
 from collections.abc import Callable
 
 import httpx
+import pytest
 
 from gateway.dev.gatewayprocess import GatewayProcess
 from gateway.dev.tritonserver import TritonServer
 
 from helpers.support import coffee_png
+
+pytestmark = pytest.mark.alone  # it times or loads the machine: run with nothing beside it
 
 SOCKETS = 500
 

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from gateway.dev.tritonserver import TritonServer
 
 from helpers.soak import run_soak, traffic
+
+pytestmark = pytest.mark.alone  # it times or loads the machine: run with nothing beside it
 
 EXPECTED = {"bad image": 415, "too many texts": 413}  # every other kind: 200
 

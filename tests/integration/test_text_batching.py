@@ -10,11 +10,14 @@ import time
 
 import httpx
 import numpy as np
+import pytest
 import tritonclient.grpc.aio as grpcclient
 
 from gateway.dev.tritonserver import TritonServer
 
 from helpers.support import ServedApp
+
+pytestmark = pytest.mark.alone  # it times or loads the machine: run with nothing beside it
 
 REQUESTS = 256
 CONCURRENCY = 32

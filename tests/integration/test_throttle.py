@@ -17,6 +17,8 @@ import pytest
 
 from gateway.dev.tritonserver import TritonServer, throttled
 
+pytestmark = pytest.mark.alone  # it times or loads the machine: run with nothing beside it
+
 TICKS = os.sysconf("SC_CLK_TCK")
 
 

@@ -19,9 +19,12 @@ import asyncio
 import time
 
 import numpy as np
+import pytest
 import tritonclient.grpc.aio as grpcclient
 
 from gateway.dev.tritonserver import TritonServer
+
+pytestmark = pytest.mark.alone  # it times or loads the machine: run with nothing beside it
 
 SHORT = "the film was a delight"
 LONG = " ".join(["the film was a delight from start to finish"] * 25)  # text_model's longest bucket

@@ -13,12 +13,15 @@ import time
 from collections.abc import Callable
 
 import httpx
+import pytest
 
 from gateway.dev.gatewayprocess import GatewayProcess
 from gateway.dev.tritonserver import TritonServer
 from gateway.settings import MiB, Settings
 
 from helpers.support import jpeg_with_app_segments, png_with_private_chunks
+
+pytestmark = pytest.mark.alone  # it times or loads the machine: run with nothing beside it
 
 SECONDS = 10.0
 CLIENTS = 4
