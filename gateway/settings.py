@@ -269,7 +269,9 @@ class ServerSettings(BaseModel):
         10.0,
         gt=0,
         le=300,
-        description="A connection that has not sent a full request head by then is closed.",
+        description="A connection that has not sent a full request head by then is closed; a gRPC "
+        "call's message that is not an inference (64 KiB at most) not received by then is refused "
+        "DEADLINE_EXCEEDED.",
     )
     linger_seconds: float = Field(
         10.0,

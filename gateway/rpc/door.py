@@ -250,8 +250,13 @@ class InferenceDoor:
     async def _ref(self, read: ReadRef, call: Call) -> ModelRef:
         """A model-scoped message, read once its caller is known (the scope admitted it)
         into room reserved for the largest message gRPC hands over (the reader refuses one
-        over :data:`SMALL_MESSAGE_BYTES` before parsing it); the model names the outcome."""
-        ref, reservation = await self._receive(read, call, copies=1)
+        over :data:`SMALL_MESSAGE_BYTES` before parsing it), under the request head's
+        deadline: it is a head's size, so a client that opens the call and sends nothing
+        (or trickles) holds it no longer than a request head; the model names the outcome."""
+        server = self.settings.server
+        ref, reservation = await self._receive(
+            read, call, copies=1, seconds=min(server.header_timeout_seconds, server.body_timeout_seconds)
+        )
         reservation.release()
         call.labels["model"] = self._label(ref.name)
         return ref
@@ -294,20 +299,21 @@ class InferenceDoor:
             raise (ControlNotServedError if method.startswith("Repository") else NotServedError)(detail)
 
     async def _receive(
-        self, read: Callable[[], Awaitable[T]], call: Call, copies: int
+        self, read: Callable[[], Awaitable[T]], call: Call, copies: int, seconds: float | None = None
     ) -> tuple[T, Reservation]:
         """What ``read`` gives, read into room reserved in the caller's name for what
         reading the largest message gRPC may hand over holds (``copies`` of it, at most
         :data:`READ_COPIES`) before the read: a call that sends nothing holds no more than
-        that, and a caller no more than its share (gateway.serving.budget). The caller
-        releases the reservation."""
+        that, and a caller no more than its share (gateway.serving.budget). The message
+        arrives within ``seconds`` (default ``server.body_timeout_seconds``) or the call is
+        refused. The caller releases the reservation."""
         reservation = Reservation(self.budget, None if call.caller is None else call.caller.client)
         try:
             await reservation.reserve(
                 min(copies, READ_COPIES) * self.max_message_bytes, self.settings.server.queue_seconds
             )
             try:
-                async with asyncio.timeout(self.settings.server.body_timeout_seconds):
+                async with asyncio.timeout(seconds or self.settings.server.body_timeout_seconds):
                     return await read(), reservation
             except TimeoutError:
                 raise RequestTimeoutError("the message did not arrive in time") from None

@@ -30,6 +30,7 @@ BUDGET = 256 * MiB
 KEY = (("authorization", "Bearer client-secret"),)
 SERVICE = "/inference.GRPCInferenceService/"
 INFER = SERVICE + "ModelInfer"
+HEAD_SECONDS = 2.0  # the request head's deadline (server.header_timeout_seconds); the body's stays 30 s
 
 
 def _message(size: int) -> bytes:
@@ -121,6 +122,7 @@ def door(
         GATEWAY_GRPC__PORT=str(port),
         GATEWAY_GRPC__HOST="127.0.0.1",
         GATEWAY_SERVER__MAX_BODY_BYTES_IN_FLIGHT=str(BUDGET),
+        GATEWAY_SERVER__HEADER_TIMEOUT_SECONDS=str(HEAD_SECONDS),
     )
     return f"127.0.0.1:{port}", gateway
 
@@ -222,6 +224,34 @@ def test_an_idle_call_leaves_another_key_served(door: tuple[str, GatewayProcess]
         release.set()
         idle.cancel()
         idle_channel.close()
+
+
+def test_a_model_scoped_message_never_sent_ends_at_the_heads_deadline(
+    door: tuple[str, GatewayProcess],
+) -> None:
+    """A key that opens ModelMetadata and sends nothing is answered DEADLINE_EXCEEDED at
+    the request head's deadline, not the body's: the message is a head's size (64 KiB at
+    most). Before, the call (and the room reserved for its read) waited the body's 30 s."""
+    address, _ = door
+    release = threading.Event()
+
+    def nothing() -> Iterator[bytes]:
+        release.wait(40)
+        return
+        yield b""
+
+    with grpc.insecure_channel(address) as channel:
+        started = time.monotonic()
+        call = channel.stream_unary(SERVICE + "ModelMetadata").future(nothing(), metadata=KEY, timeout=40)
+        try:
+            with pytest.raises(grpc.RpcError) as ended:
+                call.result(timeout=20)  # (before: still waiting, a FutureTimeoutError)
+        finally:
+            release.set()
+            call.cancel()
+        took = time.monotonic() - started
+    assert ended.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, ended.value
+    assert HEAD_SECONDS <= took < HEAD_SECONDS + 5, f"ended after {took:.1f} s"
 
 
 def test_a_stream_over_its_rate_is_read_no_further(door: tuple[str, GatewayProcess]) -> None:
