@@ -8,6 +8,7 @@ microseconds a request), so the generator does not take the CPU being measured."
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import time
@@ -99,6 +100,11 @@ def test_a_5x_slowdown_is_followed_by_the_gate_and_a_recovery_too(
     speed_p99, cap_speed_p99 = ahead.p(0.99, after=2.0), before.p(0.99, after=1.0)
     speed_rate, cap_speed_rate = ahead.rate(200, 2.0, 6.0), before.rate(200, 1.0, 4.0)
     gate_p99, cap_p99 = (flow.p(0.99, after=JUDGED_FROM) for flow in (slow, stuck))
+    if math.isnan(cap_p99):
+        # the cap served none of what was sent after JUDGED_FROM within the flow (its first
+        # wave held every slot to the end: with a core busy beside it, 1 run in 10 on
+        # 2026-11-30): a p99 beyond the flow, the problem at its worst
+        cap_p99 = math.inf
     gate_rate, cap_rate = (flow.rate(200, JUDGED_FROM, FLOW_SECONDS) for flow in (slow, stuck))
     print(
         f"at speed: the gate {speed_rate:.0f}/s p99 {ms(speed_p99)} (limit {limit_at_speed:.0f}); the cap "
@@ -106,8 +112,11 @@ def test_a_5x_slowdown_is_followed_by_the_gate_and_a_recovery_too(
         f"client p99 {ms(single)}; the gate {gate_rate:.0f}/s p99 {ms(gate_p99)}; the cap {cap_rate:.0f}/s "
         f"p99 {ms(cap_p99)}; recovered {recovered.rate(200, 1.0, 4.0):.0f}/s"
     )
-    for flow in (ahead, slow, stuck, recovered):
+    for flow in (ahead, slow, recovered):
         assert set(flow.statuses()) <= {200, 503}, (flow.name, flow.statuses())  # no 504 storm
+    # the cap, slowed, is what the gate is compared with: its requests may wait past their
+    # deadline (11 of 2,619 did, with a core busy beside it, 1 run in 10 on 2026-11-30)
+    assert set(stuck.statuses()) <= {200, 503, 504}, stuck.statuses()
     assert cap_p99 > 3 * single  # the scenario reproduces the problem
     # at speed, near the knee: far below the ceiling it started at, most of the cap's
     # goodput at a fraction of its p99 (bench-capacity: 92-100 % at 0.19-0.25x)
