@@ -236,8 +236,8 @@ class Admission:
     def under_share(self, tenant: Tenant) -> bool:
         """Whether ``tenant`` holds less than its guaranteed share while other keys contend
         (at the ceiling or not): the next slot freed is its (the fair rule), so it is never
-        refused from its headers, and waits for that slot up to ``retry_after`` seconds
-        (what a refusal would have told it to wait) rather than the queue wait."""
+        refused from its headers, and waits for that slot up to ``retry_after_max`` seconds
+        (the longest a refusal could have told it to wait) rather than the queue wait."""
         guaranteed = self._guaranteed(tenant)
         return guaranteed is not None and self.held.get(tenant.id, 0) < guaranteed
 
@@ -287,9 +287,12 @@ class Admission:
             self._enter(tenant)
             return self._take(tenant, now, model)
         # a key under its share is first in line for the next slot: it waits for it as long
-        # as a refusal would tell it to (static limits under 16 have no reserve to admit it at once)
+        # as a refusal could tell it to come back (retry_after_max; static limits under 16
+        # have no reserve to admit it at once). Refused sooner, it would only come back later
+        # than that slot: with Triton slowed and a core busy beside it, a flood's slots were
+        # freed over 1 s apart and a quiet key waiting retry_after (1 s) was refused
         wait = (
-            max(self.queue_seconds, float(self.retry_after))
+            max(self.queue_seconds, float(self.retry_after_max))
             if self.under_share(tenant)
             else self.queue_seconds
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import statistics
 import time
 from collections import Counter
@@ -266,3 +267,50 @@ def test_under_a_small_static_limit_a_quiet_key_beside_a_flood_is_served(
     # a core busy its answers took 0.37-1.15 s and it sent 6-7 in the 5 s (2026-11-29);
     # what is held is that each was served, none refused, several in a row
     assert len(beside) >= 3
+
+
+def test_a_quiet_key_next_in_line_outwaits_a_stalled_triton(
+    triton: TritonServer, spawn_gateway: Callable[..., GatewayProcess], tmp_path: Path
+) -> None:
+    """A key under its share that finds every slot taken is next in line, and is served
+    when the next slot frees however long that takes, up to the longest Retry-After a
+    refusal could give it. Here a flooding key holds both of 2 static slots on a stopped
+    Triton for 2.5 s: before, the quiet key's request waited retry_after_seconds (1 s) and
+    was refused, every time (with Triton slowed and a core busy, slots came free over a
+    second apart: 1 of 7 quiet requests refused in one run of ten)."""
+    keys = tmp_path / "api-keys"
+    keys.write_text(f"flood {hash_key('flood-key')}\nquiet {hash_key('quiet-key')}\n")
+    gateway = spawn_gateway(
+        triton,
+        GATEWAY_AUTH__KEYS_FILE=str(keys),
+        GATEWAY_SERVER__ADAPTIVE__ENABLED="false",
+        GATEWAY_SERVER__MAX_IN_FLIGHT="2",
+    )
+
+    def classify(key: str) -> tuple[int, float, str]:
+        started = time.perf_counter()
+        answer = httpx.post(
+            f"{gateway.url}/classify",
+            content=TEXT,
+            headers={**JSON, "authorization": f"Bearer {key}"},
+            timeout=30,
+        )
+        return answer.status_code, time.perf_counter() - started, answer.text[:200]
+
+    assert classify("quiet-key")[0] == 200  # warm
+    with ThreadPoolExecutor(3) as pool:
+        triton.send_signal(signal.SIGSTOP)
+        try:
+            held = [pool.submit(classify, "flood-key") for _ in range(2)]
+            time.sleep(1.0)  # both are in Triton, which answers nothing
+            quiet = pool.submit(classify, "quiet-key")
+            time.sleep(2.5)  # past retry_after_seconds (1 s): it is still waiting
+            waiting = not quiet.done()
+        finally:
+            triton.send_signal(signal.SIGCONT)
+        status, seconds, body = quiet.result()
+        flood = [future.result()[0] for future in held]
+    print(f"quiet beside a stalled flood: {status} after {ms(seconds)}; flood {flood}")
+    assert flood == [200, 200]
+    assert (status, waiting) == (200, True), body
+    assert seconds >= 2.5
