@@ -83,6 +83,7 @@ def test_a_5x_slowdown_is_followed_by_the_gate_and_a_recovery_too(
     with throttled(triton):
         one = text_load(static, 1, 4, "one client, Triton slowed")
         slow = text_load(gate, 100, FLOW_SECONDS, "gate, Triton slowed")
+        limit_slowed = _metric(gate, "gateway_inflight_limit")
         # what the last flow left queued in Triton (up to 64 requests, 2 s on a slowed
         # Triton, more on a loaded machine) is gone before the next one is judged
         time.sleep(SETTLE_SECONDS)
@@ -111,7 +112,7 @@ def test_a_5x_slowdown_is_followed_by_the_gate_and_a_recovery_too(
         f"at speed: the gate {speed_rate:.0f}/s p99 {ms(speed_p99)} (limit {limit_at_speed:.0f}); the cap "
         f"{cap_speed_rate:.0f}/s p99 {ms(cap_speed_p99)}. Triton 5x slower, after {JUDGED_FROM:.0f} s: one "
         f"client p99 {ms(single)}; the gate {gate_rate:.0f}/s p99 {ms(gate_p99)}; the cap {cap_rate:.0f}/s "
-        f"p99 {ms(cap_p99)}; recovered {recovered.rate(200, 1.0, 4.0):.0f}/s"
+        f"p99 {ms(cap_p99)} (the gate's limit {limit_slowed:.0f}); recovered {recovered.rate(200, 1.0, 4.0):.0f}/s"
     )
     for flow in (ahead, slow, recovered):
         assert set(flow.statuses()) <= {200, 503}, (flow.name, flow.statuses())  # no 504 storm
