@@ -236,8 +236,9 @@ class Admission:
     def under_share(self, tenant: Tenant) -> bool:
         """Whether ``tenant`` holds less than its guaranteed share while other keys contend
         (at the ceiling or not): the next slot freed is its (the fair rule), so it is never
-        refused from its headers, and waits for that slot up to ``retry_after_max`` seconds
-        (the longest a refusal could have told it to wait) rather than the queue wait."""
+        refused from its headers, and its requests within that share wait for a slot up to
+        ``retry_after_max`` seconds (the longest a refusal could have told them to wait)
+        rather than the queue wait."""
         guaranteed = self._guaranteed(tenant)
         return guaranteed is not None and self.held.get(tenant.id, 0) < guaranteed
 
@@ -286,14 +287,17 @@ class Admission:
         if (open_now and not self._waiting_for.get(model)) or self.below_share(tenant):
             self._enter(tenant)
             return self._take(tenant, now, model)
-        # a key under its share is first in line for the next slot: it waits for it as long
-        # as a refusal could tell it to come back (retry_after_max; static limits under 16
-        # have no reserve to admit it at once). Refused sooner, it would only come back later
-        # than that slot: with Triton slowed and a core busy beside it, a flood's slots were
-        # freed over 1 s apart and a quiet key waiting retry_after (1 s) was refused
+        # a key under its share is first in line for the next slot: its requests within that
+        # share (held and waiting) wait for one as long as a refusal could tell them to come
+        # back (retry_after_max; static limits under 16 have no reserve to admit them at once).
+        # Refused sooner, one would only come back later than that slot: with Triton slowed
+        # and a core busy, a flood's slots were freed over 1 s apart and a quiet key waiting
+        # retry_after (1 s) was refused. Its requests past its share wait the queue wait, so
+        # a key sending many at once holds no more long waits (and their bodies) than its share
+        guaranteed = self._guaranteed(tenant)
         wait = (
             max(self.queue_seconds, float(self.retry_after_max))
-            if self.under_share(tenant)
+            if guaranteed is not None and self.holds(tenant) < guaranteed
             else self.queue_seconds
         )
         future: asyncio.Future[Ticket] = asyncio.get_running_loop().create_future()

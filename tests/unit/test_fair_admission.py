@@ -236,3 +236,24 @@ async def test_under_a_small_static_limit_a_quiet_key_is_next_in_line_not_refuse
     admission.release(held.pop())
     outcomes = await asyncio.gather(*flooding, return_exceptions=True)
     assert all(isinstance(o, OverloadedError) for o in outcomes)
+
+
+@run
+async def test_only_a_keys_requests_within_its_share_wait_long_for_a_slot() -> None:
+    """A key under its share waits for the next slot up to retry_after_max, not the queue
+    wait; but only as many of its requests as its share: the rest of a burst it sends at
+    once wait the queue wait, so no key holds more long waits (and bodies read) than its
+    share."""
+    admission = Admission(2, queue_seconds=0.01, retry_after=1, retry_after_max=5)
+    held = [await admission.acquire(FLOOD) for _ in range(2)]
+    quiet = [asyncio.create_task(admission.acquire(QUIET)) for _ in range(3)]
+    await asyncio.sleep(1.2)  # past retry_after: the first is still waiting, the rest refused
+    assert [task.done() for task in quiet] == [False, True, True]
+    assert all(isinstance(task.exception(), OverloadedError) for task in quiet[1:])
+    admission.release(held.pop())
+    ticket = await asyncio.wait_for(quiet[0], 1)
+    assert ticket.tenant == QUIET
+    admission.release(ticket)
+    admission.release(held.pop())
+    assert admission.in_flight == 0
+    assert admission.waiting == 0
