@@ -232,6 +232,20 @@ def test_a_flood_after_a_light_load_is_learnt_fast_and_a_cold_burst_is_served(
     assert whole <= 2 * steady
 
 
+def _flood_and_quiet(
+    triton: TritonServer, spawn_gateway: Callable[..., GatewayProcess], tmp_path: Path, slots: int
+) -> GatewayProcess:
+    """A gateway with two keys, ``flood-key`` and ``quiet-key``, on ``slots`` static slots."""
+    keys = tmp_path / "api-keys"
+    keys.write_text(f"flood {hash_key('flood-key')}\nquiet {hash_key('quiet-key')}\n")
+    return spawn_gateway(
+        triton,
+        GATEWAY_AUTH__KEYS_FILE=str(keys),
+        GATEWAY_SERVER__ADAPTIVE__ENABLED="false",
+        GATEWAY_SERVER__MAX_IN_FLIGHT=str(slots),
+    )
+
+
 def test_under_a_small_static_limit_a_quiet_key_beside_a_flood_is_served(
     triton: TritonServer, spawn_gateway: Callable[..., GatewayProcess], tmp_path: Path
 ) -> None:
@@ -240,14 +254,7 @@ def test_under_a_small_static_limit_a_quiet_key_beside_a_flood_is_served(
     its share): it is neither refused from its headers nor timed out after the queue
     wait. Before, beside 150 flood connections on max_in_flight 8 (Triton 2x slower), a
     quiet key's requests were refused from their headers: 13 of 13 (hey), 10 of 12."""
-    keys = tmp_path / "api-keys"
-    keys.write_text(f"flood {hash_key('flood-key')}\nquiet {hash_key('quiet-key')}\n")
-    gateway = spawn_gateway(
-        triton,
-        GATEWAY_AUTH__KEYS_FILE=str(keys),
-        GATEWAY_SERVER__ADAPTIVE__ENABLED="false",
-        GATEWAY_SERVER__MAX_IN_FLIGHT="8",
-    )
+    gateway = _flood_and_quiet(triton, spawn_gateway, tmp_path, slots=8)
     flood_key = {"authorization": "Bearer flood-key"}
     quiet_key = {"authorization": "Bearer quiet-key"}
     hey(gateway.url, 8, 2, flood_key)  # warm
@@ -279,14 +286,7 @@ def test_a_quiet_key_next_in_line_outwaits_a_stalled_triton(
     Triton for 2.5 s: before, the quiet key's request waited retry_after_seconds (1 s) and
     was refused, every time (with Triton slowed and a core busy, slots came free over a
     second apart: 1 of 7 quiet requests refused in one run of ten)."""
-    keys = tmp_path / "api-keys"
-    keys.write_text(f"flood {hash_key('flood-key')}\nquiet {hash_key('quiet-key')}\n")
-    gateway = spawn_gateway(
-        triton,
-        GATEWAY_AUTH__KEYS_FILE=str(keys),
-        GATEWAY_SERVER__ADAPTIVE__ENABLED="false",
-        GATEWAY_SERVER__MAX_IN_FLIGHT="2",
-    )
+    gateway = _flood_and_quiet(triton, spawn_gateway, tmp_path, slots=2)
 
     def classify(key: str) -> tuple[int, float, str]:
         started = time.perf_counter()
