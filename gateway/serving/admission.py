@@ -242,6 +242,13 @@ class Admission:
         guaranteed = self._guaranteed(tenant)
         return guaranteed is not None and self.held.get(tenant.id, 0) < guaranteed
 
+    def within_share(self, tenant: Tenant) -> bool:
+        """Whether ``tenant``'s requests held and waiting (:meth:`holds`) are fewer than its
+        guaranteed share while other keys contend: the next one waits for a slot up to
+        ``retry_after_max`` seconds, not the queue wait (:meth:`acquire`)."""
+        guaranteed = self._guaranteed(tenant)
+        return guaranteed is not None and self.holds(tenant) < guaranteed
+
     def below_share(self, tenant: Tenant) -> bool:
         """Whether ``tenant`` holds less than its guaranteed share while other keys contend:
         such a request is admitted at once, past the limit and into the reserve if need
@@ -294,10 +301,9 @@ class Admission:
         # and a core busy, a flood's slots were freed over 1 s apart and a quiet key waiting
         # retry_after (1 s) was refused. Its requests past its share wait the queue wait, so
         # a key sending many at once holds no more long waits (and their bodies) than its share
-        guaranteed = self._guaranteed(tenant)
         wait = (
             max(self.queue_seconds, float(self.retry_after_max))
-            if guaranteed is not None and self.holds(tenant) < guaranteed
+            if self.within_share(tenant)
             else self.queue_seconds
         )
         future: asyncio.Future[Ticket] = asyncio.get_running_loop().create_future()
