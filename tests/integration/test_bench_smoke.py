@@ -32,6 +32,7 @@ def test_bench_runs_and_writes_a_table_json_and_plot(tmp_path: Path, triton_pyth
         assert row["gateway_cpu_ms"] > 0
         assert row["variant_rps"] > 0  # the gateway with tracing on, measured in the same rounds
         assert row["variant_cpu_ms"] > 0
+        assert len(row["variant_adds_by_round"]) == 1  # one round: one pair
         assert (row["direct_rps"] is None) == (scenario == "error")
         # the reference gateway, measured in the same rounds (not on the error path)
         assert (row["reference_cpu_ms"] is None) == (scenario == "error")
