@@ -8,6 +8,8 @@
 - With ``admin.port`` set, the gateway listens on two sockets: ``/admin`` is answered on
   the admin listener only, and everything else on the main one only (404 elsewhere), so
   a firewall, a Service or a loopback bind keeps model control private.
+- Each listener accepts every connection waiting each time it is ready
+  (gateway.http.listener), not one per turn of the loop as libuv does under uvloop.
 - ``GatewayServer`` turns the first SIGTERM/SIGINT into a drain: ``/readyz`` answers 503
   at once; after the drain delay (0 s unless set: the time a load balancer's health
   checks need to take the replica out) new inference requests answer 503 too, requests
@@ -20,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractAsyncContextManager, contextmanager
 from types import FrameType
@@ -29,8 +32,10 @@ import uvicorn
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
+from uvicorn.config import STARTUP_FAILURE
 
 from gateway.errors import NotFoundError
+from gateway.http.listener import Listener, bind
 from gateway.http.paths import ADMIN_PREFIX
 from gateway.http.problems import problem_response
 from gateway.http.protocol import HeaderTimeoutProtocol
@@ -40,6 +45,8 @@ from gateway.serving.heap import keep_heap
 from gateway.settings import Settings
 
 logger = logging.getLogger("gateway.server")
+
+BACKLOG = 2048  # connections the kernel holds until accepted (uvicorn's default)
 
 
 def split_by_listener(app: ASGIApp, admin_port: int) -> ASGIApp:
@@ -59,14 +66,14 @@ def split_by_listener(app: ASGIApp, admin_port: int) -> ASGIApp:
 
 def listen_sockets(settings: Settings, host: str, port: int) -> list[socket.socket] | None:
     """The main and the admin listeners when the admin surface has a port of its own;
-    None: uvicorn binds ``host:port`` itself."""
+    None: the server binds ``host:port`` itself."""
     admin_port = settings.admin_listener_port
     if admin_port is None:
         return None
     if admin_port == port:
         raise ValueError("the admin port must differ from the main port")
     return [
-        socket.create_server((address, number), family=socket.AF_INET6 if ":" in address else socket.AF_INET)
+        bind(address, number, BACKLOG)
         for address, number in ((host, port), (settings.admin.host, admin_port))
     ]
 
@@ -101,6 +108,7 @@ def server_config(app: FastAPI, settings: Settings, host: str, port: int) -> uvi
         timeout_keep_alive=int(max(1, settings.server.keep_alive_seconds)),
         # After the drain, only stragglers (e.g. slow uploads) are left.
         timeout_graceful_shutdown=5,
+        backlog=BACKLOG,
     )
 
 
@@ -121,6 +129,35 @@ class GatewayServer(uvicorn.Server):
     async def serve(self, sockets: Any = None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's startup (the lifespan, then the listeners), with listeners that accept
+        every connection waiting each time they are ready (gateway.http.listener)."""
+        await self.lifespan.startup()
+        if self.lifespan.should_exit:
+            sys.exit(STARTUP_FAILURE)
+        config = self.config
+
+        def create_protocol() -> asyncio.Protocol:
+            protocol: asyncio.Protocol = config.http_protocol_class(  # type: ignore[call-arg]
+                config=config, server_state=self.server_state, app_state=self.lifespan.state
+            )
+            return protocol
+
+        listeners = sockets
+        if listeners is None:
+            try:
+                listeners = [bind(config.host, config.port, config.backlog)]
+            except OSError as exc:
+                logger.error("cannot listen on %s:%d: %s", config.host, config.port, exc)
+                await self.lifespan.shutdown()
+                sys.exit(STARTUP_FAILURE)
+        loop = asyncio.get_running_loop()
+        # uvicorn types its servers as asyncio's; it calls close() and wait_closed() on them
+        self.servers = [Listener(loop, sock, create_protocol, config.backlog).start() for sock in listeners]  # type: ignore[misc]
+        for sock in listeners:
+            logger.info("listening on http://%s", _address(sock))
+        self.started = True
 
     @contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -161,6 +198,11 @@ class GatewayServer(uvicorn.Server):
         # connection closed under their request when uvicorn shuts idle connections.
         await asyncio.sleep(1.0)
         self.should_exit = True
+
+
+def _address(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def gateway_server(app: FastAPI, settings: Settings, host: str, port: int) -> GatewayServer:

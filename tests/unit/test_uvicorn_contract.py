@@ -135,3 +135,30 @@ def test_uvicorn_is_bounded_above() -> None:
     text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
     [line] = [line for line in text.splitlines() if line.strip().startswith('"uvicorn')]
     assert "<" in line, line
+
+
+def test_the_server_startup_the_gateway_replaces_is_what_it_was() -> None:
+    """gateway.http.server's GatewayServer.startup replaces uvicorn's (to listen with
+    gateway.http.listener): the lifespan it starts, the protocol factory it builds, the
+    servers uvicorn later closes and waits for, all as uvicorn's own startup does them."""
+    startup = inspect.getsource(uvicorn.Server.startup)
+    for used in (
+        "await self.lifespan.startup()",
+        "self.lifespan.should_exit",
+        "sys.exit(STARTUP_FAILURE)",
+        "config.http_protocol_class(",
+        "server_state=self.server_state",
+        "app_state=self.lifespan.state",
+        "self.servers",
+        "self.started = True",
+        "backlog=config.backlog",
+    ):
+        assert used in startup, used
+    shutdown = inspect.getsource(uvicorn.Server.shutdown) + inspect.getsource(
+        uvicorn.Server._wait_tasks_to_complete
+    )
+    assert "server.close()" in shutdown
+    assert "await server.wait_closed()" in shutdown
+    assert list(inspect.signature(uvicorn.Server.startup).parameters) == ["self", "sockets"]
+    config = uvicorn.Config(_app, backlog=7)
+    assert config.backlog == 7

@@ -1,0 +1,131 @@
+"""Accepting connections: every one waiting, each time the listening socket is ready.
+
+libuv, under uvloop, accepts one connection each turn of the event loop (libuv#3696: it
+relies on the listening socket staying readable). A turn in which the gateway reads a
+storm's heads and bodies lasts tens of milliseconds, so a burst of new connections waited
+that long per connection: of 300 uploads opened at once, the last 70-80 were accepted
+one every 25-50 ms, their heads read (and refused) 250-500 ms after they were sent, while
+the heads of those accepted earlier were answered within 100 ms
+(tests/integration/test_refused_unread.py). asyncio's own loop accepts up to its backlog
+each time; :class:`Listener` does that on any loop: each time the socket is readable it
+accepts every connection waiting (up to ``batch``), and each becomes a transport with the
+server's protocol, as ``loop.create_server`` would make it (on the next turn).
+
+Run out of descriptors (EMFILE and the like), it stops accepting for a second, as asyncio
+does, and the kernel's backlog holds the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import socket
+from collections.abc import Callable
+
+logger = logging.getLogger("gateway.server")
+
+# out of a system resource: accepting again at once would only fail again (asyncio's list)
+_RESOURCE_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+_RETRY_SECONDS = 1.0
+
+
+class Listener(asyncio.AbstractServer):
+    """A listening socket whose waiting connections are all accepted each time it is
+    readable, each served by ``protocol_factory`` (an asyncio server, as uvicorn keeps
+    them: ``close`` and ``wait_closed``)."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        sock: socket.socket,
+        protocol_factory: Callable[[], asyncio.Protocol],
+        batch: int,
+    ) -> None:
+        self._loop = loop
+        self._sock: socket.socket | None = sock
+        self._factory = protocol_factory
+        self._batch = max(1, batch)
+        self._opening: set[asyncio.Task[None]] = set()
+        self._reading = False
+
+    @property
+    def sockets(self) -> tuple[socket.socket, ...]:
+        return () if self._sock is None else (self._sock,)
+
+    def start(self) -> Listener:
+        assert self._sock is not None
+        self._sock.setblocking(False)
+        self._listen()
+        return self
+
+    def _listen(self) -> None:
+        if self._sock is not None and not self._reading:
+            self._loop.add_reader(self._sock.fileno(), self._accept)
+            self._reading = True
+
+    def _pause(self) -> None:
+        if self._sock is not None and self._reading:
+            self._loop.remove_reader(self._sock.fileno())
+        self._reading = False
+
+    def _accept(self) -> None:
+        sock = self._sock
+        if sock is None:
+            return
+        for _ in range(self._batch):
+            try:
+                connection, _ = sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except ConnectionAbortedError:
+                continue  # the client left before it was accepted
+            except OSError as exc:
+                if exc.errno not in _RESOURCE_ERRORS:
+                    logger.error("accepting a connection failed: %s", exc)
+                    return
+                logger.error("cannot accept connections (%s): trying again in %.0f s", exc, _RETRY_SECONDS)
+                self._pause()
+                self._loop.call_later(_RETRY_SECONDS, self._listen)
+                return
+            connection.setblocking(False)
+            task = self._loop.create_task(self._open(connection))
+            self._opening.add(task)
+            task.add_done_callback(self._opening.discard)
+
+    async def _open(self, connection: socket.socket) -> None:
+        try:
+            await self._loop.connect_accepted_socket(self._factory, connection)
+        except OSError:  # reset before it could be served
+            connection.close()
+
+    def close(self) -> None:
+        self._pause()
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    async def wait_closed(self) -> None:
+        if self._opening:
+            await asyncio.gather(*self._opening, return_exceptions=True)
+
+    def get_loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    def is_serving(self) -> bool:
+        return self._reading
+
+    async def start_serving(self) -> None:
+        self._listen()
+
+    async def serve_forever(self) -> None:
+        self._listen()
+        await asyncio.Event().wait()
+
+
+def bind(host: str | None, port: int, backlog: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (IPv6 when the host is an IPv6 address;
+    every IPv4 address when None), with ``backlog``, as uvicorn binds one."""
+    address = "0.0.0.0" if host is None else host
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    return socket.create_server((address, port), family=family, backlog=backlog)
