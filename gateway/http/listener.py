@@ -11,8 +11,11 @@ each time; :class:`Listener` does that on any loop: each time the socket is read
 accepts every connection waiting (up to ``batch``), and each becomes a transport with the
 server's protocol, as ``loop.create_server`` would make it (on the next turn).
 
-Run out of descriptors (EMFILE and the like), it stops accepting for a second, as asyncio
-does, and the kernel's backlog holds the rest.
+A turn accepts at most :data:`ACCEPT_BATCH` (the rest on the next turns): a flood of
+connections costs each turn a bounded share of the loop (each accepted connection is a
+task and a protocol, tens of microseconds), not the whole backlog (2048) at once. Run out
+of descriptors (EMFILE and the like), it stops accepting for a second, as asyncio does,
+and the kernel's backlog holds the rest.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ logger = logging.getLogger("gateway.server")
 # out of a system resource: accepting again at once would only fail again (asyncio's list)
 _RESOURCE_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 _RETRY_SECONDS = 1.0
+ACCEPT_BATCH = 128  # connections accepted in one turn of the loop, at most
 
 
 class Listener(asyncio.AbstractServer):
@@ -40,7 +44,7 @@ class Listener(asyncio.AbstractServer):
         loop: asyncio.AbstractEventLoop,
         sock: socket.socket,
         protocol_factory: Callable[[], asyncio.Protocol],
-        batch: int,
+        batch: int = ACCEPT_BATCH,
     ) -> None:
         self._loop = loop
         self._sock: socket.socket | None = sock

@@ -154,7 +154,7 @@ class GatewayServer(uvicorn.Server):
                 sys.exit(STARTUP_FAILURE)
         loop = asyncio.get_running_loop()
         # uvicorn types its servers as asyncio's; it calls close() and wait_closed() on them
-        self.servers = [Listener(loop, sock, create_protocol, config.backlog).start() for sock in listeners]  # type: ignore[misc]
+        self.servers = [Listener(loop, sock, create_protocol).start() for sock in listeners]  # type: ignore[misc]
         for sock in listeners:
             logger.info("listening on http://%s", _address(sock))
         self.started = True

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections import Counter
 from collections.abc import Awaitable, Callable
 
 import uvloop
@@ -65,11 +66,22 @@ def _turns_made(serve: Serve) -> list[int]:
 
 def test_every_connection_waiting_is_accepted_at_once() -> None:
     async def listener(loop: asyncio.AbstractEventLoop, sock: socket.socket, factory: Factory) -> Listener:
-        return Listener(loop, sock, factory, 2048).start()
+        return Listener(loop, sock, factory).start()
 
     made = _turns_made(listener)
     # all accepted when the socket is first seen ready, each made on a turn after
     assert max(made) - min(made) <= 2, made
+
+
+def test_a_turn_accepts_a_bounded_batch() -> None:
+    """A flood of connections costs a turn of the loop at most a batch of them."""
+
+    async def listener(loop: asyncio.AbstractEventLoop, sock: socket.socket, factory: Factory) -> Listener:
+        return Listener(loop, sock, factory, batch=WAITING // 4).start()
+
+    made = _turns_made(listener)
+    assert Counter(made).most_common(1)[0][1] <= WAITING // 4, Counter(made)
+    assert max(made) - min(made) <= 8, made
 
 
 def test_libuv_alone_accepts_one_connection_a_turn() -> None:
