@@ -337,7 +337,9 @@ class Runtime:
                 plane=plane,
                 rollouts=rollouts,
                 dispatcher=dispatcher,
-                model_control=ModelControl(backend, catalog),
+                model_control=ModelControl(
+                    backend, catalog, settle_seconds=settings.triton.load_timeout_seconds
+                ),
                 routing_control=RoutingControl(backend, catalog, rollouts),
                 prediction_log=prediction_log,
                 drift=drift,

@@ -9,6 +9,7 @@ with the admin key's id (logger ``gateway.admin``).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -62,9 +63,10 @@ class Promotion:
 class ModelControl:
     """Triton's repository API, with the catalog kept current after every change."""
 
-    def __init__(self, backend: InferenceBackend, catalog: Catalog) -> None:
+    def __init__(self, backend: InferenceBackend, catalog: Catalog, *, settle_seconds: float = 300.0) -> None:
         self.backend = backend
         self.catalog = catalog
+        self.settle_seconds = settle_seconds  # how long an unload may stay UNLOADING in Triton
 
     async def repository(self, name: str | None = None) -> list[RepositoryModel]:
         return [m for m in await self.backend.repository_index() if name is None or m.name == name]
@@ -112,9 +114,21 @@ class ModelControl:
             await self.backend.unload_model(name, dependents=dependents)
             if dependents and helper:
                 await self.backend.unload_model(helper, dependents=False)
+            await self._unloaded(name, started)
         finally:
             await self.catalog.refresh()
         return await self._after(name, "unload", started, admin)
+
+    async def _unloaded(self, name: str, started: float) -> None:
+        """Wait until Triton has finished unloading ``name``: its unload can return while a
+        Python-backend stub is still stopping (state UNLOADING), and the answer promises
+        that /readyz and /models say unloaded."""
+        pause = 0.02
+        while any(m.state == "UNLOADING" for m in await self.repository(name)):
+            if time.monotonic() - started > self.settle_seconds:
+                raise ConflictError(f"{name} is still unloading after {self.settle_seconds:.0f} s")
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.5)
 
     async def reload_changed(self, admin: str) -> ControlResult:
         """Load every loaded model again: Triton reloads those whose files changed."""

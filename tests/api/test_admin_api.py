@@ -73,6 +73,17 @@ def test_unknown_or_malformed_model_names_are_refused_before_triton(
     assert backend.control == []
 
 
+def test_an_unload_answers_once_triton_has_finished_it(client: TestClient, backend: FakeBackend) -> None:
+    # Triton's unload can return while the model's stub still stops (UNLOADING); the answer
+    # promises /models says unloaded, so it waits for that
+    backend.unloading_reads = 3
+    response = client.post("/admin/models/text_classifier/unload", headers=ADMIN)
+    assert response.status_code == 200, response.text
+    assert [m["state"] for m in response.json()["models"]] == ["UNAVAILABLE"]
+    models = {m["name"]: m for m in client.get("/models", headers=CLIENT).json()["models"]}
+    assert models["text_classifier"]["state"] == "unloaded"
+
+
 def test_unload_is_reported_by_readyz_and_models_and_the_rest_is_served(
     client: TestClient, backend: FakeBackend
 ) -> None:

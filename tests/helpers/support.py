@@ -252,6 +252,10 @@ class FakeBackend:
     ready_versions: tuple[str, ...] = ("", "1", "2", "3")
     versions_called: list[str] = field(default_factory=list)
     control: list[tuple[str, str]] = field(default_factory=list)
+    # Like Triton's Python-backend models, an unload can return before it is done: the
+    # repository index says UNLOADING for this many reads after one.
+    unloading_reads: int = 0
+    _still_unloading: dict[str, int] = field(default_factory=dict)
 
     async def infer(
         self,
@@ -361,8 +365,12 @@ class FakeBackend:
         if not self.live:
             raise TritonUnavailableError("down")
         # every version Triton "has" is listed ready (the catalog's versions come from here)
+        unloading = {name for name, left in self._still_unloading.items() if left > 0}
+        self._still_unloading = {name: left - 1 for name, left in self._still_unloading.items() if left > 1}
         return [
-            RepositoryModel(name, "1", "UNAVAILABLE", "unloaded")
+            RepositoryModel(name, "1", "UNLOADING")
+            if name in unloading
+            else RepositoryModel(name, "1", "UNAVAILABLE", "unloaded")
             if name in self.unloaded
             else RepositoryModel(name, version, "READY")
             for name in self.models
@@ -376,6 +384,8 @@ class FakeBackend:
     async def unload_model(self, model: str, *, dependents: bool) -> None:
         self.control.append(("unload", model))
         self.unloaded.add(model)
+        if self.unloading_reads:
+            self._still_unloading[model] = self.unloading_reads
 
     async def close(self) -> None:
         self.closed = True
