@@ -1,4 +1,4 @@
-"""Accepting connections: every one waiting, each time the listening socket is ready.
+"""Accepting connections: every one waiting when the listening socket has a queue.
 
 libuv, under uvloop, accepts one connection each turn of the event loop (libuv#3696: it
 relies on the listening socket staying readable). A turn in which the gateway reads a
@@ -6,16 +6,21 @@ storm's heads and bodies lasts tens of milliseconds, so a burst of new connectio
 that long per connection: of 300 uploads opened at once, the last 70-80 were accepted
 one every 25-50 ms, their heads read (and refused) 250-500 ms after they were sent, while
 the heads of those accepted earlier were answered within 100 ms
-(tests/integration/test_refused_unread.py). asyncio's own loop accepts up to its backlog
-each time; :class:`Listener` does that on any loop: each time the socket is readable it
-accepts every connection waiting (up to ``batch``), and each becomes a transport with the
-server's protocol, as ``loop.create_server`` would make it (on the next turn).
+(tests/integration/test_refused_unread.py).
+
+:class:`Listener` keeps the loop's own server, whose accept is the cheapest there is
+(libuv's, in C), and adds what it lacks: each time that server accepts a connection, the
+listener tries one more accept of its own, and when that finds a queue it accepts every
+connection waiting (up to ``batch``), each made a transport with the server's protocol as
+``loop.create_server`` would make it (on the next turn). With no queue, the one extra
+accept that finds nothing is all a connection costs (a few microseconds; accepting every
+connection in Python cost each new connection about 0.1 ms of CPU more than libuv's).
 
 A turn accepts at most :data:`ACCEPT_BATCH` (the rest on the next turns): a flood of
 connections costs each turn a bounded share of the loop (each accepted connection is a
 task and a protocol, tens of microseconds), not the whole backlog (2048) at once. Run out
 of descriptors (EMFILE and the like), it stops accepting for a second, as asyncio does,
-and the kernel's backlog holds the rest.
+and the kernel's backlog holds the rest (or the loop's own server takes them one a turn).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import asyncio
 import errno
 import logging
 import socket
+import time
 from collections.abc import Callable
 
 logger = logging.getLogger("gateway.server")
@@ -35,9 +41,9 @@ ACCEPT_BATCH = 128  # connections accepted in one turn of the loop, at most
 
 
 class Listener(asyncio.AbstractServer):
-    """A listening socket whose waiting connections are all accepted each time it is
-    readable, each served by ``protocol_factory`` (an asyncio server, as uvicorn keeps
-    them: ``close`` and ``wait_closed``)."""
+    """The loop's server on a listening socket, which also accepts every connection
+    waiting when it finds a queue, each served by ``protocol_factory`` (an asyncio server,
+    as uvicorn keeps them: ``close`` and ``wait_closed``)."""
 
     def __init__(
         self,
@@ -45,37 +51,38 @@ class Listener(asyncio.AbstractServer):
         sock: socket.socket,
         protocol_factory: Callable[[], asyncio.Protocol],
         batch: int = ACCEPT_BATCH,
+        backlog: int = 2048,
     ) -> None:
         self._loop = loop
         self._sock: socket.socket | None = sock
         self._factory = protocol_factory
         self._batch = max(1, batch)
+        self._backlog = backlog
+        self._server: asyncio.AbstractServer | None = None
+        self._spare: socket.socket | None = None  # the listening socket, accepted from here
         self._opening: set[asyncio.Task[None]] = set()
-        self._reading = False
+        self._resting_until = 0.0
 
     @property
     def sockets(self) -> tuple[socket.socket, ...]:
         return () if self._sock is None else (self._sock,)
 
-    def start(self) -> Listener:
+    async def start(self) -> Listener:
         assert self._sock is not None
-        self._sock.setblocking(False)
-        self._listen()
+        self._spare = self._sock.dup()
+        self._spare.setblocking(False)
+        self._server = await self._loop.create_server(self._accepted, sock=self._sock, backlog=self._backlog)
         return self
 
-    def _listen(self) -> None:
-        if self._sock is not None and not self._reading:
-            self._loop.add_reader(self._sock.fileno(), self._accept)
-            self._reading = True
+    def _accepted(self) -> asyncio.Protocol:
+        """The loop's server accepted a connection: its protocol, and those waiting behind it."""
+        protocol = self._factory()
+        self._accept_waiting()
+        return protocol
 
-    def _pause(self) -> None:
-        if self._sock is not None and self._reading:
-            self._loop.remove_reader(self._sock.fileno())
-        self._reading = False
-
-    def _accept(self) -> None:
-        sock = self._sock
-        if sock is None:
+    def _accept_waiting(self) -> None:
+        sock = self._spare
+        if sock is None or self._resting_until > time.monotonic():
             return
         for _ in range(self._batch):
             try:
@@ -89,8 +96,7 @@ class Listener(asyncio.AbstractServer):
                     logger.error("accepting a connection failed: %s", exc)
                     return
                 logger.error("cannot accept connections (%s): trying again in %.0f s", exc, _RETRY_SECONDS)
-                self._pause()
-                self._loop.call_later(_RETRY_SECONDS, self._listen)
+                self._resting_until = time.monotonic() + _RETRY_SECONDS
                 return
             connection.setblocking(False)
             task = self._loop.create_task(self._open(connection))
@@ -104,27 +110,32 @@ class Listener(asyncio.AbstractServer):
             connection.close()
 
     def close(self) -> None:
-        self._pause()
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+        if self._server is not None:
+            self._server.close()
+        for sock in (self._spare, self._sock):
+            if sock is not None:
+                sock.close()
+        self._spare = self._sock = None
 
     async def wait_closed(self) -> None:
         if self._opening:
             await asyncio.gather(*self._opening, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
 
     def get_loop(self) -> asyncio.AbstractEventLoop:
         return self._loop
 
     def is_serving(self) -> bool:
-        return self._reading
+        return self._server is not None and self._server.is_serving()
 
     async def start_serving(self) -> None:
-        self._listen()
+        if self._server is not None:
+            await self._server.start_serving()
 
     async def serve_forever(self) -> None:
-        self._listen()
-        await asyncio.Event().wait()
+        assert self._server is not None
+        await self._server.serve_forever()
 
 
 def bind(host: str | None, port: int, backlog: int) -> socket.socket:

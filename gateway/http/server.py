@@ -8,7 +8,7 @@
 - With ``admin.port`` set, the gateway listens on two sockets: ``/admin`` is answered on
   the admin listener only, and everything else on the main one only (404 elsewhere), so
   a firewall, a Service or a loopback bind keeps model control private.
-- Each listener accepts every connection waiting each time it is ready
+- Each listener accepts every connection waiting when it finds a queue
   (gateway.http.listener), not one per turn of the loop as libuv does under uvloop.
 - ``GatewayServer`` turns the first SIGTERM/SIGINT into a drain: ``/readyz`` answers 503
   at once; after the drain delay (0 s unless set: the time a load balancer's health
@@ -132,7 +132,7 @@ class GatewayServer(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         """uvicorn's startup (the lifespan, then the listeners), with listeners that accept
-        every connection waiting each time they are ready (gateway.http.listener)."""
+        every connection waiting when they find a queue (gateway.http.listener)."""
         await self.lifespan.startup()
         if self.lifespan.should_exit:
             sys.exit(STARTUP_FAILURE)
@@ -154,7 +154,10 @@ class GatewayServer(uvicorn.Server):
                 sys.exit(STARTUP_FAILURE)
         loop = asyncio.get_running_loop()
         # uvicorn types its servers as asyncio's; it calls close() and wait_closed() on them
-        self.servers = [Listener(loop, sock, create_protocol).start() for sock in listeners]  # type: ignore[misc]
+        listening = [
+            await Listener(loop, sock, create_protocol, backlog=config.backlog).start() for sock in listeners
+        ]
+        self.servers = listening  # type: ignore[assignment]
         for sock in listeners:
             logger.info("listening on http://%s", _address(sock))
         self.started = True
