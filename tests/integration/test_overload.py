@@ -44,18 +44,21 @@ def test_three_times_capacity_is_shed_with_fast_503s(
     assert rejected, "nothing was shed at 3x the in-flight cap"
     assert all(a.slug == "overloaded" for a in rejected)
     # Retry-After is when the queue will have drained at the rate it completes, each
-    # second's worth of refused callers told a later second (issue 54 item 2): these 12
-    # clients retry at once, more refusals a second than completions, so the seconds told
-    # run up from the least (1), never past the most (retry_after_max_seconds, 10)
+    # second's worth of refused callers told a later second (issue 54 item 2), from the
+    # least (1), never past the most (retry_after_max_seconds, 10). Where these 12 clients
+    # are refused more often than requests complete, the seconds told run up; on a machine
+    # whose Triton completes more than the held retries come back (CI on 2026-11-30: all
+    # told 1), one second holds them all (the arithmetic: tests/unit/test_shed_from_headers.py)
     told = sorted({int(a.retry_after or 0) for a in rejected})
     assert told[0] >= 1, told
     assert told[-1] <= 10, told
-    assert len(told) > 1, told
+    if overload.rate(503) > 1.5 * overload.rate(200):
+        assert len(told) > 1, (told, overload.rate(503), overload.rate(200))
     goodput = overload.rate(200) / capacity.rate(200)
     print(
         f"capacity {capacity.rate(200):.1f} req/s (p99 {capacity.p99(200) * 1000:.0f} ms); at 3x: "
         f"{statuses}, goodput {goodput:.0%} of capacity, 200 p99 {overload.p99(200) * 1000:.0f} ms, "
-        f"503 p99 {overload.p99(503) * 1000:.1f} ms"
+        f"503 p99 {overload.p99(503) * 1000:.1f} ms; Retry-After told {told} at {overload.rate(503):.1f} refusals/s"
     )
     # Figures (goodput, rejection p99) are reported, not asserted: the machine is shared.
     metrics = httpx.get(f"{gateway.url}/metrics").text
