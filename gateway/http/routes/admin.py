@@ -123,8 +123,9 @@ async def reload(name: ModelName, admin: AdminDep, control: ModelControlDep) -> 
 
 @router.post(
     "/models/{name}/unload",
-    summary="Unload a model; /readyz and /models then say it is unloaded",
-    responses=problem_responses(404),
+    summary="Unload a model; /readyz and /models then say it is unloaded (409: still unloading "
+    "past the load timeout)",
+    responses=problem_responses(404, 409),
 )
 async def unload(
     name: ModelName,
