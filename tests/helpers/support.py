@@ -365,7 +365,7 @@ class FakeBackend:
         if not self.live:
             raise TritonUnavailableError("down")
         # every version Triton "has" is listed ready (the catalog's versions come from here)
-        unloading = {name for name, left in self._still_unloading.items() if left > 0}
+        unloading = set(self._still_unloading)
         self._still_unloading = {name: left - 1 for name, left in self._still_unloading.items() if left > 1}
         return [
             RepositoryModel(name, "1", "UNLOADING")
