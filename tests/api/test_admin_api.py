@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gateway.app import create_app
-from gateway.settings import AdminSettings, AuthSettings, Settings
+from gateway.settings import AdminSettings, AuthSettings, Settings, TritonSettings
 from gateway.shared.keyfiles import hash_key
 
 from helpers.support import FakeBackend, chelsea_jpeg
@@ -82,6 +82,22 @@ def test_an_unload_answers_once_triton_has_finished_it(client: TestClient, backe
     assert [m["state"] for m in response.json()["models"]] == ["UNAVAILABLE"]
     models = {m["name"]: m for m in client.get("/models", headers=CLIENT).json()["models"]}
     assert models["text_classifier"]["state"] == "unloaded"
+
+
+def test_an_unload_that_never_finishes_is_a_409_within_the_load_timeout(
+    keys: tuple[Path, Path], backend: FakeBackend
+) -> None:
+    settings = Settings(
+        admin=AdminSettings(keys_file=keys[0]),
+        auth=AuthSettings(keys_file=keys[1]),
+        triton=TritonSettings(load_timeout_seconds=0.3),
+    )
+    backend.unloading_reads = 10_000  # Triton says UNLOADING for good
+    with TestClient(create_app(settings, backend_factory=lambda *_: backend)) as client:
+        response = client.post("/admin/models/text_classifier/unload", headers=ADMIN)
+    assert response.status_code == 409, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    assert "still unloading" in response.json()["detail"]  # the bound, not a hang
 
 
 def test_unload_is_reported_by_readyz_and_models_and_the_rest_is_served(
