@@ -24,7 +24,7 @@ import httpx
 import pytest
 import tritonclient.grpc as tritongrpc
 
-from gateway.dev.tritonserver import free_port
+from gateway.dev.tritonserver import free_ports
 from gateway.shared.keyfiles import hash_key
 
 from helpers.containers import PREFIX, ROOT, build, environment, podman
@@ -153,7 +153,7 @@ def stack(
     deadline = time.monotonic() + 20
     while not socket.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
-    http, grpc, prometheus = free_port(), free_port(), free_port()
+    http, grpc, prometheus = free_ports(3)
     env = {
         **environment(),
         "DOCKER_HOST": f"unix://{socket}",

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import yaml
 
-from gateway.dev.tritonserver import free_port
+from gateway.dev.tritonserver import free_ports
 from gateway.shared.keyfiles import hash_key
 
 from helpers.containers import ROOT, Containers
@@ -61,7 +61,7 @@ def test_the_gateway_image_serves_as_kubernetes_runs_it(
     assert security["capabilities"]["drop"] == ["ALL"]
 
     # Triton on CPU, the Triton image's own user, the shipped repository read-only
-    grpc, http, metrics = free_port(), free_port(), free_port()
+    grpc, http, metrics = free_ports(3)
     containers.run(
         "tg-test-triton", triton_image, "--network", "host", "--shm-size", "1g",
         "-v", f"{ROOT / 'model_repository'}:/models:ro",
@@ -78,7 +78,7 @@ def test_the_gateway_image_serves_as_kubernetes_runs_it(
     (keys / "keys").write_text(f"client {hash_key('k8s-client-secret')}\n")
     keys.chmod(0o755)
     (keys / "keys").chmod(0o644)
-    port, door = free_port(), free_port()
+    port, door = free_ports(2)
     settings |= {
         # the Services' names resolve in a cluster; here, Triton's loopback ports
         "GATEWAY_TRITON__URL": f"127.0.0.1:{grpc}",

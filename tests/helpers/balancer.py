@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from gateway.dev.gatewayprocess import GatewayProcess
-from gateway.dev.tritonserver import TritonServer, free_port
+from gateway.dev.tritonserver import TritonServer, free_port, free_ports
 
 from helpers.dnsstub import DnsStub
 
@@ -63,7 +63,7 @@ def balanced_replicas(
         GatewayProcess.start(triton, tmp_path, host=host, port=port, env={**REPLICA_ENV, **env})
         for host in REPLICAS
     ]
-    public, admin, grpc = free_port(), free_port(), free_port()
+    public, admin, grpc = free_ports(3)
     with DnsStub({"gateway": list(REPLICAS)}) as dns:
         environment = {
             **os.environ,

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.dev.tritonserver import free_port
+from gateway.dev.tritonserver import free_ports
 from gateway.shared.keyfiles import hash_key
 
 from helpers.triton_fixtures import REPOSITORY
@@ -100,7 +100,7 @@ def local_stack(tmp_path_factory: pytest.TempPathFactory, triton_python_env: Pat
     add_second_classifiers(repository)
     keys = root / "admin-keys"
     keys.write_text(f"ops {hash_key('ops-secret')}\n")
-    port, admin_port = free_port(), free_port()
+    port, admin_port = free_ports(2)
     environment = {
         **os.environ,
         "GATEWAY_ADMIN__KEYS_FILE": str(keys),

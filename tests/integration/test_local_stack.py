@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import tritonclient.grpc as tritongrpc
 
-from gateway.dev.tritonserver import free_port
+from gateway.dev.tritonserver import free_port, free_ports
 from gateway.shared.keyfiles import hash_key
 
 from helpers.support import chelsea_jpeg, processes_under
@@ -63,7 +63,7 @@ def _tritonservers_in(workdir: Path) -> list[int]:
 def test_local_command_serves_and_shuts_down_cleanly(
     tmp_path: Path, triton_python_env: Path, model_repository: Path
 ) -> None:
-    port, admin_port, grpc_port = free_port(), free_port(), free_port()
+    port, admin_port, grpc_port = free_ports(3)
     workdir = tmp_path / "local-triton"
     keys = tmp_path / "admin-keys"
     keys.write_text(f"ops {hash_key('ops-secret')}\n")
