@@ -52,10 +52,10 @@ def most_actionable(failures: Sequence[tuple[int, GatewayError]]) -> GatewayErro
 
 
 def triton_priority(tenant: Tenant, ticket: Ticket | None = None) -> int:
-    """Triton's priority for a request's calls: 1 (the highest of the models' two levels)
-    for a tier above the standard one, or for a request admitted while its key held less
-    than its share and other keys contended (so it does not queue inside Triton behind a
-    flood the gateway admitted earlier); else 0 (the default level)."""
+    """Triton's priority for a request's calls: 1 (the highest level of a model that declares
+    two; the shipped steps declare none) for a tier above the standard one, or for a request
+    admitted while its key held less than its share and other keys contended (so it does
+    not queue behind a flood the gateway admitted earlier); else 0 (the default level)."""
     return 1 if tenant.priority > 0 or (ticket is not None and ticket.favoured) else 0
 
 

@@ -11,7 +11,15 @@ queue): the CPU twin's p99 had 0.5-0.85 s outliers, 1 call in about 2,000.
 
 So the model steps (text_model, image_model) declare no priority levels. With
 ``priority_levels: 2`` (before this test), 7 of these 12 pairs finished 513-515 ms apart;
-without, all 12 within 10-15 ms."""
+without, all 12 within 10-15 ms.
+
+The Python steps had kept two levels (and the entry steps a queue policy) for the tiers.
+The same race reaches them, only more rarely: the finished batch's callback wakes the
+batcher before the instance is back waiting for work (``Payload::Execute`` calls it, and
+``RateLimiter::PayloadSlotAvailable`` without prefetching counts waiting instances), so
+the batcher goes back to its 500 ms wait. A clean-clone CI run on 7b20108 had one pair
+502 ms apart (by its timing, the short request's postprocess queued behind the long one's, on a loaded
+machine); 0 of 360 pairs here with 0-4 busy cores beside. No step declares levels now."""
 
 from __future__ import annotations
 

@@ -2,16 +2,19 @@
 
 triton#6055 (Triton 23.05) reports an ensemble's priority lost on the steps after the
 first. On Triton 2.51 (the wheel's and our images' release) it reaches every step: a key
-of a tier above the standard one is sent at priority 1 (the highest of the two levels
-the shipped Python steps declare), and Triton's verbose log shows those steps' requests
-prepared at 1; a standard key's requests go at the default level. The model step
-(text_model) declares no levels (test_triton_batcher.py): the priority it is sent with
-is not an error there. If a Triton release drops it again, this test fails: keep tiers in
-the gateway's queue only (docs/explanation/reliability.md, "Tiers and Triton's priority")."""
+of a tier above the standard one is sent at priority 1, and on a repository whose Python
+steps declare two levels (as a user's own may: the shipped ones declare none, since levels
+turn off Triton's prefetching, test_triton_batcher.py), Triton's verbose log shows those
+steps' requests prepared at 1; a standard key's requests go at the default level. The
+model step (text_model) declares no levels: the priority it is sent with is not an error
+there. If a Triton release drops it again, this test fails (docs/explanation/reliability.md,
+"Tiers and Triton's priority")."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,6 +27,20 @@ from gateway.shared.keyfiles import hash_key
 from helpers.triton_fixtures import REPOSITORY, _servers, triton_env
 
 STEPS = ("text_tokenize", "text_postprocess")  # text_model declares no levels
+LEVELS = "dynamic_batching {\n  priority_levels: 2\n  default_priority_level: 2\n"
+
+
+def with_levels(repository: Path) -> Path:
+    """The shipped repository (its files linked) with two priority levels declared on the
+    text ensemble's Python steps."""
+    shutil.copytree(REPOSITORY, repository, copy_function=os.symlink)
+    for step in STEPS:
+        config = repository / step / "config.pbtxt"
+        text = config.read_text()
+        assert "dynamic_batching {\n" in text, config
+        config.unlink()
+        config.write_text(text.replace("dynamic_batching {\n", LEVELS, 1))
+    return repository
 
 
 def prepared(log: str, request_id: str) -> dict[str, int]:
@@ -39,7 +56,7 @@ def test_a_gold_keys_priority_reaches_every_step_of_the_ensemble(
 ) -> None:
     triton = TritonServer.on_free_ports(
         triton_env(),
-        REPOSITORY,
+        with_levels(tmp_path / "repository"),
         tmp_path / "triton",
         model_control_mode="explicit",
         load_models=("*",),
