@@ -14,7 +14,6 @@ therefore not used.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, TypeVar
@@ -49,6 +48,23 @@ INPUT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 SCORE_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 LABEL_COUNT_BUCKETS = (0, 1, 2, 3, 5, 8, 13, 21)
 BYTES_BUCKETS = (1024, 16 * 1024, 64 * 1024, 256 * 1024, 1024**2, 4 * 1024**2, 16 * 1024**2, 64 * 1024**2)
+
+
+class _Timed:
+    """Observes the seconds its block took, however the block ends (a class, not a
+    generator: it is around every Triton call)."""
+
+    __slots__ = ("_histogram", "_started")
+
+    def __init__(self, histogram: Any) -> None:
+        self._histogram = histogram
+        self._started = 0.0
+
+    def __enter__(self) -> None:
+        self._started = perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self._histogram.observe(perf_counter() - self._started)
 
 
 class GatewayMetrics:
@@ -325,13 +341,9 @@ class GatewayMetrics:
         self._replicas = ReplicaCollector(read)
         self.registry.register(self._replicas)
 
-    @contextmanager
-    def time_triton_call(self, model: str, version: str) -> Iterator[None]:
-        started = perf_counter()
-        try:
-            yield
-        finally:
-            self.child(self.triton_duration, model, version or "latest").observe(perf_counter() - started)
+    def time_triton_call(self, model: str, version: str) -> _Timed:
+        """Around one Triton call: its duration, however it ends."""
+        return _Timed(self.child(self.triton_duration, model, version or "latest"))
 
     def exposition(self, triton: TritonScrape | None, accept: str = "") -> tuple[bytes, str]:
         """The gateway's families, then Triton's (when they were read), and the media type.

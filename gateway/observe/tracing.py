@@ -33,6 +33,7 @@ from gateway.settings import TracingSettings
 _PROPAGATOR = TraceContextTextMapPropagator()
 _CONTEXT_HEADERS = (b"traceparent", b"tracestate")
 _NO_SPAN = contextlib.nullcontext(trace.INVALID_SPAN)
+_NO_METADATA: contextlib.nullcontext[None] = contextlib.nullcontext(None)
 
 
 def current_trace() -> tuple[str | None, bool]:
@@ -153,16 +154,21 @@ class Tracing:
             name, attributes=attributes, record_exception=False, set_status_on_exception=False
         )
 
-    @contextlib.contextmanager
     def triton_call(
         self, model: str, version: str, inputs: int, request_bytes: int
-    ) -> Iterator[dict[str, str] | None]:
-        """A CLIENT span around one gRPC inference call; yields the gRPC metadata that carries
+    ) -> contextlib.AbstractContextManager[dict[str, str] | None]:
+        """A CLIENT span around one gRPC inference call; gives the gRPC metadata that carries
         its ``traceparent`` to Triton (None when there is nothing to send). Record the
-        outcome with :meth:`grpc_status`."""
+        outcome with :meth:`grpc_status`. Tracing off, no generator is made (the hot path)."""
         if self._tracer is None:
-            yield None
-            return
+            return _NO_METADATA
+        return self._triton_call(self._tracer, model, version, inputs, request_bytes)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _triton_call(
+        tracer: trace.Tracer, model: str, version: str, inputs: int, request_bytes: int
+    ) -> Iterator[dict[str, str] | None]:
         attributes: dict[str, str | int] = {
             "rpc.system": "grpc",
             "rpc.service": "inference.GRPCInferenceService",
@@ -172,7 +178,7 @@ class Tracing:
             "triton.inputs": inputs,
             "triton.request.bytes": request_bytes,
         }
-        with self._tracer.start_as_current_span(
+        with tracer.start_as_current_span(
             f"triton {model} infer",
             kind=SpanKind.CLIENT,
             attributes=attributes,

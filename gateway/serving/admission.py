@@ -25,8 +25,8 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
-from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
+from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from time import monotonic
 from typing import TYPE_CHECKING, Any
@@ -466,22 +466,16 @@ class Admission:
         if self.in_flight == 0:
             self._idle.set()
 
-    @asynccontextmanager
-    async def slot(
+    def slot(
         self,
         waiting: AbstractContextManager[Any] | None = None,
         tenant: Tenant = ANONYMOUS,
         model: str = "",
-    ) -> AsyncIterator[Ticket]:
+    ) -> Slot:
         """Hold one in-flight slot for the duration of the block (through ``model``'s gate,
         when there are gates); ``waiting`` (say, a tracing span) is entered only while the
         slot is being acquired."""
-        with waiting or nullcontext():
-            ticket = await self.acquire(tenant, model)
-        try:
-            yield ticket
-        finally:
-            self.release(ticket)
+        return Slot(self, waiting, tenant, model)
 
     def reading(self) -> CapacityReading:
         """What the capacity gauges show (read at scrape time)."""
@@ -512,6 +506,31 @@ class Admission:
     async def wait_idle(self) -> None:
         """Return once no admitted request is in flight (bound it with asyncio.timeout)."""
         await self._idle.wait()
+
+
+class Slot:
+    """:meth:`Admission.slot`'s block (a class, not a generator: every request takes one)."""
+
+    __slots__ = ("_admission", "_model", "_tenant", "_ticket", "_waiting")
+
+    def __init__(
+        self, admission: Admission, waiting: AbstractContextManager[Any] | None, tenant: Tenant, model: str
+    ) -> None:
+        self._admission = admission
+        self._waiting = waiting
+        self._tenant = tenant
+        self._model = model
+        self._ticket: Ticket | None = None
+
+    async def __aenter__(self) -> Ticket:
+        with self._waiting or nullcontext():
+            self._ticket = await self._admission.acquire(self._tenant, self._model)
+        return self._ticket
+
+    async def __aexit__(self, *exc: object) -> None:
+        ticket, self._ticket = self._ticket, None
+        if ticket is not None:
+            self._admission.release(ticket)
 
 
 def build_admission(server: ServerSettings) -> Admission:

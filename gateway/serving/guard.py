@@ -16,9 +16,8 @@ The transport stays a transport: inference, metadata, the index, control and sta
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gateway.errors import InvalidInputError, TritonTimeoutError, TritonUnavailableError
@@ -74,23 +73,13 @@ class GuardedBackend:
         if self._breaker.state is CircuitState.OPEN:
             raise self._unavailable(model)
 
-    @contextlib.contextmanager
-    def circuit(self, model: str) -> Iterator[None]:
+    def circuit(self, model: str) -> _Circuit:
         """Around one request's Triton calls: refused at once while the circuit is open;
         its outcome (whatever it is, cancellation included) is reported to the breaker, so
         a half-open trial always concludes."""
         if not self._breaker.allow():
             raise self._unavailable(model)
-        try:
-            yield
-        except (TritonUnavailableError, TritonTimeoutError):
-            self._breaker.on_unreachable()
-            raise
-        except BaseException:
-            self._breaker.on_other_outcome()
-            raise
-        else:
-            self._breaker.on_success()
+        return _Circuit(self._breaker)
 
     # -- the transport's calls, guarded ------------------------------------------------
     async def infer(
@@ -169,3 +158,24 @@ class GuardedBackend:
     async def close(self) -> None:
         await self._probing.stop()
         await self.transport.close()
+
+
+class _Circuit:
+    """A request's calls as the breaker hears them (a class, not a generator: it is around
+    every request)."""
+
+    __slots__ = ("_breaker",)
+
+    def __init__(self, breaker: CircuitBreaker) -> None:
+        self._breaker = breaker
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: object) -> None:
+        if kind is None:
+            self._breaker.on_success()
+        elif issubclass(kind, (TritonUnavailableError, TritonTimeoutError)):
+            self._breaker.on_unreachable()
+        else:
+            self._breaker.on_other_outcome()

@@ -36,8 +36,7 @@ ago (gateway.serving.retries), so a client retrying in a loop does not spin the 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Hashable
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from gateway.errors import OverloadedError, ServiceUnavailableError, ShuttingDownError
@@ -145,10 +144,9 @@ class Refusals:
         retry that comes at once."""
         return self.damper.hold(connection, self.admission.clock())
 
-    @asynccontextmanager
-    async def before_body(
+    def before_body(
         self, tenant: Tenant, unread: UnreadBody, hold_at_most: float | None = None
-    ) -> AsyncIterator[Upload]:
+    ) -> BeforeBody:
         """What a route does before it reads a body: refused (raised) if :meth:`refuses`
         says so, held as a retry is. A request that declared ``Expect: 100-continue``
         waits for a slot first (the queue wait), and is refused if none comes: the 503
@@ -157,6 +155,9 @@ class Refusals:
         asks politely and then sends nothing would hold it for the whole body timeout.
         Like any other request, it takes its slot once its body is in. A refusal is held
         at most ``hold_at_most`` seconds (the gRPC door's half of a call's deadline)."""
+        return BeforeBody(self, tenant, unread, hold_at_most)
+
+    async def _enter(self, tenant: Tenant, unread: UnreadBody, hold_at_most: float | None) -> Upload:
         admission = self.admission
         if self.refuses(tenant):
             raise await self.held_refusal(unread, tenant, hold_at_most)
@@ -171,11 +172,7 @@ class Refusals:
         # asked first (it waited for a slot above, and one that then sends nothing must not
         # count against its own key's others)
         counted = bool(tenant.id) and not unread.expects_continue
-        upload = Upload(self if counted else None, tenant.id)
-        try:
-            yield upload
-        finally:
-            upload.done()
+        return Upload(self if counted else None, tenant.id)
 
     def arrived(self, name: Callable[[], str | None]) -> Callable[[], None]:
         """A request whose head has been parsed and whose route has not run yet: counted
@@ -209,6 +206,30 @@ class Refusals:
             self._uploading[tenant_id] = count
         else:
             del self._uploading[tenant_id]
+
+
+class BeforeBody:
+    """:meth:`Refusals.before_body`'s block, giving the :class:`Upload` (a class, not a
+    generator: every inference request enters one)."""
+
+    __slots__ = ("_hold_at_most", "_refusals", "_tenant", "_unread", "_upload")
+
+    def __init__(
+        self, refusals: Refusals, tenant: Tenant, unread: UnreadBody, hold_at_most: float | None
+    ) -> None:
+        self._refusals = refusals
+        self._tenant = tenant
+        self._unread = unread
+        self._hold_at_most = hold_at_most
+        self._upload: Upload | None = None
+
+    async def __aenter__(self) -> Upload:
+        self._upload = await self._refusals._enter(self._tenant, self._unread, self._hold_at_most)
+        return self._upload
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._upload is not None:
+            self._upload.done()
 
 
 class Upload:

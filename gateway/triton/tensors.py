@@ -94,9 +94,9 @@ class Tensor:
 
     def rows(self) -> list[Any]:
         """A [batch, n] tensor as one list per row (BYTES elements as bytes)."""
-        if self.datatype == "BYTES":
+        if self.datatype == "BYTES" and self.array.ndim != 2:
             return [list(row) for row in self.array]
-        return list(self.array.tolist())
+        return list(self.array.tolist())  # (an object array's rows: lists of its bytes)
 
 
 def as_bytes(item: Any) -> bytes:
