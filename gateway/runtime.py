@@ -363,7 +363,7 @@ class Runtime:
     async def _grpc_door(services: Services) -> FrontDoor:
         """The gRPC door, a peer of the HTTP app on the same services."""
         from gateway.rpc.door import InferenceDoor
-        from gateway.rpc.service import serve
+        from gateway.rpc.service import DoorLimits, serve
         from gateway.shared.certificates import TrustedProxies
 
         settings = services.settings
@@ -383,9 +383,16 @@ class Runtime:
             door,
             settings.grpc_host,
             settings.grpc.port,
-            door.max_message_bytes,
-            settings.grpc.max_concurrent_calls,
-            settings.grpc.max_streams_per_connection,
+            DoorLimits(
+                max_message_bytes=door.max_message_bytes,
+                max_calls=settings.grpc.max_concurrent_calls,
+                max_streams=settings.grpc.max_streams_per_connection,
+                max_connections=settings.grpc.max_connections,
+                handshake_seconds=settings.server.header_timeout_seconds,
+                idle_seconds=settings.grpc.idle_seconds,
+                age_seconds=settings.grpc.max_connection_age_seconds,
+                age_grace_seconds=settings.triton.timeout_seconds,
+            ),
             tls=_door_tls(settings),
             proxies=TrustedProxies(settings.auth.trusted_proxies),
         )

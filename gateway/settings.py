@@ -759,6 +759,28 @@ class GrpcSettings(BaseModel):
         description="HTTP/2 streams one client connection may have open at once (gRPC's "
         "max_concurrent_streams): one connection cannot take every call slot by itself.",
     )
+    max_connections: int = Field(
+        2048,
+        ge=16,
+        le=1_000_000,
+        description="Client connections the gRPC door holds at once; past it, a new one is closed at "
+        "once. A connection that has not finished its handshake (TLS, the HTTP/2 preface and "
+        "SETTINGS) within server.header_timeout_seconds is closed.",
+    )
+    idle_seconds: float = Field(
+        60.0,
+        gt=0,
+        le=86_400,
+        description="A connection with no call open this long is told to go (GOAWAY); pings do not "
+        "extend it, and gRPC clients reconnect on their next call.",
+    )
+    max_connection_age_seconds: float = Field(
+        1800.0,
+        gt=0,
+        le=604_800,
+        description="Every connection is told to go at this age whatever it does, its calls in flight "
+        "given triton.timeout_seconds to end (clients reconnect: behind a balancer they spread anew).",
+    )
     tls_cert_file: Path | None = Field(
         None, description="The door's certificate chain (PEM): the door speaks TLS. Unset: plaintext."
     )

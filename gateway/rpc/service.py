@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -557,38 +558,69 @@ class FrontDoor:
         await self.server.stop(grace)
 
 
+@dataclass(frozen=True)
+class DoorLimits:
+    """What the gRPC door lets one connection and all of them hold (gateway.settings
+    GrpcSettings says each one's meaning)."""
+
+    max_message_bytes: int
+    max_calls: int
+    max_streams: int
+    max_connections: int = 2048
+    handshake_seconds: float = 10.0
+    idle_seconds: float = 60.0
+    age_seconds: float = 1800.0
+    age_grace_seconds: float = 60.0
+
+    def options(self) -> list[tuple[str, int]]:
+        """The gRPC server's channel arguments for these limits."""
+        return [
+            ("grpc.max_receive_message_length", self.max_message_bytes),
+            ("grpc.max_send_message_length", self.max_message_bytes),
+            ("grpc.max_concurrent_streams", self.max_streams),
+            # Without it, gRPC widens each stream's flow-control window to its bandwidth-delay
+            # estimate and takes in whole messages nobody has asked to read (16 unread calls of
+            # 40 MiB: +649 MiB; with it, +2.5 MiB): a call's message arrives when it is read.
+            ("grpc.http2.bdp_probe", 0),
+            # Every connection under a deadline no byte extends, as on the HTTP door: one that
+            # has not finished its handshake (TLS, the HTTP/2 preface and SETTINGS) by the
+            # head's deadline is closed; one with no call open for idle_seconds is told to go
+            # (PINGs do not count as calls); every one is told to go at age_seconds, its calls
+            # given age_grace_seconds to end. Without them, a socket that sent nothing was held
+            # 120 s (gRPC's handshake default) and one that sent the preface, for good.
+            ("grpc.server_handshake_timeout_ms", _ms(self.handshake_seconds)),
+            ("grpc.max_connection_idle_ms", _ms(self.idle_seconds)),
+            ("grpc.max_connection_age_ms", _ms(self.age_seconds)),
+            ("grpc.max_connection_age_grace_ms", _ms(self.age_grace_seconds)),
+            # past it, a new connection is closed at once (file descriptors and per-connection
+            # memory bounded, as uvicorn's limit_concurrency bounds the HTTP door's)
+            ("grpc.max_allowed_incoming_connections", self.max_connections),
+        ]
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
 async def serve(
     door: Door,
     host: str,
     port: int,
-    max_message_bytes: int,
-    max_calls: int,
-    max_streams: int,
+    limits: DoorLimits,
     health_seconds: float = 2.0,
     tls: tuple[bytes, bytes, bytes | None] | None = None,
     proxies: TrustedProxies | None = None,
 ) -> FrontDoor:
     """Start the gRPC door on ``host:port`` (an aio server, on the running loop), with the
-    health service; at most ``max_calls`` calls at once (more: RESOURCE_EXHAUSTED at once)
-    and ``max_streams`` per connection; over TLS with ``tls`` (PEM: chain, key, and the
-    CAs client certificates must come from, or None)."""
-    server = grpc.aio.server(
-        options=[
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.max_concurrent_streams", max_streams),
-            # Without it, gRPC widens each stream's flow-control window to its bandwidth-delay
-            # estimate and takes in whole messages nobody has asked to read (16 unread calls of
-            # 40 MiB: +649 MiB; with it, +2.5 MiB): a call's message arrives when it is read.
-            ("grpc.http2.bdp_probe", 0),
-        ],
-        maximum_concurrent_rpcs=max_calls,
-    )
+    health service, under ``limits`` (calls at once past which RESOURCE_EXHAUSTED comes at
+    once, streams per connection, connections and their deadlines); over TLS with ``tls``
+    (PEM: chain, key, and the CAs client certificates must come from, or None)."""
+    server = grpc.aio.server(options=limits.options(), maximum_concurrent_rpcs=limits.max_calls)
     certifies = tls is not None and tls[2] is not None
     handlers = _handlers(InferenceService(door, certifies, proxies))
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
-    health = DoorHealth(max_message_bytes)
+    health = DoorHealth(limits.max_message_bytes)
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(HEALTH_SERVICE, health.handlers()),)
     )

@@ -1,0 +1,144 @@
+"""The gRPC door keeps every connection under a deadline no byte extends, as the HTTP door
+does (tests/integration/test_held_connections.py): a socket that never finishes its
+handshake is closed at the head's deadline, one that finished it and opens no call is
+closed at its idle bound whatever frames it sends, and the door holds at most
+``grpc.max_connections`` at once, so sixteen held anonymous sockets bound what they take
+and leave a keyed client served once the bound has passed. Before, a socket that sent
+nothing was held 120 s (gRPC's handshake default), one that sent the HTTP/2 preface for
+good, and there was no cap on how many."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from gateway.dev.gatewayprocess import GatewayProcess
+from gateway.dev.tritonserver import TritonServer, free_port
+from gateway.shared.keyfiles import hash_key
+
+pytestmark = pytest.mark.alone  # it times or loads the machine: run with nothing beside it
+
+HEAD = 3.0
+IDLE = 4.0
+CONNECTIONS = 16
+KEY = "client-secret"
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # an empty SETTINGS frame
+SETTINGS_ACK = b"\x00\x00\x00\x04\x01\x00\x00\x00\x00"
+PING = b"\x00\x00\x08\x06\x00\x00\x00\x00\x00" + b"12345678"
+
+
+@pytest.fixture
+def door(
+    triton: TritonServer, spawn_gateway: Callable[..., GatewayProcess], tmp_path: Path
+) -> tuple[str, GatewayProcess]:
+    keys = tmp_path / "keys"
+    keys.write_text(f"app {hash_key(KEY)}\n")
+    port = free_port()
+    gateway = spawn_gateway(
+        triton,
+        GATEWAY_AUTH__KEYS_FILE=str(keys),
+        GATEWAY_GRPC__PORT=str(port),
+        GATEWAY_GRPC__MAX_CONNECTIONS=str(CONNECTIONS),
+        GATEWAY_GRPC__IDLE_SECONDS=str(IDLE),
+        GATEWAY_SERVER__HEADER_TIMEOUT_SECONDS=str(HEAD),
+    )
+    return f"127.0.0.1:{port}", gateway
+
+
+def _connect(address: str, sends: bytes) -> socket.socket:
+    host, port = address.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    if sends:
+        sock.sendall(sends)
+    return sock
+
+
+def _closed_within(
+    sock: socket.socket, seconds: float, every: float = 0.0, frame: bytes = b""
+) -> float | None:
+    """When the server closed ``sock`` (seconds from now; ``frame`` sent every ``every``
+    seconds meanwhile), None if still open after ``seconds``."""
+    started = sent = time.monotonic()
+    sock.settimeout(0.1)
+    while time.monotonic() - started < seconds:
+        if frame and time.monotonic() - sent >= every:
+            sent = time.monotonic()
+            try:
+                sock.sendall(frame)
+            except OSError:
+                return time.monotonic() - started
+        try:
+            data = sock.recv(65536)
+        except TimeoutError:
+            continue
+        except OSError:
+            return time.monotonic() - started  # reset
+        if data == b"":
+            return time.monotonic() - started
+    return None
+
+
+@pytest.mark.parametrize(
+    "sends", [b"", PREFACE[:8], PREFACE], ids=["nothing", "part-of-the-preface", "preface-without-settings"]
+)
+def test_a_socket_that_never_finishes_its_handshake_is_closed_at_the_heads_deadline(
+    door: tuple[str, GatewayProcess], sends: bytes
+) -> None:
+    sock = _connect(door[0], sends)
+    try:
+        closed = _closed_within(sock, HEAD + 5)
+        assert closed is not None, f"still open {HEAD + 5:.0f} s on (head deadline {HEAD} s)"
+        assert closed <= HEAD + 1.5, closed
+    finally:
+        sock.close()
+
+
+def test_a_connection_that_opens_no_call_is_closed_at_its_idle_bound_whatever_it_sends(
+    door: tuple[str, GatewayProcess],
+) -> None:
+    """The preface and SETTINGS (the handshake done), then a PING every half second: no
+    call, so no byte keeps it past the idle bound (a PING flood may end it sooner)."""
+    sock = _connect(door[0], PREFACE + SETTINGS + SETTINGS_ACK)
+    try:
+        closed = _closed_within(sock, IDLE + 6, every=0.5, frame=PING)
+        assert closed is not None, f"still open {IDLE + 6:.0f} s on (idle bound {IDLE} s)"
+        assert closed <= IDLE + 2.0, closed
+    finally:
+        sock.close()
+
+
+def _live(address: str) -> bool:
+    client = grpcclient.InferenceServerClient(address)
+    try:
+        return bool(client.is_server_live(headers={"authorization": f"Bearer {KEY}"}, client_timeout=5))
+    except InferenceServerException:
+        return False
+    finally:
+        client.close()
+
+
+def test_sixteen_held_anonymous_connections_leave_a_keyed_client_served(
+    door: tuple[str, GatewayProcess],
+) -> None:
+    address = door[0]
+    assert _live(address)
+    time.sleep(0.5)  # that call's connection closed with its client
+    held = [_connect(address, PREFACE + SETTINGS + SETTINGS_ACK) for _ in range(CONNECTIONS)]
+    try:
+        time.sleep(0.5)
+        # the door holds no more than its cap: a 17th connection is closed at once
+        assert not _live(address), f"a connection past the cap of {CONNECTIONS} was served"
+        time.sleep(IDLE + 1.5)
+        assert _live(address), "a keyed client was not served once the held sockets' bound had passed"
+        still_open = sum(1 for sock in held if _closed_within(sock, 0.3) is None)
+        assert still_open == 0, f"{still_open} of {CONNECTIONS} held sockets are still open"
+    finally:
+        for sock in held:
+            sock.close()
