@@ -767,6 +767,14 @@ class GrpcSettings(BaseModel):
         "once. A connection that has not finished its handshake (TLS, the HTTP/2 preface and "
         "SETTINGS) within server.header_timeout_seconds is closed.",
     )
+    max_health_calls: int = Field(
+        8,
+        ge=1,
+        le=10_000,
+        description="Health-service calls (Check and Watch, which anyone may call) open at once; past "
+        "it, RESOURCE_EXHAUSTED at once. A Watch stays open: this bounds the door's calls that callers "
+        "without a key can hold (probes call Check, one at a time).",
+    )
     idle_seconds: float = Field(
         60.0,
         gt=0,

@@ -468,9 +468,11 @@ class DoorHealth:
     largest messages, never the inferences' (a flood of large health checks costs at most
     that much and waits or is refused, RESOURCE_EXHAUSTED), within a few seconds, and one
     over :data:`SMALL_MESSAGE_BYTES` is refused unparsed. ``Watch`` sends the status, then
-    each change."""
+    each change. At most ``max_calls`` health calls are open at once, the rest refused at
+    once (RESOURCE_EXHAUSTED): a ``Watch`` stays open, and without a bound of their own
+    anonymous watches took every call the door runs (16 of 16: a keyed client refused)."""
 
-    def __init__(self, max_message_bytes: int) -> None:
+    def __init__(self, max_message_bytes: int, max_calls: int = 8) -> None:
         from grpc_health.v1 import health_pb2
 
         self._pb = health_pb2
@@ -478,6 +480,16 @@ class DoorHealth:
         self._changed = asyncio.Event()
         self._most = max_message_bytes
         self._budget = BodyBudget(2 * max_message_bytes, retry_after=1)
+        self._max_calls = max_calls
+        self._open = 0
+
+    async def _enter(self, context: Any) -> None:
+        """One more health call open, or its refusal (aborted, RESOURCE_EXHAUSTED)."""
+        if self._open >= self._max_calls:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, f"{self._max_calls} health calls are open already"
+            )
+        self._open += 1
 
     def set(self, serving: bool) -> None:
         response = self._pb.HealthCheckResponse
@@ -516,15 +528,23 @@ class DoorHealth:
         return bytes(self._pb.HealthCheckResponse(status=self.status).SerializeToString())
 
     async def check(self, requests: Any, context: Any) -> bytes:
-        await self._service(context)
-        return self._answer()
+        await self._enter(context)
+        try:
+            await self._service(context)
+            return self._answer()
+        finally:
+            self._open -= 1
 
     async def watch(self, requests: Any, context: Any) -> None:
-        await self._service(context)
-        while True:
-            changed = self._changed
-            await context.write(self._answer())
-            await changed.wait()
+        await self._enter(context)
+        try:
+            await self._service(context)
+            while True:
+                changed = self._changed
+                await context.write(self._answer())
+                await changed.wait()
+        finally:
+            self._open -= 1
 
     def handlers(self) -> dict[str, Any]:
         """Both methods with their raw message, read by :meth:`_service`."""
@@ -567,6 +587,7 @@ class DoorLimits:
     max_calls: int
     max_streams: int
     max_connections: int = 2048
+    max_health_calls: int = 8
     handshake_seconds: float = 10.0
     idle_seconds: float = 60.0
     age_seconds: float = 1800.0
@@ -620,7 +641,7 @@ async def serve(
     handlers = _handlers(InferenceService(door, certifies, proxies))
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
-    health = DoorHealth(limits.max_message_bytes)
+    health = DoorHealth(limits.max_message_bytes, limits.max_health_calls)
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(HEALTH_SERVICE, health.handlers()),)
     )

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import grpc
 import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
@@ -142,3 +143,44 @@ def test_sixteen_held_anonymous_connections_leave_a_keyed_client_served(
     finally:
         for sock in held:
             sock.close()
+
+
+WATCH = "/grpc.health.v1.Health/Watch"
+
+
+def test_anonymous_health_watches_hold_no_more_than_their_share_of_the_calls(
+    triton: TritonServer, spawn_gateway: Callable[..., GatewayProcess], tmp_path: Path
+) -> None:
+    """Anyone may call the health service, and ``Watch`` is a stream that stays open: on a
+    door of 16 calls, 16 anonymous watches held every call slot and a keyed client was
+    refused (RESOURCE_EXHAUSTED) for as long as they stayed. Now at most
+    ``grpc.max_health_calls`` (4 here) health calls are open at once, the rest refused at once."""
+    keys = tmp_path / "keys"
+    keys.write_text(f"app {hash_key(KEY)}\n")
+    port = free_port()
+    spawn_gateway(
+        triton,
+        GATEWAY_AUTH__KEYS_FILE=str(keys),
+        GATEWAY_GRPC__PORT=str(port),
+        GATEWAY_GRPC__MAX_CONCURRENT_CALLS="16",
+        GATEWAY_GRPC__MAX_HEALTH_CALLS="4",
+    )
+    address = f"127.0.0.1:{port}"
+    channel = grpc.insecure_channel(address)
+    watch = channel.unary_stream(WATCH, request_serializer=None, response_deserializer=None)
+    held, refused = [], []
+    try:
+        for _ in range(16):
+            stream = watch(b"", timeout=60)
+            try:
+                next(stream)  # the status: the stream is open
+                held.append(stream)
+            except grpc.RpcError as error:
+                refused.append(error.code())
+        assert _live(address), f"a keyed client was refused beside {len(held)} anonymous health watches"
+        assert len(held) == 4, (len(held), refused)
+        assert set(refused) == {grpc.StatusCode.RESOURCE_EXHAUSTED}, refused
+    finally:
+        for stream in held:
+            stream.cancel()
+        channel.close()
