@@ -23,6 +23,8 @@ from gateway.dev.gatewayprocess import GatewayProcess
 from gateway.dev.tritonserver import TritonServer, free_port
 from gateway.shared.keyfiles import hash_key
 
+from helpers.sockets import closed_within
+
 pytestmark = pytest.mark.alone  # it times or loads the machine: run with nothing beside it
 
 HEAD = 3.0
@@ -61,31 +63,6 @@ def _connect(address: str, sends: bytes) -> socket.socket:
     return sock
 
 
-def _closed_within(
-    sock: socket.socket, seconds: float, every: float = 0.0, frame: bytes = b""
-) -> float | None:
-    """When the server closed ``sock`` (seconds from now; ``frame`` sent every ``every``
-    seconds meanwhile), None if still open after ``seconds``."""
-    started = sent = time.monotonic()
-    sock.settimeout(0.1)
-    while time.monotonic() - started < seconds:
-        if frame and time.monotonic() - sent >= every:
-            sent = time.monotonic()
-            try:
-                sock.sendall(frame)
-            except OSError:
-                return time.monotonic() - started
-        try:
-            data = sock.recv(65536)
-        except TimeoutError:
-            continue
-        except OSError:
-            return time.monotonic() - started  # reset
-        if data == b"":
-            return time.monotonic() - started
-    return None
-
-
 @pytest.mark.parametrize(
     "sends", [b"", PREFACE[:8], PREFACE], ids=["nothing", "part-of-the-preface", "preface-without-settings"]
 )
@@ -94,7 +71,7 @@ def test_a_socket_that_never_finishes_its_handshake_is_closed_at_the_heads_deadl
 ) -> None:
     sock = _connect(door[0], sends)
     try:
-        closed = _closed_within(sock, HEAD + 5)
+        closed = closed_within(sock, HEAD + 5)
         assert closed is not None, f"still open {HEAD + 5:.0f} s on (head deadline {HEAD} s)"
         assert closed <= HEAD + 1.5, closed
     finally:
@@ -108,7 +85,7 @@ def test_a_connection_that_opens_no_call_is_closed_at_its_idle_bound_whatever_it
     call, so no byte keeps it past the idle bound (a PING flood may end it sooner)."""
     sock = _connect(door[0], PREFACE + SETTINGS + SETTINGS_ACK)
     try:
-        closed = _closed_within(sock, IDLE + 6, every=0.5, frame=PING)
+        closed = closed_within(sock, IDLE + 6, every=0.5, frame=PING)
         assert closed is not None, f"still open {IDLE + 6:.0f} s on (idle bound {IDLE} s)"
         assert closed <= IDLE + 2.0, closed
     finally:
@@ -138,7 +115,7 @@ def test_sixteen_held_anonymous_connections_leave_a_keyed_client_served(
         assert not _live(address), f"a connection past the cap of {CONNECTIONS} was served"
         time.sleep(IDLE + 1.5)
         assert _live(address), "a keyed client was not served once the held sockets' bound had passed"
-        still_open = sum(1 for sock in held if _closed_within(sock, 0.3) is None)
+        still_open = sum(1 for sock in held if closed_within(sock, 0.3) is None)
         assert still_open == 0, f"{still_open} of {CONNECTIONS} held sockets are still open"
     finally:
         for sock in held:

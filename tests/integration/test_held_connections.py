@@ -20,6 +20,8 @@ from gateway.dev.gatewayprocess import GatewayProcess
 from gateway.dev.tritonserver import TritonServer
 from gateway.shared.keyfiles import hash_key
 
+from helpers.sockets import closed_within
+
 pytestmark = pytest.mark.alone  # it times or loads the machine: run with nothing beside it
 
 LINGER = 2.0
@@ -55,36 +57,12 @@ def _held(port: int, head: bytes) -> socket.socket:
     return sock
 
 
-def _closed_within(sock: socket.socket, seconds: float) -> float | None:
-    """When the server closed ``sock`` (seconds from now), None if still open after ``seconds``."""
-    started = time.monotonic()
-    sock.settimeout(0.2)
-    while time.monotonic() - started < seconds:
-        try:
-            data = sock.recv(65536)
-        except TimeoutError:
-            continue
-        except OSError:
-            return time.monotonic() - started  # reset
-        if data == b"":
-            return time.monotonic() - started
-    return None
-
-
 def _closed_under_trickle(
     sock: socket.socket, byte: bytes, seconds: float, every: float = 1.0
 ) -> float | None:
     """When the server closed ``sock`` (seconds from now) while ``byte`` was sent every
     ``every`` seconds; None if still open after ``seconds``."""
-    started = time.monotonic()
-    while time.monotonic() - started < seconds:
-        try:
-            sock.sendall(byte)
-        except OSError:
-            return time.monotonic() - started
-        if _closed_within(sock, every) is not None:
-            return time.monotonic() - started
-    return None
+    return closed_within(sock, seconds, every=every, frame=byte)
 
 
 ANONYMOUS = (
@@ -156,7 +134,7 @@ def test_sixteen_held_anonymous_sockets_leave_a_keyed_client_served(door: Gatewa
                 headers={"authorization": f"Bearer {KEY}"},
             )
         assert answer.status_code == 200, (answer.status_code, answer.text[:300])
-        still_open = sum(1 for sock in held if _closed_within(sock, 0.3) is None)
+        still_open = sum(1 for sock in held if closed_within(sock, 0.3) is None)
         assert still_open == 0, f"{still_open} of 16 held sockets are still open"
     finally:
         for sock in held:
