@@ -20,6 +20,7 @@ from gateway.serving.queuegate import (
     GateSettings,
     ModelGate,
     QueueGate,
+    Worth,
     batches_of,
     since,
     worth,
@@ -99,7 +100,9 @@ def test_the_batch_worth_making_is_read_from_each_sizes_cost_not_a_line_through_
     assert worth(flood, 0.9).size == 4  # type: ignore[union-attr]
     # a size seen once does not set the cheapest: a lucky batch of 8 at 9 ms a request
     assert worth({**text, 8: BatchCost(1, 72 * MS)}, 0.9).size == 4  # type: ignore[union-attr]
-    assert worth(_costs(5, 1, {4: 10}), 0.9) is None  # one size says nothing of batching
+    # one size says nothing of batching: it is the batch worth making, and the largest seen
+    assert worth(_costs(5, 1, {4: 10}), 0.9) == Worth(4, 9 / 4 / 1000, 10, 4)
+    assert worth({}, 0.9) is None
     assert worth(_costs(5, 0, {1: 10, 8: 10}), 0.9).size == 8  # type: ignore[union-attr]  # a GPU's: the largest
     assert worth(_costs(0, 20, {1: 10, 8: 10}), 0.9).size == 1  # type: ignore[union-attr]  # batching gains nothing
 
@@ -153,6 +156,17 @@ def test_batching_for_free_opens_to_the_ceiling_and_a_first_fit_without_overhead
     _read(linear, {"m": {}})
     assert _read(linear, {"m": _costs(0, 20, {1: 10, 8: 10})})
     assert linear.limit == 2
+
+
+def test_a_light_load_of_one_batch_size_leaves_room_for_twice_it_not_the_ceiling() -> None:
+    """A light load of 2 clients whose batches were all of 2 (55 of them, 11 ms a
+    request): the flood after it starts from room for batches of 4 running and waiting,
+    and one request in the other step, not from the ceiling (where its first wave read a
+    p99 2.7x the steady one's)."""
+    gate = ModelGate(GateSettings(ceiling=64))
+    _read(gate, {"model": {}, "post": {}})
+    assert _read(gate, {"model": _costs(2, 10, {2: 55}), "post": _costs(1, 1, {2: 55})})
+    assert gate.limit == 2 * 4 + 1
 
 
 def test_until_enough_batches_are_seen_the_limit_stays() -> None:
