@@ -472,7 +472,7 @@ class DoorHealth:
     once (RESOURCE_EXHAUSTED): a ``Watch`` stays open, and without a bound of their own
     anonymous watches took every call the door runs (16 of 16: a keyed client refused)."""
 
-    def __init__(self, max_message_bytes: int, max_calls: int = 8) -> None:
+    def __init__(self, max_message_bytes: int, max_calls: int) -> None:
         from grpc_health.v1 import health_pb2
 
         self._pb = health_pb2
@@ -586,12 +586,12 @@ class DoorLimits:
     max_message_bytes: int
     max_calls: int
     max_streams: int
-    max_connections: int = 2048
-    max_health_calls: int = 8
-    handshake_seconds: float = 10.0
-    idle_seconds: float = 60.0
-    age_seconds: float = 1800.0
-    age_grace_seconds: float = 60.0
+    max_connections: int
+    max_health_calls: int
+    handshake_seconds: float
+    idle_seconds: float
+    age_seconds: float
+    age_grace_seconds: float
 
     def options(self) -> list[tuple[str, int]]:
         """The gRPC server's channel arguments for these limits."""
