@@ -767,13 +767,13 @@ class GrpcSettings(BaseModel):
         "once. A connection that has not finished its handshake (TLS, the HTTP/2 preface and "
         "SETTINGS) within server.header_timeout_seconds is closed.",
     )
-    max_health_calls: int = Field(
+    max_health_watches: int = Field(
         8,
         ge=1,
         le=10_000,
-        description="Health-service calls (Check and Watch, which anyone may call) open at once; past "
-        "it, RESOURCE_EXHAUSTED at once. A Watch stays open: this bounds the door's calls that callers "
-        "without a key can hold (probes call Check, one at a time).",
+        description="Health-service Watch streams (which anyone may open, and which stay open) at once; "
+        "past it, RESOURCE_EXHAUSTED at once. It bounds the door's calls that callers without a key "
+        "can hold; Check (what probes call) is not counted with them.",
     )
     idle_seconds: float = Field(
         60.0,

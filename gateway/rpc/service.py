@@ -468,11 +468,12 @@ class DoorHealth:
     largest messages, never the inferences' (a flood of large health checks costs at most
     that much and waits or is refused, RESOURCE_EXHAUSTED), within a few seconds, and one
     over :data:`SMALL_MESSAGE_BYTES` is refused unparsed. ``Watch`` sends the status, then
-    each change. At most ``max_calls`` health calls are open at once, the rest refused at
+    each change. At most ``max_watches`` watches are open at once, the rest refused at
     once (RESOURCE_EXHAUSTED): a ``Watch`` stays open, and without a bound of their own
-    anonymous watches took every call the door runs (16 of 16: a keyed client refused)."""
+    anonymous watches took every call the door runs (16 of 16: a keyed client refused).
+    ``Check`` is not counted with them, so watches never refuse a probe's check."""
 
-    def __init__(self, max_message_bytes: int, max_calls: int) -> None:
+    def __init__(self, max_message_bytes: int, max_watches: int) -> None:
         from grpc_health.v1 import health_pb2
 
         self._pb = health_pb2
@@ -480,16 +481,8 @@ class DoorHealth:
         self._changed = asyncio.Event()
         self._most = max_message_bytes
         self._budget = BodyBudget(2 * max_message_bytes, retry_after=1)
-        self._max_calls = max_calls
-        self._open = 0
-
-    async def _enter(self, context: Any) -> None:
-        """One more health call open, or its refusal (aborted, RESOURCE_EXHAUSTED)."""
-        if self._open >= self._max_calls:
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED, f"{self._max_calls} health calls are open already"
-            )
-        self._open += 1
+        self._max_watches = max_watches
+        self._watches = 0
 
     def set(self, serving: bool) -> None:
         response = self._pb.HealthCheckResponse
@@ -528,15 +521,15 @@ class DoorHealth:
         return bytes(self._pb.HealthCheckResponse(status=self.status).SerializeToString())
 
     async def check(self, requests: Any, context: Any) -> bytes:
-        await self._enter(context)
-        try:
-            await self._service(context)
-            return self._answer()
-        finally:
-            self._open -= 1
+        await self._service(context)
+        return self._answer()
 
     async def watch(self, requests: Any, context: Any) -> None:
-        await self._enter(context)
+        if self._watches >= self._max_watches:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, f"{self._max_watches} health watches are open already"
+            )
+        self._watches += 1
         try:
             await self._service(context)
             while True:
@@ -544,7 +537,7 @@ class DoorHealth:
                 await context.write(self._answer())
                 await changed.wait()
         finally:
-            self._open -= 1
+            self._watches -= 1
 
     def handlers(self) -> dict[str, Any]:
         """Both methods with their raw message, read by :meth:`_service`."""
@@ -587,7 +580,7 @@ class DoorLimits:
     max_calls: int
     max_streams: int
     max_connections: int
-    max_health_calls: int
+    max_health_watches: int
     handshake_seconds: float
     idle_seconds: float
     age_seconds: float
@@ -641,7 +634,7 @@ async def serve(
     handlers = _handlers(InferenceService(door, certifies, proxies))
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
-    health = DoorHealth(limits.max_message_bytes, limits.max_health_calls)
+    health = DoorHealth(limits.max_message_bytes, limits.max_health_watches)
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(HEALTH_SERVICE, health.handlers()),)
     )

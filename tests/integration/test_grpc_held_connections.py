@@ -123,6 +123,7 @@ def test_sixteen_held_anonymous_connections_leave_a_keyed_client_served(
 
 
 WATCH = "/grpc.health.v1.Health/Watch"
+CHECK = "/grpc.health.v1.Health/Check"
 
 
 def test_anonymous_health_watches_hold_no_more_than_their_share_of_the_calls(
@@ -131,7 +132,8 @@ def test_anonymous_health_watches_hold_no_more_than_their_share_of_the_calls(
     """Anyone may call the health service, and ``Watch`` is a stream that stays open: on a
     door of 16 calls, 16 anonymous watches held every call slot and a keyed client was
     refused (RESOURCE_EXHAUSTED) for as long as they stayed. Now at most
-    ``grpc.max_health_calls`` (4 here) health calls are open at once, the rest refused at once."""
+    ``grpc.max_health_watches`` (4 here) are open at once, the rest refused at once, and a
+    probe's ``Check`` is still answered beside them."""
     keys = tmp_path / "keys"
     keys.write_text(f"app {hash_key(KEY)}\n")
     port = free_port()
@@ -140,7 +142,7 @@ def test_anonymous_health_watches_hold_no_more_than_their_share_of_the_calls(
         GATEWAY_AUTH__KEYS_FILE=str(keys),
         GATEWAY_GRPC__PORT=str(port),
         GATEWAY_GRPC__MAX_CONCURRENT_CALLS="16",
-        GATEWAY_GRPC__MAX_HEALTH_CALLS="4",
+        GATEWAY_GRPC__MAX_HEALTH_WATCHES="4",
     )
     address = f"127.0.0.1:{port}"
     channel = grpc.insecure_channel(address)
@@ -157,6 +159,8 @@ def test_anonymous_health_watches_hold_no_more_than_their_share_of_the_calls(
         assert _live(address), f"a keyed client was refused beside {len(held)} anonymous health watches"
         assert len(held) == 4, (len(held), refused)
         assert set(refused) == {grpc.StatusCode.RESOURCE_EXHAUSTED}, refused
+        check = channel.unary_unary(CHECK, request_serializer=None, response_deserializer=None)
+        assert check(b"", timeout=5) == b"\x08\x01"  # SERVING: watches never refuse a probe
     finally:
         for stream in held:
             stream.cancel()
