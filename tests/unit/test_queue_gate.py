@@ -366,3 +366,71 @@ async def test_the_gate_reads_every_replicas_statistics_when_given_them() -> Non
     gate.sent = True
     await gate.read(each, _steps)
     assert gate.limit("text") == 2 * 17  # batches of 4 the largest seen: room for 8, 2 x 8 + 1
+
+
+def _added(totals: Batches, more: Batches) -> Batches:
+    return {
+        size: BatchCost(
+            totals.get(size, BatchCost()).count + cost.count, totals.get(size, BatchCost()).ns + cost.ns
+        )
+        for size, cost in {**totals, **more}.items()
+    } | {size: cost for size, cost in totals.items() if size not in more}
+
+
+def test_a_slowdown_measured_on_remembered_sizes_starts_the_gate_again_from_the_floor() -> None:
+    """Traced on 2026-11-30: a light load at speed ran batches of 1 and 2 (10 and 15 ms a
+    request); the flood after it, Triton 5x slower, ran batches of 2 and 6 (146 and 91 ms
+    a request). The light load's costs stayed the cheapest, and the limit at its floor of
+    8, for the whole flood (a size's cost fades in weight, not in value): 62-65 % of the
+    best static limit's goodput. Batches of a remembered size costing 5x what is
+    remembered say Triton's speed moved: the gate starts again from its floor on what it
+    measures now, and opens as the larger batches pay."""
+    gate = ModelGate(GateSettings(ceiling=64, floor=8))
+    _read(gate, {"m": {}})
+    light = _costs(10, 10, {1: 30, 2: 30})
+    _read(gate, {"m": light})
+    assert gate.limit == 8  # batches of 2 (15 ms a request) worth making: the floor
+    totals = light
+    for read in range(6):  # the flood, slowed: 2 batches of 2 and 1 of 6 a read
+        totals = _added(totals, _costs(165, 63.5, {2: 2, 6: 1}))
+        _read(gate, {"m": totals})
+        if read < 3:  # at the floor until 8 batches are measured afresh
+            assert gate.limit == 8
+    assert gate.shifts == 1
+    # measured afresh: batches of 6 the cheapest and the largest seen, room for twice them
+    assert gate.limit == 2 * 12
+    assert gate.last is not None
+    assert gate.last.size == 6
+
+
+def test_batches_read_within_their_noise_at_speed_move_nothing() -> None:
+    """At speed a read's batches cost 0.1-3.8x what is remembered one at a time: over
+    four of them, within 2.5x either way, what is remembered stays."""
+    gate = ModelGate(GateSettings(ceiling=64, floor=8))
+    _read(gate, {"m": {}})
+    totals = _costs(10, 10, {1: 30, 2: 30, 4: 30})
+    _read(gate, {"m": totals})
+    limit = gate.limit
+    for a, c in ((25, 20), (4, 5), (18, 14), (10, 10)):  # 0.4-2x
+        totals = _added(totals, _costs(a, c, {2: 2, 4: 2}))
+        _read(gate, {"m": totals})
+    assert gate.shifts == 0
+    assert gate.limit == limit
+
+
+def _per_request(counts_and_ms: dict[int, tuple[float, float]]) -> Batches:
+    return {size: BatchCost(count, count * size * ms * MS) for size, (count, ms) in counts_and_ms.items()}
+
+
+def test_a_size_seen_once_neither_sets_the_batch_nor_closes_the_room_for_a_larger_one() -> None:
+    """Traced on 2026-12-01, Triton 5x slower, what the gate remembered (batches, ms a
+    request): a batch of 7 seen about once, at a lucky 22.7 ms, was the batch worth making
+    (within 10 % of the cheapest trusted, 8's 24.7 ms) and below the largest seen, so the
+    limit made no room for a larger batch and stayed at 16 for the whole flood (36/s
+    against the cap's 51/s). Now only sizes seen ``min_size_batches`` times count: 8 is
+    the cheapest and the largest, and the limit makes room for batches of 16."""
+    traced = _per_request({1: (3.8, 45.1), 7: (1.9, 22.7), 8: (3.9, 24.7), 9: (1.8, 26.8)})
+    found = worth(traced, 0.9)
+    assert found is not None
+    assert (found.size, found.largest, found.trying) == (8, 8, 16)
+    assert found.cheapest == pytest.approx(24.7 / 1000)
