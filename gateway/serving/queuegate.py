@@ -90,7 +90,7 @@ MIN_SIZE_BATCHES = 4.0  # a size's batches before its cost may set the cheapest 
 # Triton's speed moved (a slowdown, a recovery, another GPU): over at least SHIFT_BATCHES
 # of the bottleneck's batches, a cost SHIFT_FACTOR times what is remembered, or that share
 # of it (ModelGate._shifted). Read on 2026-12-01 (CPU text model): a flood at speed after
-# a light load 0.90-1.41x, one with Triton 5x slower 4.0-4.9x, recovered 0.38x
+# a light load 0.90-1.41x, one with Triton 5x slower 4.5-4.9x
 SHIFT_FACTOR = 2.5
 SHIFT_BATCHES = 4.0
 
@@ -165,23 +165,13 @@ def worth(batches: Batches, efficiency: float, min_size_batches: float = MIN_SIZ
     seen = {size: cost for size, cost in batches.items() if cost.count > 0 and cost.ns > 0}
     if not seen:
         return None
-    # only sizes seen min_size_batches times, unless none is (then every size seen)
-    each = trusted_costs(seen, min_size_batches) or trusted_costs(seen, 0.0)
-    cheapest = min(each.values())
-    size = min(size for size, cost in each.items() if cost * efficiency <= cheapest + 1e-12)
+    each = {size: cost.ns / cost.count / size / 1e9 for size, cost in seen.items()}
+    trusted = [size for size, cost in seen.items() if cost.count >= min_size_batches] or list(each)
+    cheapest = min(each[size] for size in trusted)
+    size = min(size for size in trusted if each[size] * efficiency <= cheapest + 1e-12)
     # the largest trusted: a larger batch seen once, at a cost one throttled batch says
     # little about, does not close the room for twice the cheapest
-    return Worth(size, cheapest / 1e9, sum(cost.count for cost in seen.values()), max(each))
-
-
-def trusted_costs(batches: Batches, min_size_batches: float) -> dict[int, float]:
-    """Each size's compute time a request, in ns, among the sizes seen ``min_size_batches``
-    times."""
-    return {
-        size: cost.ns / cost.count / size
-        for size, cost in batches.items()
-        if cost.count >= min_size_batches and cost.count > 0 and cost.ns > 0
-    }
+    return Worth(size, cheapest, sum(cost.count for cost in seen.values()), max(trusted))
 
 
 def per_request(batches: Batches) -> float:
@@ -302,7 +292,11 @@ class ModelGate:
         if not self.batches:
             return False
         step = max(self.batches, key=lambda name: per_request(self.batches[name]))
-        trusted = trusted_costs(self.batches[step], self.settings.min_size_batches)
+        trusted = {
+            size: cost.ns / cost.count / size
+            for size, cost in self.batches[step].items()
+            if cost.count >= self.settings.min_size_batches and cost.ns > 0
+        }
         took, expected, count = self._shift
         for size, cost in new_by_step.get(step, {}).items():
             if not trusted:

@@ -369,14 +369,12 @@ async def test_the_gate_reads_every_replicas_statistics_when_given_them() -> Non
 
 
 def _added(totals: Batches, more: Batches) -> Batches:
-    empty = BatchCost()
     return {
         size: BatchCost(
-            totals.get(size, empty).count + more.get(size, empty).count,
-            totals.get(size, empty).ns + more.get(size, empty).ns,
+            totals.get(size, BatchCost()).count + cost.count, totals.get(size, BatchCost()).ns + cost.ns
         )
-        for size in {*totals, *more}
-    }
+        for size, cost in {**totals, **more}.items()
+    } | {size: cost for size, cost in totals.items() if size not in more}
 
 
 def test_a_slowdown_measured_on_remembered_sizes_starts_the_gate_again_from_the_floor() -> None:
