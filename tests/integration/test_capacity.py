@@ -123,16 +123,13 @@ def test_a_5x_slowdown_is_followed_by_the_gate_and_a_recovery_too(
     assert set(stuck.statuses()) <= {200, 503, 504}, stuck.statuses()
     assert cap_p99 > 3 * single  # the scenario reproduces the problem
     # at speed, near the knee: at most half the ceiling it started at, most of the cap's
-    # goodput at a fraction of its p99. The p99 is the bound that matters, and it is issue
-    # 54's: at most 1.5x that of the smallest static limit serving 90 % of the best
-    # goodput, static 16 on this machine, whose p99 is 0.4x the cap's (bench-capacity on
-    # 2026-12-01: 215 against 521 ms), so 0.6x the cap's. The limit ends where this
-    # flood's batch sizes put it: 10-20 in 16 runs on 2026-12-01 (p99 0.16-0.43x the
-    # cap's), 26 in two clean-clone CI runs (0.49x on 1d09637, 0.515x on e6a0bab, where
-    # this asked 0.5x); the knee controller before it ended at 32-64
+    # goodput at a fraction of its p99 (bench-capacity: 92-100 % at 0.19-0.25x). The p99
+    # is the bound that matters; the limit ends where this flood's batch sizes put it
+    # (10-18 in six runs on 2026-12-01, 26 in a clean-clone CI run that day, its p99 276 ms
+    # against the cap's 566), and the knee controller before it ended at 32-64
     assert limit_at_speed <= 32
     assert speed_rate >= 0.7 * cap_speed_rate
-    assert speed_p99 <= 0.6 * cap_speed_p99
+    assert speed_p99 <= 0.5 * cap_speed_p99
     # slowed: part of the cap's goodput or all of it (52-146 % in the suite's runs on
     # 2026-11-28: the throttled cap moved from 13/s to 29/s between them), never more than
     # its latency
