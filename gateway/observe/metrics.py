@@ -457,7 +457,6 @@ class GateReading:
     limit: int
     batch: int  # the batch worth making, 0 until measured
     cost_seconds: float  # the cheapest compute time a request measured, 0 until then
-    speed_changes: int = 0  # times Triton's speed was seen to move, its costs measured afresh
 
 
 @dataclass(frozen=True)
@@ -574,21 +573,13 @@ class CapacityCollector:
             "measures it (its bottleneck step's; 0 until measured).",
             labels=["model"],
         )
-        gate_changes = CounterMetricFamily(
-            "gateway_gate_speed_changes",
-            "Times each model's gate saw Triton's speed move (its batches 2.5x dearer or cheaper than "
-            "measured) and started again from its floor.",
-            labels=["model"],
-        )
         for gate in r.gates:
             gate_limit.add_metric([gate.model], gate.limit)
             gate_batch.add_metric([gate.model], gate.batch)
             gate_cost.add_metric([gate.model], gate.cost_seconds)
-            gate_changes.add_metric([gate.model], gate.speed_changes)
         yield gate_limit
         yield gate_batch
         yield gate_cost
-        yield gate_changes
         yield CounterMetricFamily(
             "gateway_admission_admitted", "Inference requests given an in-flight slot.", value=r.admitted
         )

@@ -347,7 +347,6 @@ class QueueGate:
                 gate.limit,
                 gate.last.size if gate.last else 0,
                 gate.last.cheapest if gate.last else 0.0,
-                gate.shifts,
             )
             for model, gate in self.gates.items()
         )

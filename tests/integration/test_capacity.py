@@ -84,7 +84,6 @@ def test_a_5x_slowdown_is_followed_by_the_gate_and_a_recovery_too(
         one = text_load(static, 1, 4, "one client, Triton slowed")
         slow = text_load(gate, 100, FLOW_SECONDS, "gate, Triton slowed")
         limit_slowed = _metric(gate, "gateway_inflight_limit")
-        speed_changes = _metric(gate, 'gateway_gate_speed_changes_total{model="text_classifier"}')
         # what the last flow left queued in Triton (up to 64 requests, 2 s on a slowed
         # Triton, more on a loaded machine) is gone before the next one is judged
         time.sleep(SETTLE_SECONDS)
@@ -113,8 +112,7 @@ def test_a_5x_slowdown_is_followed_by_the_gate_and_a_recovery_too(
         f"at speed: the gate {speed_rate:.0f}/s p99 {ms(speed_p99)} (limit {limit_at_speed:.0f}); the cap "
         f"{cap_speed_rate:.0f}/s p99 {ms(cap_speed_p99)}. Triton 5x slower, after {JUDGED_FROM:.0f} s: one "
         f"client p99 {ms(single)}; the gate {gate_rate:.0f}/s p99 {ms(gate_p99)}; the cap {cap_rate:.0f}/s "
-        f"p99 {ms(cap_p99)} (the gate's limit {limit_slowed:.0f}, Triton's speed seen to move "
-        f"{speed_changes:.0f} time(s)); recovered {recovered.rate(200, 1.0, 4.0):.0f}/s"
+        f"p99 {ms(cap_p99)} (the gate's limit {limit_slowed:.0f}); recovered {recovered.rate(200, 1.0, 4.0):.0f}/s"
     )
     for flow in (ahead, slow, recovered):
         assert set(flow.statuses()) <= {200, 503}, (flow.name, flow.statuses())  # no 504 storm
@@ -134,11 +132,6 @@ def test_a_5x_slowdown_is_followed_by_the_gate_and_a_recovery_too(
     # 2026-11-28: the throttled cap moved from 13/s to 29/s between them), never more than
     # its latency
     assert gate_rate >= 0.35 * cap_rate
-    # the slowdown seen (its batches 4.0-4.9x what was measured at speed), and what was
-    # measured then dropped: kept, a light load's batches of 1 at speed stayed the cheapest
-    # and held the gate at its floor through the flood (62-65 % of the cap's goodput in
-    # bench-capacity; since, 95-100 %)
-    assert speed_changes >= 1
     assert gate_p99 <= 1.25 * cap_p99
     shed = [a for a in slow.answers if a.status == 503]
     assert shed, "nothing was shed at 100 clients on a slowed Triton"
