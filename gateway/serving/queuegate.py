@@ -23,12 +23,8 @@ size compute time).
   measured past the cheapest), the limit makes room for twice it: a larger batch forms
   only where there is room for it, so a limit that never had room for one would never
   learn whether it pays (a light load's batches of 1 and 2, followed by a flood on a
-  Triton whose larger batches pay more when it is slowed). Only sizes seen at least
-  ``min_size_batches`` times (4) count, for the cheapest, the batch worth making and
-  the largest seen: a batch of 7 seen once at a lucky cost, Triton 5x slower, was the
-  batch worth making and below a 9 seen once, so the limit made no room for larger
-  batches and stayed at 16 (36/s against the cap's 51/s); trusted from 2 batches, sizes
-  read from 2-3 batches opened the limit at speed too.
+  Triton whose larger batches pay more when it is slowed). The cheapest is taken among the sizes seen at least
+  ``min_size_batches`` times (one lucky batch does not set it).
 - **The limit.** ``b*`` running and ``target`` batches of it waiting (one by default: each
   batch finds the next one formed, and no request waits behind more than that), plus one
   request for every other step of an ensemble (each holds about one while the batch
@@ -40,19 +36,12 @@ size compute time).
 - **Learning.** The statistics are read every ``interval_seconds`` while the gateway has
   sent something since the last read (an idle gateway asks Triton nothing), for every
   model in one call; each read's batches are added to an average that forgets with a
-  half-life of ``memory_seconds``. Batches whose cost is all proportional to their size
-  (a light load's batches of 1 and 2 often read so) give the cautious limit,
-  ``b* = 1``: the next flood does not start from the ceiling, and its larger batches,
-  once seen, open it.
-- **When Triton's speed moves** (slowed, recovered, another GPU), what is remembered is
-  not faded but dropped: a size's cost fades in weight, not in value, so a light load's
-  batches of 1 at speed stayed the cheapest through a whole flood 5x slower and held the
-  limit at its floor. Each read's batches of the bottleneck are held to what is
-  remembered of their size, or of the nearest size remembered, a request at a time;
-  over at least four batches, a cost 2.5 times that or 0.4 of it says the speed moved
-  (read on this project's CPU text model: a flood at speed after a light load
-  0.90-1.41x, Triton 5x slower 4.0-4.9x, recovered 0.38x). The limit then starts again
-  from its floor, on what is measured from then on.
+  half-life of ``memory_seconds``, so a model that got slower or faster (another GPU,
+  Triton throttled) is followed within seconds. Triton's speed changing by the same
+  factor for every batch (5x slower) moves every size's cost alike, and ``b*`` not at
+  all. Batches whose cost is all proportional to their size (a light load's batches of 1
+  and 2 often read so) give the cautious limit, ``b* = 1``: the next flood does not start
+  from the ceiling, and its larger batches, once seen, open it.
 - **Until measured** (``min_batches`` batches) a model's limit is the ceiling, as a
   static cap's would be: a cold replica sheds no burst it can serve, and a flood's first
   batches, of every size, measure it. A light load's batches all of one size measure it
@@ -86,7 +75,7 @@ class BatchCost:
 
 
 Batches = dict[int, BatchCost]  # by batch size
-MIN_SIZE_BATCHES = 4.0  # a size's batches before its cost may set the cheapest (one lucky batch does not)
+MIN_SIZE_BATCHES = 2.0  # a size's batches before its cost may set the cheapest (one lucky batch does not)
 # Triton's speed moved (a slowdown, a recovery, another GPU): over at least SHIFT_BATCHES
 # of the bottleneck's batches, a cost SHIFT_FACTOR times what is remembered, or that share
 # of it (ModelGate._shifted). Read on 2026-12-01 (CPU text model): a flood at speed after
@@ -263,15 +252,6 @@ class ModelGate:
         measured = {step: self.batches.get(step, {}) for step in steps_read}
         bottleneck = max(measured.values(), key=per_request, default={})
         found = worth(bottleneck, self.settings.efficiency, self.settings.min_size_batches)
-        logger.warning(
-            "DEBUG sizes %s -> %s limit %s",
-            {
-                k: (round(v.count, 1), round(v.ns / v.count / k / 1e6, 1))
-                for k, v in sorted(bottleneck.items())
-            },
-            found and (found.size, found.largest),
-            self.limit,
-        )
         if found is not None and found.batches >= self.settings.min_batches:
             self.last = found
         if self.last is None or not replicas:  # until measured: the ceiling (or the floor, after a shift)
@@ -309,7 +289,6 @@ class ModelGate:
             self._shift = (took, expected, count)
             return False
         self._shift = (0.0, 0.0, 0.0)
-        logger.warning("DEBUG verdict %.2f over %.0f", took / expected, count)
         return not 1 / SHIFT_FACTOR < took / expected < SHIFT_FACTOR
 
 
