@@ -76,12 +76,6 @@ class BatchCost:
 
 Batches = dict[int, BatchCost]  # by batch size
 MIN_SIZE_BATCHES = 2.0  # a size's batches before its cost may set the cheapest (one lucky batch does not)
-# Triton's speed moved (a slowdown, a recovery, another GPU): over at least SHIFT_BATCHES
-# of the bottleneck's batches, a cost SHIFT_FACTOR times what is remembered, or that share
-# of it (ModelGate._shifted). Read on 2026-12-01 (CPU text model): a flood at speed after
-# a light load 0.90-1.41x, one with Triton 5x slower 4.5-4.9x
-SHIFT_FACTOR = 2.5
-SHIFT_BATCHES = 4.0
 
 
 def _number(value: Any) -> int:
@@ -155,12 +149,12 @@ def worth(batches: Batches, efficiency: float, min_size_batches: float = MIN_SIZ
     if not seen:
         return None
     each = {size: cost.ns / cost.count / size / 1e9 for size, cost in seen.items()}
-    trusted = [size for size, cost in seen.items() if cost.count >= min_size_batches] or list(each)
-    cheapest = min(each[size] for size in trusted)
-    size = min(size for size in trusted if each[size] * efficiency <= cheapest + 1e-12)
-    # the largest trusted: a larger batch seen once, at a cost one throttled batch says
-    # little about, does not close the room for twice the cheapest
-    return Worth(size, cheapest, sum(cost.count for cost in seen.values()), max(trusted))
+    trusted = [each[size] for size, cost in seen.items() if cost.count >= min_size_batches] or list(
+        each.values()
+    )
+    cheapest = min(trusted)
+    size = min(size for size, cost in each.items() if cost * efficiency <= cheapest + 1e-12)
+    return Worth(size, cheapest, sum(cost.count for cost in seen.values()), max(seen))
 
 
 def per_request(batches: Batches) -> float:
@@ -194,10 +188,6 @@ class ModelGate:
     _read: dict[tuple[str, str], Batches] = field(
         default_factory=dict
     )  # the last read's totals, by replica and step
-    # the bottleneck's batches of remembered sizes since the last verdict on a shift: their
-    # compute time, what was remembered of it, how many
-    _shift: tuple[float, float, float] = (0.0, 0.0, 0.0)
-    shifts: int = 0  # how often Triton's speed was seen to move
 
     def __post_init__(self) -> None:
         if not self.limit:
@@ -216,7 +206,6 @@ class ModelGate:
         the replicas read. A replica not read now is forgotten: back, its first read is its
         base again."""
         keep = 0.5 ** (elapsed / self.settings.memory_seconds)
-        start = self.limit
         new_by_step: dict[str, Batches] = {}
         for replica, steps in replicas.items():
             for step, totals in steps.items():
@@ -229,16 +218,6 @@ class ModelGate:
                     added[size] = BatchCost(had.count + cost.count, had.ns + cost.ns)
         self._read = {key: totals for key, totals in self._read.items() if key[0] in replicas}
         steps_read = {step for steps in replicas.values() for step in steps}
-        if self._shifted(new_by_step):
-            # what was remembered was measured at another speed: batch sizes measured then
-            # and now are not comparable (the light load's batches of 2 at speed stayed the
-            # cheapest through a flood 5x slower, and held the limit at its floor). Start
-            # again from the floor, measured afresh: room for twice the batch seen while it
-            # is the cheapest opens the limit as far as larger batches pay at this speed
-            self.shifts += 1
-            self.batches, self.last = {}, None
-            self.limit = self.settings.floor * max(1, len(replicas))
-            logger.info("Triton's speed moved: the gate starts again from %d (was %d)", self.limit, start)
         for step in steps_read:
             old, new = self.batches.get(step, {}), new_by_step.get(step, {})
             merged = {
@@ -254,42 +233,12 @@ class ModelGate:
         found = worth(bottleneck, self.settings.efficiency, self.settings.min_size_batches)
         if found is not None and found.batches >= self.settings.min_batches:
             self.last = found
-        if self.last is None or not replicas:  # until measured: the ceiling (or the floor, after a shift)
-            return self.limit != start
-        settings = self.settings
+        if self.last is None or not replicas:  # until measured: the ceiling
+            return False
+        settings, before = self.settings, self.limit
         one = math.ceil((1 + settings.target) * self.last.trying - 1e-9) + len(steps_read) - 1
         self.limit = max(settings.floor, min(settings.ceiling, one * len(replicas)))
-        return self.limit != start
-
-    def _shifted(self, new_by_step: Mapping[str, Batches]) -> bool:
-        """Whether the bottleneck's batches read now, with those read since the last
-        verdict, say Triton's speed moved: over at least SHIFT_BATCHES, a cost
-        SHIFT_FACTOR times what is remembered, or that share of it. A batch is held to
-        what is remembered of its size (seen ``min_size_batches`` times), or of the
-        nearest size remembered, a request at a time (a light load's batches of 1, a
-        flood's of 6: a larger batch costs a request about as much as a smaller one, at
-        speed 0.5-1.5x; Triton 5x slower, 3.5-5x)."""
-        if not self.batches:
-            return False
-        step = max(self.batches, key=lambda name: per_request(self.batches[name]))
-        trusted = {
-            size: cost.ns / cost.count / size
-            for size, cost in self.batches[step].items()
-            if cost.count >= self.settings.min_size_batches and cost.ns > 0
-        }
-        took, expected, count = self._shift
-        for size, cost in new_by_step.get(step, {}).items():
-            if not trusted:
-                break
-            nearest = size if size in trusted else min(trusted, key=lambda known: (abs(known - size), known))
-            took += cost.ns
-            expected += cost.count * size * trusted[nearest]
-            count += cost.count
-        if count < SHIFT_BATCHES:
-            self._shift = (took, expected, count)
-            return False
-        self._shift = (0.0, 0.0, 0.0)
-        return not 1 / SHIFT_FACTOR < took / expected < SHIFT_FACTOR
+        return self.limit != before
 
 
 Statistics = Mapping[str, Mapping[str, Any]]  # each replica's statistics document, by address
