@@ -775,6 +775,16 @@ class GrpcSettings(BaseModel):
         "past it, RESOURCE_EXHAUSTED at once. It bounds the door's calls that callers without a key "
         "can hold; Check (what probes call) is not counted with them.",
     )
+    max_health_reads: int = Field(
+        2,
+        ge=1,
+        le=1_000,
+        description="Health calls (Check or Watch, which anyone may make) whose message has not yet "
+        "arrived, at once; a new one takes the place of the oldest, which is refused "
+        "RESOURCE_EXHAUSTED. gRPC takes a message whole, up to max_message_bytes, so it bounds the "
+        "memory and the calls that callers without a key can hold with health calls; a probe's "
+        "message comes with its call, so held ones never keep it out.",
+    )
     idle_seconds: float = Field(
         60.0,
         gt=0,

@@ -22,7 +22,7 @@ gateway.triton.client (the client side), the one place ``grpc`` and Triton's pro
 - The gRPC health protocol (``grpc.health.v1.Health``, what Kubernetes' gRPC probes call):
   SERVING while the door's readiness holds (``/v2``'s: every default and allow-listed model
   ready), NOT_SERVING otherwise, read again every ``health_seconds``; unauthenticated, as the
-  HTTP probes are, its message read under a small budget of its own (:class:`DoorHealth`).
+  HTTP probes are, at most a few waiting for their message at once (:class:`DoorHealth`).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
-from gateway.errors import BodyBudgetError, GatewayError, InvalidInputError, PayloadTooLargeError, quoted
+from gateway.errors import GatewayError, InvalidInputError, PayloadTooLargeError, quoted
 from gateway.periodic import Periodic
 from gateway.rpc.door import (
     SMALL_MESSAGE_BYTES,
@@ -51,7 +51,6 @@ from gateway.rpc.door import (
     Received,
     Rpc,
 )
-from gateway.serving.budget import BodyBudget, Reservation
 from gateway.serving.oip import (
     NOT_SERVED_CONTROL,
     NOT_SERVED_SETTINGS,
@@ -456,33 +455,37 @@ def _handlers(servicer: InferenceService) -> dict[str, Any]:
 
 HEALTH_SERVICE = "grpc.health.v1.Health"
 HEALTH_SERVICES = ("", SERVICE_NAME)
-# How long a health check's message may take to arrive, and to wait for room to be read.
+# How long a health check's message may take to arrive.
 HEALTH_READ_SECONDS = 5.0
 
 
 class DoorHealth:
     """The gRPC health protocol (``grpc.health.v1.Health``, what Kubernetes' gRPC probes
     call): SERVING or NOT_SERVING for the server ("") and the inference service, NOT_FOUND
-    for any other. Anyone may call it (probes carry no key), so its message, which gRPC
-    takes whole (up to the door's largest), is read into a budget of its own, two of the
-    largest messages, never the inferences' (a flood of large health checks costs at most
-    that much and waits or is refused, RESOURCE_EXHAUSTED), within a few seconds, and one
-    over :data:`SMALL_MESSAGE_BYTES` is refused unparsed. ``Watch`` sends the status, then
-    each change. At most ``max_watches`` watches are open at once, the rest refused at
-    once (RESOURCE_EXHAUSTED): a ``Watch`` stays open, and without a bound of their own
+    for any other. Anyone may call it (probes carry no key), and gRPC takes its message
+    whole (up to the door's largest) or not at all, so at most ``max_reads`` health calls
+    are waiting for their message at once, each for a few seconds: a new one takes the
+    place of the oldest, which is refused (RESOURCE_EXHAUSTED). What anonymous callers can
+    make the door hold while messages arrive is ``max_reads`` of the largest, and as many
+    calls; a probe's message comes with its call, so calls held open without one never
+    keep it out (16 such checks, each waiting its turn for 5 s, took every call of a
+    16-call door: a keyed client and a probe refused). One over
+    :data:`SMALL_MESSAGE_BYTES` is refused unparsed. ``Watch`` sends the status, then each
+    change. At most ``max_watches`` watches are open at once, the rest refused at once
+    (RESOURCE_EXHAUSTED): a ``Watch`` stays open, and without a bound of their own
     anonymous watches took every call the door runs (16 of 16: a keyed client refused).
     ``Check`` is not counted with them, so watches never refuse a probe's check."""
 
-    def __init__(self, max_message_bytes: int, max_watches: int) -> None:
+    def __init__(self, max_watches: int, max_reads: int) -> None:
         from grpc_health.v1 import health_pb2
 
         self._pb = health_pb2
         self.status = health_pb2.HealthCheckResponse.NOT_SERVING
         self._changed = asyncio.Event()
-        self._most = max_message_bytes
-        self._budget = BodyBudget(2 * max_message_bytes, retry_after=1)
         self._max_watches = max_watches
         self._watches = 0
+        self._max_reads = max_reads
+        self._reading: list[asyncio.Event] = []  # each read's "give way", oldest first
 
     def set(self, serving: bool) -> None:
         response = self._pb.HealthCheckResponse
@@ -492,20 +495,40 @@ class DoorHealth:
             self._changed.set()
             self._changed = asyncio.Event()
 
+    async def _read(self, context: Any) -> bytes | None:
+        """The call's message; None when a newer call took its place or it did not come in
+        time (the call then aborted)."""
+        if len(self._reading) >= self._max_reads:
+            self._reading.pop(0).set()  # the oldest gives way
+        give_way = asyncio.Event()
+        self._reading.append(give_way)
+        reading = asyncio.ensure_future(context.read())
+        yielding = asyncio.ensure_future(give_way.wait())
+        try:
+            await asyncio.wait(
+                (reading, yielding), timeout=HEALTH_READ_SECONDS, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            if give_way in self._reading:
+                self._reading.remove(give_way)
+            yielding.cancel()
+            if not reading.done():
+                reading.cancel()
+        if reading.done() and not reading.cancelled():
+            raw = reading.result()
+            return raw if isinstance(raw, bytes) else b""
+        if give_way.is_set():
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "newer health checks took this one's place: send its message",
+            )
+        await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the health check did not arrive in time")
+        return None
+
     async def _service(self, context: Any) -> str:
         """The service the check names; its refusal aborted with its code."""
-        reservation = Reservation(self._budget)
-        try:
-            await reservation.reserve(self._most, HEALTH_READ_SECONDS)
-            async with asyncio.timeout(HEALTH_READ_SECONDS):
-                raw = await context.read()
-        except BodyBudgetError:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "too many health checks are being read")
-        except TimeoutError:
-            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the health check did not arrive in time")
-        finally:
-            reservation.release()
-        if not isinstance(raw, bytes) or len(raw) > SMALL_MESSAGE_BYTES:
+        raw = await self._read(context)
+        if raw is None or len(raw) > SMALL_MESSAGE_BYTES:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, "not a HealthCheckRequest of at most 64 KiB"
             )
@@ -581,6 +604,7 @@ class DoorLimits:
     max_streams: int
     max_connections: int
     max_health_watches: int
+    max_health_reads: int
     handshake_seconds: float
     idle_seconds: float
     age_seconds: float
@@ -634,7 +658,7 @@ async def serve(
     handlers = _handlers(InferenceService(door, certifies, proxies))
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
-    health = DoorHealth(limits.max_message_bytes, limits.max_health_watches)
+    health = DoorHealth(limits.max_health_watches, limits.max_health_reads)
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(HEALTH_SERVICE, health.handlers()),)
     )

@@ -10,8 +10,9 @@ good, and there was no cap on how many."""
 from __future__ import annotations
 
 import socket
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -164,4 +165,56 @@ def test_anonymous_health_watches_hold_no_more_than_their_share_of_the_calls(
     finally:
         for stream in held:
             stream.cancel()
+        channel.close()
+
+
+def test_anonymous_health_checks_that_never_send_their_message_hold_no_call_slots(
+    triton: TritonServer, spawn_gateway: Callable[..., GatewayProcess], tmp_path: Path
+) -> None:
+    """A health ``Check`` is anyone's, and gRPC hands its handler the message whole or not
+    at all: one whose message never comes held a call slot for the 5 s its read may take,
+    and one waiting for room to be read as long, so 16 of them, opened again as each ended,
+    took every call of a 16-call door (a keyed client and a probe's ``Check`` refused,
+    RESOURCE_EXHAUSTED). Now at most ``grpc.max_health_reads`` (2) health calls are
+    waiting for their message at once, a new one taking the oldest's place: the held
+    calls take 2 slots, and the keyed client and the probe are served beside them."""
+    keys = tmp_path / "keys"
+    keys.write_text(f"app {hash_key(KEY)}\n")
+    port = free_port()
+    spawn_gateway(
+        triton,
+        GATEWAY_AUTH__KEYS_FILE=str(keys),
+        GATEWAY_GRPC__PORT=str(port),
+        GATEWAY_GRPC__MAX_CONCURRENT_CALLS="16",
+    )
+    address = f"127.0.0.1:{port}"
+    assert _live(address)
+    stop = threading.Event()
+
+    def nothing() -> Iterator[bytes]:
+        stop.wait()  # the message never comes
+        yield from ()
+
+    channel = grpc.insecure_channel(address)
+    stalled = channel.stream_unary(CHECK, request_serializer=None, response_deserializer=None)
+    held = [stalled.future(nothing(), timeout=30) for _ in range(16)]
+    try:
+        time.sleep(1.0)  # every call opened (and, now, all but the newest 2 refused)
+        refused = [call for call in held if call.done()]
+        assert _live(address), (
+            f"a keyed client was refused beside {len(held) - len(refused)} held health checks"
+        )
+        probe = grpc.insecure_channel(address)
+        try:
+            check = probe.unary_unary(CHECK, request_serializer=None, response_deserializer=None)
+            assert check(b"", timeout=1) == b"\x08\x01"  # SERVING, within a Kubernetes probe's 1 s
+        finally:
+            probe.close()
+        codes = {call.code() for call in held if call.done()}
+        assert codes <= {grpc.StatusCode.RESOURCE_EXHAUSTED}, codes
+        assert sum(1 for call in held if not call.done()) <= 2
+    finally:
+        stop.set()
+        for call in held:
+            call.cancel()
         channel.close()
