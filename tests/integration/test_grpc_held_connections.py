@@ -127,14 +127,10 @@ WATCH = "/grpc.health.v1.Health/Watch"
 CHECK = "/grpc.health.v1.Health/Check"
 
 
-def test_anonymous_health_watches_hold_no_more_than_their_share_of_the_calls(
-    triton: TritonServer, spawn_gateway: Callable[..., GatewayProcess], tmp_path: Path
-) -> None:
-    """Anyone may call the health service, and ``Watch`` is a stream that stays open: on a
-    door of 16 calls, 16 anonymous watches held every call slot and a keyed client was
-    refused (RESOURCE_EXHAUSTED) for as long as they stayed. Now at most
-    ``grpc.max_health_watches`` (4 here) are open at once, the rest refused at once, and a
-    probe's ``Check`` is still answered beside them."""
+def _small_door(
+    triton: TritonServer, spawn_gateway: Callable[..., GatewayProcess], tmp_path: Path, **settings: str
+) -> str:
+    """A gateway whose gRPC door runs 16 calls at once, with one key; its address."""
     keys = tmp_path / "keys"
     keys.write_text(f"app {hash_key(KEY)}\n")
     port = free_port()
@@ -143,9 +139,20 @@ def test_anonymous_health_watches_hold_no_more_than_their_share_of_the_calls(
         GATEWAY_AUTH__KEYS_FILE=str(keys),
         GATEWAY_GRPC__PORT=str(port),
         GATEWAY_GRPC__MAX_CONCURRENT_CALLS="16",
-        GATEWAY_GRPC__MAX_HEALTH_WATCHES="4",
+        **settings,
     )
-    address = f"127.0.0.1:{port}"
+    return f"127.0.0.1:{port}"
+
+
+def test_anonymous_health_watches_hold_no_more_than_their_share_of_the_calls(
+    triton: TritonServer, spawn_gateway: Callable[..., GatewayProcess], tmp_path: Path
+) -> None:
+    """Anyone may call the health service, and ``Watch`` is a stream that stays open: on a
+    door of 16 calls, 16 anonymous watches held every call slot and a keyed client was
+    refused (RESOURCE_EXHAUSTED) for as long as they stayed. Now at most
+    ``grpc.max_health_watches`` (4 here) are open at once, the rest refused at once, and a
+    probe's ``Check`` is still answered beside them."""
+    address = _small_door(triton, spawn_gateway, tmp_path, GATEWAY_GRPC__MAX_HEALTH_WATCHES="4")
     channel = grpc.insecure_channel(address)
     watch = channel.unary_stream(WATCH, request_serializer=None, response_deserializer=None)
     held, refused = [], []
@@ -178,16 +185,7 @@ def test_anonymous_health_checks_that_never_send_their_message_hold_no_call_slot
     RESOURCE_EXHAUSTED). Now at most ``grpc.max_health_reads`` (2) health calls are
     waiting for their message at once, a new one taking the oldest's place: the held
     calls take 2 slots, and the keyed client and the probe are served beside them."""
-    keys = tmp_path / "keys"
-    keys.write_text(f"app {hash_key(KEY)}\n")
-    port = free_port()
-    spawn_gateway(
-        triton,
-        GATEWAY_AUTH__KEYS_FILE=str(keys),
-        GATEWAY_GRPC__PORT=str(port),
-        GATEWAY_GRPC__MAX_CONCURRENT_CALLS="16",
-    )
-    address = f"127.0.0.1:{port}"
+    address = _small_door(triton, spawn_gateway, tmp_path)
     assert _live(address)
     stop = threading.Event()
 
