@@ -485,7 +485,7 @@ class DoorHealth:
         self._max_watches = max_watches
         self._watches = 0
         self._max_reads = max_reads
-        self._reading: list[asyncio.Event] = []  # each read's "give way", oldest first
+        self._reading: list[asyncio.Future[Any]] = []  # the reads waiting for their message, oldest first
 
     def set(self, serving: bool) -> None:
         response = self._pb.HealthCheckResponse
@@ -495,40 +495,32 @@ class DoorHealth:
             self._changed.set()
             self._changed = asyncio.Event()
 
-    async def _read(self, context: Any) -> bytes | None:
-        """The call's message; None when a newer call took its place or it did not come in
-        time (the call then aborted)."""
+    async def _read(self, context: Any) -> Any:
+        """The call's message as gRPC hands it over; the call aborted when a newer call
+        took its place (its read cancelled) or it did not come in time."""
         if len(self._reading) >= self._max_reads:
-            self._reading.pop(0).set()  # the oldest gives way
-        give_way = asyncio.Event()
-        self._reading.append(give_way)
+            self._reading.pop(0).cancel()  # the oldest gives way
         reading = asyncio.ensure_future(context.read())
-        yielding = asyncio.ensure_future(give_way.wait())
+        self._reading.append(reading)
         try:
-            await asyncio.wait(
-                (reading, yielding), timeout=HEALTH_READ_SECONDS, return_when=asyncio.FIRST_COMPLETED
-            )
+            done, _ = await asyncio.wait((reading,), timeout=HEALTH_READ_SECONDS)
         finally:
-            if give_way in self._reading:
-                self._reading.remove(give_way)
-            yielding.cancel()
-            if not reading.done():
-                reading.cancel()
-        if reading.done() and not reading.cancelled():
-            raw = reading.result()
-            return raw if isinstance(raw, bytes) else b""
-        if give_way.is_set():
+            if reading in self._reading:
+                self._reading.remove(reading)
+            reading.cancel()  # nothing when it is done
+        if not done:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the health check did not arrive in time")
+        if reading.cancelled():
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 "newer health checks took this one's place: send its message",
             )
-        await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the health check did not arrive in time")
-        return None
+        return reading.result()
 
     async def _service(self, context: Any) -> str:
         """The service the check names; its refusal aborted with its code."""
         raw = await self._read(context)
-        if raw is None or len(raw) > SMALL_MESSAGE_BYTES:
+        if not isinstance(raw, bytes) or len(raw) > SMALL_MESSAGE_BYTES:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, "not a HealthCheckRequest of at most 64 KiB"
             )

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2
 from tritonclient.grpc import service_pb2
 
 from gateway.app import create_app, openapi_document
@@ -293,6 +294,28 @@ def test_every_grpc_method_refuses_an_unknown_caller_before_its_message(
         with ThreadPoolExecutor(8) as pool:
             codes = dict(zip([m for m, _ in _methods()], pool.map(one, _methods()), strict=True))
     assert codes == dict.fromkeys(codes, "StatusCode.UNAUTHENTICATED"), codes
+
+
+def test_every_health_method_ends_a_call_whose_message_never_comes(door: tuple[GatewayProcess, str]) -> None:
+    """The health service is anyone's (probes carry no key), walked from its descriptor:
+    a call whose message never comes ends at the health read's deadline (5 s), told so,
+    not held to the client's own deadline."""
+    _, address = door
+    methods = [(m.name, m.server_streaming) for m in health_pb2.DESCRIPTOR.services_by_name["Health"].methods]
+    assert {name for name, _ in methods} >= {"Check", "Watch"}, methods
+    with grpc.insecure_channel(address) as channel:
+
+        def one(method: tuple[str, bool]) -> tuple[str, float]:
+            name, streaming = method
+            path = f"/grpc.health.v1.Health/{name}"
+            call = channel.stream_stream(path) if streaming else channel.stream_unary(path)
+            started = time.monotonic()
+            return _unsent(call, (), timeout=30), time.monotonic() - started
+
+        with ThreadPoolExecutor(len(methods)) as pool:
+            ended = dict(zip([m for m, _ in methods], pool.map(one, methods), strict=True))
+    assert {code for code, _ in ended.values()} == {"StatusCode.DEADLINE_EXCEEDED"}, ended
+    assert all(seconds < 15 for _, seconds in ended.values()), ended
 
 
 @pytest.mark.parametrize("kind", ["key", "token", "certificate"])

@@ -26,12 +26,12 @@ class Call:
     """A call whose message comes when ``send`` is called (or never)."""
 
     def __init__(self) -> None:
-        self.message: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self.message: asyncio.Future[object] = asyncio.get_running_loop().create_future()
 
-    def send(self, raw: bytes) -> None:
+    def send(self, raw: object) -> None:
         self.message.set_result(raw)
 
-    async def read(self) -> bytes:
+    async def read(self) -> object:
         return await self.message
 
     async def abort(self, code: grpc.StatusCode, details: str) -> None:
@@ -81,5 +81,16 @@ def test_a_silent_check_ends_at_its_deadline(monkeypatch: pytest.MonkeyPatch) ->
         assert not any(task.done() for task in pending)
         for task in pending:
             task.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_a_check_whose_stream_ends_without_a_message_is_refused() -> None:
+    async def scenario() -> None:
+        health = DoorHealth(max_watches=8, max_reads=2)
+        call = Call()
+        task = asyncio.ensure_future(health.check(None, call))
+        call.send(grpc.aio.EOF)  # what gRPC hands over when the client closes with nothing sent
+        assert await asyncio.wait_for(_outcome(task), 1) == grpc.StatusCode.INVALID_ARGUMENT
 
     asyncio.run(scenario())
