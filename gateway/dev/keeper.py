@@ -1,6 +1,6 @@
 """Keeps a tritonserver and everything it starts together, so that they go together.
 
-    python -m gateway.dev.keeper PID_FILE -- tritonserver ARGS...
+    python -m gateway.dev.keeper PID_FILE SHM_PREFIX -- tritonserver ARGS...
 
 The local launcher starts this in a session of its own, with the parent-death signal set
 (``setpriv --pdeathsig TERM``): when the launcher goes, SIGKILL included, the keeper hears
@@ -14,6 +14,12 @@ happens to Triton: orphaned, they become the keeper's children, not init's.
   that ignore SIGTERM) is killed with SIGKILL and reaped, their shared-memory regions in
   /dev/shm removed, and the keeper exits with Triton's status (128 + signal when killed),
   which the launcher reports.
+
+The regions are found by name: the launcher gives this Triton's Python backend a prefix of
+its own (``--backend-config=python,shm-region-prefix-name=SHM_PREFIX``, see
+:func:`region_prefix`), and every ``/dev/shm/SHM_PREFIX*`` is removed. (Reading the names
+off the stubs' command lines, as before, missed a region Triton had made for a stub not yet
+exec'd: a Triton killed while loading left 1 to 4 regions behind, every time.)
 
 Standard library only; Linux (prctl). Triton's PID is written to PID_FILE for tools that
 signal Triton alone (a hung-server test stops it with SIGSTOP).
@@ -42,24 +48,29 @@ def _subreaper() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
 
 
-def group_regions(group: int) -> set[str]:
-    """The shared-memory regions named by the processes of process group ``group`` (read
-    before a SIGKILL of the whole group, keeper included: nobody is left to clear them)."""
-    return _shm_regions(_descendants(me=0, group=group))
+def region_prefix(token: str) -> str:
+    """The shared-memory prefix of one Triton: the Python backend's default followed by
+    ``token``, so what looks for Triton's regions by the default still finds them."""
+    return f"{SHM_PREFIX}{token}_"
 
 
-def unlink_regions(regions: set[str]) -> None:
-    for name in regions:
+def unlink_prefixed(prefix: str) -> set[str]:
+    """Remove every region in /dev/shm named ``prefix...``; returns their names."""
+    if not prefix.startswith(SHM_PREFIX) or "/" in prefix:
+        raise ValueError(f"not a Triton region prefix: {prefix!r}")
+    removed: set[str] = set()
+    for path in SHM.glob(f"{prefix}*"):
         with contextlib.suppress(FileNotFoundError):
-            (SHM / name).unlink()
+            path.unlink()
+            removed.add(path.name)
+    return removed
 
 
-def _descendants(me: int | None = None, group: int | None = None) -> dict[int, list[str]]:
+def _descendants() -> set[int]:
     """Every process in the keeper's process group or parented to it (orphans come here),
-    but the keeper, with its command line."""
-    me = os.getpid() if me is None else me
-    group = os.getpgrp() if group is None else group
-    found: dict[int, list[str]] = {}
+    but the keeper."""
+    me, group = os.getpid(), os.getpgrp()
+    found: set[int] = set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == me:
             continue
@@ -68,16 +79,10 @@ def _descendants(me: int | None = None, group: int | None = None) -> dict[int, l
             fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
             parent, pgrp = int(fields[1]), int(fields[2])
             if pgrp == group or parent == me:
-                found[int(entry.name)] = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+                found.add(int(entry.name))
         except (OSError, ValueError, IndexError):
             continue  # gone meanwhile
     return found
-
-
-def _shm_regions(commands: dict[int, list[str]]) -> set[str]:
-    return {
-        arg for argv in commands.values() for arg in argv if arg.startswith(SHM_PREFIX) and "/" not in arg
-    }
 
 
 def _reap(watched: int = 0) -> int | None:
@@ -95,30 +100,26 @@ def _reap(watched: int = 0) -> int | None:
             code = os.waitstatus_to_exitcode(status)
 
 
-def clear(regions: set[str]) -> set[str]:
-    """Kill and reap every process left, then remove their shared-memory regions; returns
-    the regions (those seen now and ``regions``, seen earlier)."""
-    regions = set(regions)
+def clear(prefix: str) -> set[str]:
+    """Kill and reap every process left, then remove the regions named ``prefix...``;
+    returns their names."""
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        left = _descendants()
-        regions |= _shm_regions(left)
-        if not left:
-            break
+    while (left := _descendants()) and time.monotonic() < deadline:
         for pid in left:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.05)
         _reap()
-    unlink_regions(regions)
-    return regions
+    return unlink_prefixed(prefix)
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 3 or argv[1] != "--":
-        print("usage: python -m gateway.dev.keeper PID_FILE -- COMMAND...", file=sys.stderr)
+    if len(argv) < 4 or argv[2] != "--" or not argv[1].startswith(SHM_PREFIX):
+        print(
+            f"usage: python -m gateway.dev.keeper PID_FILE {SHM_PREFIX}TOKEN_ -- COMMAND...", file=sys.stderr
+        )
         return 2
-    pid_file, command = Path(argv[0]), argv[2:]
+    pid_file, prefix, command = Path(argv[0]), argv[1], argv[3:]
     _subreaper()
     stopping: list[float] = []
     started: list[int] = []
@@ -138,16 +139,14 @@ def main(argv: list[str]) -> int:
     pid_file.write_text(f"{triton.pid}\n")
     if stopping:  # asked to stop before Triton was there to hear it
         os.kill(triton.pid, signal.SIGINT)
-    regions: set[str] = set()
     code: int | None = None
     while code is None:
-        regions |= _shm_regions(_descendants())  # while they run: a killed stub's name stays known
         code = _reap(triton.pid)  # and orphans that ended by themselves
         if code is None:
             if stopping and time.monotonic() > stopping[0]:
                 os.kill(triton.pid, signal.SIGKILL)
             time.sleep(0.2)
-    clear(regions)
+    clear(prefix)
     return 128 - code if code < 0 else code
 
 

@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from gateway.dev.keeper import group_regions, unlink_regions
+from gateway.dev.keeper import region_prefix, unlink_prefixed
 from gateway.errors import ConfigurationError
 from gateway.triton.client import REPOSITORY_KEY_HEADER
 
@@ -142,7 +143,9 @@ class TritonServer:
     # More tritonserver flags (say gateway.observe.tracing.triton_trace_args), appended as given.
     extra_args: tuple[str, ...] = ()
     _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
-    _orphaned_regions: set[str] = field(default_factory=set, init=False, repr=False)
+    # This server's Python-backend shared memory is /dev/shm/<shm_prefix>*: whoever clears
+    # it after a kill finds it by name, made a moment ago or long before.
+    shm_prefix: str = field(default_factory=lambda: region_prefix(uuid.uuid4().hex[:12]), init=False)
 
     @classmethod
     def on_free_ports(
@@ -211,6 +214,7 @@ class TritonServer:
             *restricted_api_args(self.repository_key),
             "--exit-timeout-secs=5",
             f"--log-verbose={self.log_verbose}",
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
         ]
         if self.response_cache_bytes > 0:
             command.append(f"--cache-config=local,size={self.response_cache_bytes}")
@@ -219,7 +223,7 @@ class TritonServer:
         self.pid_file.unlink(missing_ok=True)
         # Triton runs under its keeper (gateway.dev.keeper): whatever Triton starts goes
         # when Triton goes or when this process goes, SIGKILL included.
-        keeper = [sys.executable, "-m", "gateway.dev.keeper", str(self.pid_file), "--"]
+        keeper = [sys.executable, "-m", "gateway.dev.keeper", str(self.pid_file), self.shm_prefix, "--"]
         self._process = subprocess.Popen(
             [*_die_with_parent(), *keeper, *command],
             env=env,
@@ -286,8 +290,6 @@ class TritonServer:
         if self._process is None:
             return
         if group:
-            if sig == signal.SIGKILL:  # the keeper goes too: its regions are ours to clear
-                self._orphaned_regions |= group_regions(self._process.pid)
             os.killpg(self._process.pid, sig)
         else:
             os.kill(self._server_pid(), sig)
@@ -302,12 +304,12 @@ class TritonServer:
         self.wait_exited()
 
     def wait_exited(self, timeout: float = 30.0) -> None:
-        """After SIGKILL: wait for the PID to exit (its ports are free after), then forget it."""
+        """After SIGKILL: wait for the PID to exit (its ports are free after), forget it,
+        and remove its shared memory (the keeper, killed too, could not)."""
         if self._process is not None:
             self._process.wait(timeout=timeout)
             self._process = None
-        unlink_regions(self._orphaned_regions)
-        self._orphaned_regions = set()
+        unlink_prefixed(self.shm_prefix)
 
     @property
     def pid(self) -> int | None:
@@ -335,6 +337,7 @@ class TritonServer:
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+            unlink_prefixed(self.shm_prefix)
 
 
 @contextmanager

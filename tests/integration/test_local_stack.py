@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import tritonclient.grpc as tritongrpc
 
-from gateway.dev.tritonserver import free_port, free_ports
+from gateway.dev.tritonserver import TritonServer, free_port, free_ports
 from gateway.shared.keyfiles import hash_key
 
 from helpers.support import chelsea_jpeg, processes_under
@@ -268,3 +268,24 @@ def test_killed_gateway_takes_triton_down(
     while _tritonservers_in(workdir) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _tritonservers_in(workdir) == []
+
+
+def test_a_triton_killed_the_moment_its_first_region_appears_leaves_no_shared_memory(
+    tmp_path: Path, triton_python_env: Path, model_repository: Path
+) -> None:
+    """SIGKILL of Triton, its keeper and its stubs as soon as Triton has made its first
+    Python-backend region, before that stub runs: nothing of this server stays in
+    /dev/shm. (Before, the regions were read off the stubs' command lines, and a stub
+    forked but not yet exec'd carries Triton's: 5 kills out of 5 left 1 to 4 regions.)"""
+    for attempt in range(3):
+        server = TritonServer.on_free_ports(triton_python_env, model_repository, tmp_path / f"kill-{attempt}")
+        ours = Path("/dev/shm").glob  # this server's regions only: other Tritons run beside it
+        server.start()
+        try:
+            deadline = time.monotonic() + 60
+            while not list(ours(f"{server.shm_prefix}*")) and time.monotonic() < deadline:
+                time.sleep(0.001)
+            assert list(ours(f"{server.shm_prefix}*")), "Triton made no shared-memory region"
+        finally:
+            server.kill()
+        assert not list(ours(f"{server.shm_prefix}*")), f"attempt {attempt}"
