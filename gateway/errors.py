@@ -276,6 +276,16 @@ class PayloadTooLargeError(ClientError):
     title = "Payload too large"
 
 
+class HeadTooLargeError(ClientError):
+    """A request's head (request line and headers) is larger than ``server.max_head_bytes``:
+    answered before the head ends, and the connection closed."""
+
+    status = 431
+    slug = "head-too-large"
+    advice = "Send fewer or shorter headers (cookies, tokens) and a shorter URL."
+    title = "Request header fields too large"
+
+
 class ImageTooLargeError(PayloadTooLargeError):
     """An image's header declares more pixels, a longer side or more frames than allowed."""
 

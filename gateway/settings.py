@@ -273,6 +273,14 @@ class ServerSettings(BaseModel):
         "call's message that is not an inference (64 KiB at most) not received by then is refused "
         "DEADLINE_EXCEEDED.",
     )
+    max_head_bytes: int = Field(
+        64 * 1024,
+        ge=4 * 1024,
+        le=1024 * 1024,
+        description="A request head (request line and headers) larger than this is answered 431 before "
+        "it ends and the connection closed (the rest read away as a refused body's); nothing of a head "
+        "past it is kept.",
+    )
     linger_seconds: float = Field(
         10.0,
         gt=0,

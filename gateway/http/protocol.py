@@ -4,8 +4,9 @@ uses held by tests/unit/test_uvicorn_contract.py, and uvicorn bounded above in
 pyproject.toml so an upgrade is a decision.
 
 Every connection is under one deadline no byte from the client can extend (head, drain,
-keep-alive, linger: :class:`HeaderTimeoutProtocol`), and a request refused from its head
-(gateway.http.headshed) is answered without its body being read.
+keep-alive, linger: :class:`HeaderTimeoutProtocol`), a head is under a size no client can
+exceed, and a request refused from its head (gateway.http.headshed) is answered without its
+body being read.
 """
 
 from __future__ import annotations
@@ -13,12 +14,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import urllib.parse
+from collections.abc import Callable
 from time import perf_counter
 from typing import Any
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from gateway import jsoncodec
+from gateway.errors import GatewayError, HeadTooLargeError, MalformedRequestError
 from gateway.http.headshed import HeadRefusal, HeadShed
 
 logger = logging.getLogger("gateway.server")
@@ -109,6 +113,11 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
     - **keep-alive**: uvicorn's, between requests;
     - **linger**: below.
 
+    A head over ``max_head_bytes`` is answered 431 as soon as it passes the size, and the
+    connection closes lingering (below): httptools keeps every header and the URL it
+    parses, so 300 MiB of headers on one anonymous socket took the gateway from 111 to
+    477 MiB, and kept it there after the socket closed.
+
     A request refused before its body was read (503 from its headers, 413 from its
     length) is answered with ``Connection: close``. Closed at once, the socket would be
     reset under a client still sending, whose next write fails before it reads the answer
@@ -121,7 +130,9 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
     header_timeout: float = 10.0
     linger_seconds: float = 10.0
     linger_bytes: int = 64 * 1024 * 1024
+    max_head_bytes: int = 64 * 1024
     head_shed: HeadShed | None = None  # refuses from the head what the route would
+    counted: Callable[[str], None] = staticmethod(lambda slug: None)  # a refusal made here, by problem type
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._head_timer: asyncio.TimerHandle | None = None
@@ -132,6 +143,8 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         # the request's body has all arrived (uvicorn's cycle stops saying once answered)
         self._body_done = True
         self._drain_timer: asyncio.TimerHandle | None = None
+        self._head_bytes = -1  # the bytes of the head being parsed (-1: none is)
+        self._heads_begun = 0
         self._wrapped = _LingerOnClose(transport, self)
         super().connection_made(self._wrapped)  # type: ignore[arg-type]
         self._arm()
@@ -162,7 +175,58 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
             # between requests: uvicorn cancels its keep-alive timer on any byte, so the
             # head's deadline starts with the first (bytes that begin no message included)
             self._arm()
+        begun = self._heads_begun
         super().data_received(data)
+        # the chunks of a head under way, but the one it began in (what came before it in
+        # that chunk, a body say, is not the head's) and the one it ended in
+        if self._head_bytes >= 0 and self._heads_begun == begun:
+            self._head_bytes += len(data)
+            if self._head_bytes > self.max_head_bytes:
+                self._head_too_large()
+
+    def _head_too_large(self) -> None:
+        """Answer 431 now, the head unfinished, and close lingering: what the client still
+        sends is read away, never parsed. A request pipelined ahead and not yet answered
+        loses its answer: the connection closes at once."""
+        self._head_bytes = -1
+        self._disarm()
+        if self._raw.is_closing():  # the parser refused the head meanwhile
+            return
+        self.counted(HeadTooLargeError.slug)
+        if self.cycle is not None and not self.cycle.response_complete:
+            self._raw.close()
+            return
+        self._raw.write(
+            self._problem(HeadTooLargeError(f"the request head is over {self.max_head_bytes} bytes"))
+        )
+        self.cycle = _RefusedCycle(keep_alive=False)  # type: ignore[assignment]
+        self.close_lingering()
+
+    def send_400_response(self, msg: str) -> None:
+        """What httptools cannot parse, answered as every refusal is (uvicorn's own is
+        text/plain), and the connection closed."""
+        error = MalformedRequestError(f"the request is not valid HTTP/1.1: {msg}")
+        self.counted(error.slug)
+        self._raw.write(self._problem(error))
+        self._raw.close()
+
+    def _problem(self, error: GatewayError) -> bytes:
+        """``error`` as a whole answer, before any request has a scope: problem+json, the
+        server's default headers, and ``Connection: close``."""
+        body = jsoncodec.dumps(error.problem(None, None))
+        return b"".join(
+            [
+                STATUS_LINE[error.status],
+                *(
+                    b"".join([name, b": ", value, b"\r\n"])
+                    for name, value in self.server_state.default_headers
+                ),
+                b"content-type: application/problem+json\r\n",
+                b"content-length: %d\r\n" % len(body),
+                b"connection: close\r\n\r\n",
+                body,
+            ]
+        )
 
     def on_response_complete(self) -> None:
         if self._body_done or self._raw.is_closing():
@@ -211,10 +275,13 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._head_bytes = 0
+        self._heads_begun += 1
         self._unset_keepalive_if_required()  # the head's deadline from here
         self._arm()
 
     def on_headers_complete(self) -> None:
+        self._head_bytes = -1
         self._disarm()
         self._body_done = False
         shed = self.head_shed

@@ -78,6 +78,10 @@ def listen_sockets(settings: Settings, host: str, port: int) -> list[socket.sock
     ]
 
 
+def _uncounted(slug: str) -> None:
+    return None
+
+
 def server_config(app: FastAPI, settings: Settings, host: str, port: int) -> uvicorn.Config:
     """The uvicorn configuration of the gateway (used by serve, local and the tests)."""
     protocol = type(
@@ -87,7 +91,9 @@ def server_config(app: FastAPI, settings: Settings, host: str, port: int) -> uvi
             "header_timeout": settings.server.header_timeout_seconds,
             "linger_seconds": settings.server.linger_seconds,
             "linger_bytes": settings.max_json_body_bytes,
+            "max_head_bytes": settings.server.max_head_bytes,
             "head_shed": getattr(app.state, "head_shed", None),
+            "counted": staticmethod(getattr(app.state, "count_rejection", _uncounted)),
         },
     )
     asgi: ASGIApp = app

@@ -85,6 +85,7 @@ STATUS_CODES: dict[int, grpc.StatusCode] = {
     415: grpc.StatusCode.INVALID_ARGUMENT,
     422: grpc.StatusCode.INVALID_ARGUMENT,
     429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    431: grpc.StatusCode.INVALID_ARGUMENT,  # (HTTP only: gRPC metadata has its own cap)
     500: grpc.StatusCode.INTERNAL,
     502: grpc.StatusCode.INTERNAL,
     503: grpc.StatusCode.UNAVAILABLE,

@@ -16,6 +16,8 @@ import uvicorn
 from uvicorn.protocols.http import httptools_impl
 from uvicorn.server import ServerState
 
+from helpers.transport import RecordingTransport
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # What gateway.http.protocol reads or calls on uvicorn's protocol (self.<name>).
@@ -45,33 +47,9 @@ PROTOCOL_METHODS = (
     "on_response_complete",
     "timeout_keep_alive_handler",
     "_unset_keepalive_if_required",
+    "send_400_response",
 )
 CYCLE_ATTRIBUTES = ("response_complete", "more_body", "keep_alive", "disconnected", "message_event")
-
-
-class _Transport(asyncio.Transport):
-    def __init__(self) -> None:
-        super().__init__()
-        self.written: list[bytes] = []
-        self.closed = False
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return {"sockname": ("127.0.0.1", 8080), "peername": ("127.0.0.1", 5000)}.get(name, default)
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        self.written.append(bytes(data))
-
-    def close(self) -> None:
-        self.closed = True
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def pause_reading(self) -> None:
-        return None
-
-    def resume_reading(self) -> None:
-        return None
 
 
 async def _app(scope: Any, receive: Any, send: Any) -> None:
@@ -86,7 +64,7 @@ def test_the_protocol_has_what_the_gateway_touches() -> None:
         protocol = httptools_impl.HttpToolsProtocol(config, ServerState(), {}, _loop=loop)
         for name in PROTOCOL_METHODS:
             assert callable(getattr(protocol, name, None)), name
-        protocol.connection_made(_Transport())
+        protocol.connection_made(RecordingTransport())
         protocol.data_received(b"POST /x?q=1 HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nab")
         for name in PROTOCOL_ATTRIBUTES:
             assert hasattr(protocol, name), name
@@ -107,7 +85,7 @@ def test_the_protocol_has_what_the_gateway_touches() -> None:
         assert cycle.on_response == protocol.on_response_complete
         # after the answer, uvicorn stops following the body: the gateway must
         assert "response_complete" in inspect.getsource(httptools_impl.HttpToolsProtocol.on_message_complete)
-        assert set(httptools_impl.STATUS_LINE) >= {401, 404, 408, 413, 429, 503}
+        assert set(httptools_impl.STATUS_LINE) >= {401, 404, 408, 413, 429, 431, 503}
         loop.run_until_complete(asyncio.sleep(0.01))  # the app answers (204)
         assert cycle.response_complete
         protocol.connection_lost(None)
@@ -120,6 +98,12 @@ def test_the_keep_alive_timer_is_cancelled_by_any_byte() -> None:
     first byte that arrives, whatever it is."""
     source = inspect.getsource(httptools_impl.HttpToolsProtocol.data_received)
     assert "_unset_keepalive_if_required" in source
+
+
+def test_what_the_parser_refuses_is_answered_by_send_400_response() -> None:
+    """The gateway's protocol answers it in problem+json by overriding that method."""
+    source = inspect.getsource(httptools_impl.HttpToolsProtocol.data_received)
+    assert "self.send_400_response(" in source
 
 
 def test_only_the_protocol_module_imports_uvicorns_internals() -> None:

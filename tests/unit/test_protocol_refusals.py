@@ -1,0 +1,117 @@
+"""The HTTP protocol's own refusals (gateway.http.protocol), in problem+json as every other:
+a head is under a size no client can exceed (past ``max_head_bytes`` it is answered 431
+before it ends, and what the client still sends is read away, never parsed; a head under the
+cap is not counted with the body that follows it), and what httptools cannot parse is a 400."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import ClassVar
+
+import pytest
+import uvicorn
+from uvicorn.server import ServerState
+
+from gateway.http.protocol import HeaderTimeoutProtocol
+
+from helpers.transport import RecordingTransport
+
+CAP = 4096
+LINE = b"X-Filler: " + b"a" * 990 + b"\r\n"  # 1 KiB
+
+
+async def _app(scope: object, receive: object, send: object) -> None:
+    await send({"type": "http.response.start", "status": 204, "headers": []})  # type: ignore[operator]
+    await send({"type": "http.response.body", "body": b""})  # type: ignore[operator]
+
+
+class _Protocol(HeaderTimeoutProtocol):
+    max_head_bytes = CAP
+    linger_bytes = 1 << 20
+    refused: ClassVar[list[str]] = []
+    counted = staticmethod(refused.append)
+
+
+@pytest.fixture
+def connection() -> Iterator[tuple[_Protocol, RecordingTransport, asyncio.AbstractEventLoop]]:
+    loop = asyncio.new_event_loop()
+    _Protocol.refused.clear()
+    config = uvicorn.Config(_app, http="httptools", lifespan="off", log_config=None)
+    protocol = _Protocol(config, ServerState(), {}, _loop=loop)
+    transport = RecordingTransport()
+    protocol.connection_made(transport)
+    try:
+        yield protocol, transport, loop
+    finally:
+        protocol.connection_lost(None)
+        loop.close()
+
+
+def test_a_head_past_the_cap_is_a_431_and_what_follows_is_never_parsed(
+    connection: tuple[_Protocol, RecordingTransport, asyncio.AbstractEventLoop],
+) -> None:
+    protocol, transport, _ = connection
+    protocol.data_received(b"GET /livez HTTP/1.1\r\nHost: x\r\n")
+    for _ in range(CAP // len(LINE) + 1):
+        protocol.data_received(LINE)
+    [answer] = transport.written
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431 ")
+    assert b"content-type: application/problem+json" in head
+    assert b"connection: close" in head
+    assert json.loads(body)["type"].endswith(":head-too-large")
+    assert transport.eof  # lingering: the client reads its answer
+    assert not transport.closed
+    assert _Protocol.refused == ["head-too-large"]
+    kept = len(protocol.headers)
+    for _ in range(100):
+        protocol.data_received(LINE)
+    assert len(protocol.headers) == kept  # read away, not parsed
+    assert transport.written == [answer]
+
+
+def test_a_head_under_the_cap_is_served_whatever_body_comes_in_its_chunk(
+    connection: tuple[_Protocol, RecordingTransport, asyncio.AbstractEventLoop],
+) -> None:
+    protocol, transport, loop = connection
+    head = b"POST /x HTTP/1.1\r\nHost: x\r\n" + LINE * 3 + b"Content-Length: 65536\r\n\r\n"
+    assert len(head) < CAP
+    protocol.data_received(head[:100])
+    protocol.data_received(head[100:] + b"b" * 65536)  # the head's end and a body far over the cap
+    loop.run_until_complete(asyncio.sleep(0.01))
+    assert transport.written
+    assert transport.written[0].startswith(b"HTTP/1.1 204 ")
+    assert _Protocol.refused == []
+
+
+def test_what_httptools_cannot_parse_is_a_400_in_problem_json(
+    connection: tuple[_Protocol, RecordingTransport, asyncio.AbstractEventLoop],
+) -> None:
+    """uvicorn answers it text/plain; every other refusal is problem+json."""
+    protocol, transport, _ = connection
+    protocol.data_received(b"GET /livez HTTP/1.1\r\nHost x\r\n\r\n")
+    [answer] = transport.written
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 ")
+    assert b"content-type: application/problem+json" in head
+    assert json.loads(body)["type"].endswith(":malformed-request")
+    assert transport.closed
+    assert _Protocol.refused == ["malformed-request"]
+
+
+def test_a_body_before_a_pipelined_head_in_one_chunk_is_not_counted_as_that_head(
+    connection: tuple[_Protocol, RecordingTransport, asyncio.AbstractEventLoop],
+) -> None:
+    """One chunk with the end of a request, a body over the cap, and the start of the next
+    head: only the next head's own chunks count."""
+    protocol, transport, loop = connection
+    first = b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 65536\r\n\r\n"
+    protocol.data_received(first[:20])
+    protocol.data_received(first[20:] + b"b" * 65536 + b"GET /y HTTP/1.1\r\nHost: x\r\n")
+    protocol.data_received(LINE + b"\r\n")
+    loop.run_until_complete(asyncio.sleep(0.01))
+    assert _Protocol.refused == []
+    assert transport.written
+    assert all(answer.startswith(b"HTTP/1.1 204 ") for answer in transport.written)
