@@ -24,6 +24,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from gateway import jsoncodec
 from gateway.errors import GatewayError, HeadTooLargeError, MalformedRequestError
 from gateway.http.headshed import HeadRefusal, HeadShed
+from gateway.http.problems import in_door_form
 
 logger = logging.getLogger("gateway.server")
 
@@ -143,8 +144,9 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         # the request's body has all arrived (uvicorn's cycle stops saying once answered)
         self._body_done = True
         self._drain_timer: asyncio.TimerHandle | None = None
-        self._head_bytes = -1  # the bytes of the head being parsed (-1: none is)
-        self._heads_begun = 0
+        # the head being parsed: its target's and headers' bytes as httptools hands them
+        # over (-1: no head is being parsed)
+        self._head_bytes = -1
         self._wrapped = _LingerOnClose(transport, self)
         super().connection_made(self._wrapped)  # type: ignore[arg-type]
         self._arm()
@@ -175,14 +177,17 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
             # between requests: uvicorn cancels its keep-alive timer on any byte, so the
             # head's deadline starts with the first (bytes that begin no message included)
             self._arm()
-        begun = self._heads_begun
         super().data_received(data)
-        # the chunks of a head under way, but the one it began in (what came before it in
-        # that chunk, a body say, is not the head's) and the one it ended in
-        if self._head_bytes >= 0 and self._heads_begun == begun:
-            self._head_bytes += len(data)
-            if self._head_bytes > self.max_head_bytes:
-                self._head_too_large()
+        if self._head_bytes > self.max_head_bytes:  # (checked once the chunk is parsed)
+            self._head_too_large()
+
+    def on_url(self, url: bytes) -> None:
+        self._head_bytes += len(url)
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_bytes += len(name) + len(value)
+        super().on_header(name, value)
 
     def _head_too_large(self) -> None:
         """Answer 431 now, the head unfinished, and close lingering: what the client still
@@ -211,9 +216,17 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self._raw.close()
 
     def _problem(self, error: GatewayError) -> bytes:
-        """``error`` as a whole answer, before any request has a scope: problem+json, the
-        server's default headers, and ``Connection: close``."""
-        body = jsoncodec.dumps(error.problem(None, None))
+        """``error`` as a whole answer, before any request has a scope: in the error form of
+        the door its path (as far as it was read) is on, with the server's default headers
+        and ``Connection: close``."""
+        try:
+            url = getattr(self, "url", b"")  # (none before the first message begins)
+            path = httptools.parse_url(url).path.decode("latin-1") if url else ""
+        except httptools.HttpParserInvalidURLError:
+            path = ""
+        problem = error.problem(None, None)
+        media_type = in_door_form(problem, error, path)
+        body = jsoncodec.dumps(problem)
         return b"".join(
             [
                 STATUS_LINE[error.status],
@@ -221,7 +234,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
                     b"".join([name, b": ", value, b"\r\n"])
                     for name, value in self.server_state.default_headers
                 ),
-                b"content-type: application/problem+json\r\n",
+                b"content-type: %s\r\n" % media_type.encode("ascii"),
                 b"content-length: %d\r\n" % len(body),
                 b"connection: close\r\n\r\n",
                 body,
@@ -276,7 +289,6 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._head_bytes = 0
-        self._heads_begun += 1
         self._unset_keepalive_if_required()  # the head's deadline from here
         self._arm()
 

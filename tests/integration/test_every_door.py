@@ -15,6 +15,7 @@ front door's rules fails here:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import socket
@@ -176,6 +177,54 @@ def test_every_route_refuses_an_unknown_caller_unread_and_lets_go_of_it(
             problems.append(f"{where}: {status} is not {shape.decode()}")
         if closed is None or closed > LINGER + 1.5:
             problems.append(f"{where}: still open {closed} s after its answer and one body byte")
+    assert not problems, "\n".join(problems)
+
+
+def _oversized(port: int, path: str, method: str) -> tuple[int, bytes, float | None]:
+    """The answer to a head that goes on past the cap (70 KiB of headers, never ended),
+    and how long the connection stays once the client has read it and sent its FIN."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(
+            f"{method} {path} HTTP/1.1\r\nHost: x\r\n".encode() + (b"X-Filler: " + b"a" * 1000 + b"\r\n") * 70
+        )
+        sock.settimeout(5)
+        answer = b""
+        with contextlib.suppress(OSError):
+            while b"\r\n\r\n" not in answer and (piece := sock.recv(65536)):
+                answer += piece
+        status = int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/1.1 ") else 0
+        started = time.monotonic()
+        try:
+            sock.shutdown(socket.SHUT_WR)
+            while sock.recv(65536):
+                pass
+        except TimeoutError:
+            return status, answer, None
+        except OSError:
+            pass
+        return status, answer, time.monotonic() - started
+
+
+def test_every_route_answers_a_head_past_the_cap_with_a_431_and_lets_go(
+    door: tuple[GatewayProcess, str],
+) -> None:
+    """server.max_head_bytes is the protocol's, before any route: every route (and a path
+    no route serves) answers 431 in its door's error form, and lets the socket go."""
+    gateway, _ = door
+    routes = [*_routes(), ("/no/such/route", "GET")]
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(lambda r: _oversized(gateway.port, _concrete(r[0]), r[1]), routes))
+    problems = []
+    for (template, method), (status, head, closed) in zip(routes, results, strict=True):
+        where = f"{method} {template}"
+        if status != 431:
+            problems.append(f"{where}: {status or head[:60]!r}, not 431")
+            continue
+        shape = b"application/json" if template.startswith(PROTOCOL_PREFIXES) else b"application/problem+json"
+        if b"content-type: " + shape + b"\r\n" not in head.lower():
+            problems.append(f"{where}: its 431 is not {shape.decode()}")
+        if closed is None or closed > 1.0:
+            problems.append(f"{where}: open {closed} s after its answer and the client's FIN")
     assert not problems, "\n".join(problems)
 
 

@@ -54,7 +54,7 @@ def test_a_head_past_the_cap_is_a_431_and_what_follows_is_never_parsed(
 ) -> None:
     protocol, transport, _ = connection
     protocol.data_received(b"GET /livez HTTP/1.1\r\nHost: x\r\n")
-    for _ in range(CAP // len(LINE) + 1):
+    for _ in range(CAP // len(LINE) + 2):  # (httptools hands a header over at the next one)
         protocol.data_received(LINE)
     [answer] = transport.written
     head, _, body = answer.partition(b"\r\n\r\n")
@@ -115,3 +115,18 @@ def test_a_body_before_a_pipelined_head_in_one_chunk_is_not_counted_as_that_head
     assert _Protocol.refused == []
     assert transport.written
     assert all(answer.startswith(b"HTTP/1.1 204 ") for answer in transport.written)
+
+
+def test_on_the_inference_protocols_door_the_431_is_in_its_error_form(
+    connection: tuple[_Protocol, RecordingTransport, asyncio.AbstractEventLoop],
+) -> None:
+    """What tritonclient reads on /v2: ``error``, application/json (the problem's members beside)."""
+    protocol, transport, _ = connection
+    protocol.data_received(b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\n")
+    for _ in range(CAP // len(LINE) + 2):  # (httptools hands a header over at the next one)
+        protocol.data_received(LINE)
+    [answer] = transport.written
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431 ")
+    assert b"content-type: application/json\r\n" in head
+    assert "over 4096 bytes" in json.loads(body)["error"]

@@ -48,6 +48,8 @@ PROTOCOL_METHODS = (
     "timeout_keep_alive_handler",
     "_unset_keepalive_if_required",
     "send_400_response",
+    "on_url",
+    "on_header",
 )
 CYCLE_ATTRIBUTES = ("response_complete", "more_body", "keep_alive", "disconnected", "message_event")
 
