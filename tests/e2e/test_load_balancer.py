@@ -5,6 +5,8 @@ answers the service name with both addresses."""
 
 from __future__ import annotations
 
+import contextlib
+import queue
 import signal
 import threading
 import time
@@ -13,14 +15,23 @@ from pathlib import Path
 
 import httpx
 import pytest
+from tritonclient.utils import InferenceServerException
 
 from gateway.dev.tritonserver import TritonServer, free_port
 
 from helpers.balancer import Balanced, balanced_replicas, classified
+from helpers.h2flood import header_flood
 from helpers.load import LoadResult, run_load
 from helpers.support import chelsea_jpeg
 
 pytestmark = pytest.mark.alone  # it times or loads the machine: run with nothing beside it
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
 
 
 @pytest.fixture
@@ -74,50 +85,99 @@ def test_a_replica_leaving_on_sigterm_loses_no_request(balanced: Balanced) -> No
     assert statuses[200] > 40
 
 
-def test_grpc_calls_are_balanced_over_every_replicas_door(triton: TritonServer, tmp_path: Path) -> None:
-    """tritonclient.grpc through HAProxy's `grpc` frontend (the shipped config; TCP, by
-    connection): every call answered, new connections spread over both replicas' doors."""
+def _text_call() -> list[object]:
     import numpy as np
     import tritonclient.grpc as tritongrpc
-    from tritonclient.utils import InferenceServerException
 
-    with balanced_replicas(triton, tmp_path, GATEWAY_GRPC__PORT=str(free_port())) as stack:
-        client = tritongrpc.InferenceServerClient(stack.grpc)
-        text = tritongrpc.InferInput("TEXT", [1, 1], "BYTES")
-        text.set_data_from_numpy(np.array([[b"The match ended two to nil."]], dtype=np.object_))
-        top_k = tritongrpc.InferInput("TOP_K", [1, 1], "INT32")
-        top_k.set_data_from_numpy(np.array([[1]], dtype=np.int32))
-        deadline = time.monotonic() + 15
-        while True:  # HAProxy's checks (every 2 s) see the doors up
-            try:
-                if client.is_server_ready():
-                    break
-            except InferenceServerException:
-                pass  # 503 from HAProxy: no door up yet
-            assert time.monotonic() < deadline, "the balancer's gRPC backend never came up"
-            time.sleep(0.5)
-        # calls until both doors have answered some (HAProxy's checks bring the second up
-        # within a check round or two); every call answered, the same answer from either
-        before = _grpc_calls(stack)
-        labels, sent = set(), 0
+    text = tritongrpc.InferInput("TEXT", [1, 1], "BYTES")
+    text.set_data_from_numpy(np.array([[b"The match ended two to nil."]], dtype=np.object_))
+    top_k = tritongrpc.InferInput("TOP_K", [1, 1], "INT32")
+    top_k.set_data_from_numpy(np.array([[1]], dtype=np.int32))
+    return [text, top_k]
+
+
+def _grpc_up(stack: Balanced) -> None:
+    """Until HAProxy's checks (every 2 s) see both doors up: a call answered by each."""
+    import tritonclient.grpc as tritongrpc
+
+    client = tritongrpc.InferenceServerClient(stack.grpc)
+    deadline = time.monotonic() + 30
+    before = _grpc_calls(stack)
+    try:
         while True:
-            for _ in range(4):  # a client of its own each time: a connection of its own (gRPC
-                # shares one across channels to a target unless told not to)
-                fresh = tritongrpc.InferenceServerClient(
-                    stack.grpc, channel_args=[("grpc.use_local_subchannel_pool", 1)]
-                )
-                for _ in range(5):
-                    answer = fresh.infer("text_classifier", [text, top_k])
-                    labels.add(str(answer.as_numpy("LABELS")[0][0]))
-                    sent += 1
-                fresh.close()
+            with contextlib.suppress(InferenceServerException):  # 503 from HAProxy: no door up yet
+                client.infer("text_classifier", _text_call())
             counts = [after - then for after, then in zip(_grpc_calls(stack), before, strict=True)]
-            if min(counts) >= 1 or time.monotonic() > deadline + 15:
-                break
+            if min(counts) >= 1:
+                return
+            assert time.monotonic() < deadline, (
+                f"the balancer's gRPC backend never had both doors up: {counts}"
+            )
+            time.sleep(0.2)
+    finally:
         client.close()
-        assert len(labels) == 1
-        assert sum(counts) == sent, counts  # each call answered by exactly one replica
-        assert min(counts) >= 1, f"one replica's door got nothing: {counts}"
+
+
+@pytest.fixture
+def grpc_balanced(triton: TritonServer, tmp_path: Path) -> Iterator[Balanced]:
+    with balanced_replicas(triton, tmp_path, GATEWAY_GRPC__PORT=str(free_port())) as stack:
+        _grpc_up(stack)
+        yield stack
+
+
+def test_grpc_calls_are_balanced_call_by_call_over_every_replicas_door(grpc_balanced: Balanced) -> None:
+    """tritonclient.grpc through HAProxy's `grpc` frontend (the shipped config: HTTP/2,
+    by call): the calls of one client, on its one connection, spread over both replicas'
+    doors, every one answered once. (In TCP mode, by connection, they all went to one.)"""
+    import tritonclient.grpc as tritongrpc
+
+    client = tritongrpc.InferenceServerClient(grpc_balanced.grpc)
+    before = _grpc_calls(grpc_balanced)
+    labels = {str(client.infer("text_classifier", _text_call()).as_numpy("LABELS")[0][0]) for _ in range(20)}
+    # a stream (ModelStreamInfer) passes HAProxy's HTTP/2 both ways too
+    streamed: queue.Queue[object] = queue.Queue()
+    client.start_stream(callback=lambda result, error: streamed.put(error or result))
+    for _ in range(3):
+        client.async_stream_infer("text_classifier", _text_call())
+    answers = [streamed.get(timeout=30) for _ in range(3)]
+    client.stop_stream()
+    client.close()
+    assert all(isinstance(answer, tritongrpc.InferResult) for answer in answers), answers
+    labels |= {str(answer.as_numpy("LABELS")[0][0]) for answer in answers}  # type: ignore[attr-defined]
+    counts = [after - then for after, then in zip(_grpc_calls(grpc_balanced), before, strict=True)]
+    assert len(labels) == 1
+    assert sum(counts) == 20, counts  # each call answered by exactly one replica (streams count apart)
+    assert min(counts) >= 5, f"one connection's calls did not spread: {counts}"
+
+
+FLOOD_CONNECTIONS = 32
+FLOOD_VALUE = 12 * 1000 * 1000  # under gRPC's ~16 MiB, above which it refuses the value unread
+
+
+def test_a_header_flood_at_the_grpc_frontend_never_reaches_a_replica(grpc_balanced: Balanced) -> None:
+    """32 anonymous connections, each opening a call whose header value grows by CONTINUATION
+    frames to 12 MB and never ends: HAProxy refuses each at its buffer, the replicas' RSS
+    stays flat, and a call is answered beside the held sockets. With the TCP frontend the
+    flood reached the doors (gRPC keeps such a value whole while it arrives): each replica
+    took +220 and +208 MiB (384 MB of header values got
+    out) and kept it while the sockets were held."""
+    import tritonclient.grpc as tritongrpc
+
+    pids = [replica.process.pid for replica in grpc_balanced.replicas]
+    before = [rss_mib(pid) for pid in pids]
+    with header_flood(grpc_balanced.grpc, FLOOD_CONNECTIONS, FLOOD_VALUE) as flood:
+        time.sleep(1.0)  # what arrived is parsed
+        rises = [rss_mib(pid) - then for pid, then in zip(pids, before, strict=True)]
+        client = tritongrpc.InferenceServerClient(grpc_balanced.grpc)
+        answered = client.infer("text_classifier", _text_call())
+        client.close()
+    print(
+        f"{FLOOD_CONNECTIONS} x {FLOOD_VALUE / 1e6:.0f} MB header values at the balancer: "
+        f"{sum(flood.sent) / 1e6:.0f} MB got out, replicas' RSS {', '.join(f'{r:+.0f}' for r in rises)} MiB"
+    )
+    assert answered.as_numpy("LABELS") is not None
+    assert max(rises) < 64, f"the flood reached a replica: RSS {rises} MiB"
+    assert sum(flood.sent) < FLOOD_CONNECTIONS * FLOOD_VALUE, "no connection was refused part way"
 
 
 def _grpc_calls(stack: Balanced) -> list[float]:

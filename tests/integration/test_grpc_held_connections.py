@@ -24,6 +24,7 @@ from gateway.dev.gatewayprocess import GatewayProcess
 from gateway.dev.tritonserver import TritonServer, free_port
 from gateway.shared.keyfiles import hash_key
 
+from helpers.h2flood import header_flood
 from helpers.sockets import closed_within
 
 pytestmark = pytest.mark.alone  # it times or loads the machine: run with nothing beside it
@@ -216,3 +217,40 @@ def test_anonymous_health_checks_that_never_send_their_message_hold_no_call_slot
         for call in held:
             call.cancel()
         channel.close()
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+FLOODING = CONNECTIONS - 4
+
+
+@pytest.mark.quarantine
+@pytest.mark.xfail(
+    strict=False,
+    reason="not held: gRPC's server (grpcio 1.85) keeps a header value of up to ~16 MiB whole while "
+    "its CONTINUATION frames arrive, before its metadata limits (absolute_max_metadata_size 16 KiB "
+    "changes nothing) or the door see the call; 12 connections x 12 MB took the door +159 and +165 MiB (two runs), "
+    "held until the connection ages out (grpc.max_connection_age_seconds). Deployed behind the "
+    "shipped HAProxy (HTTP/2 frontend) the flood is refused there (tests/e2e/test_load_balancer.py). "
+    "Quarantined: make test-quarantine runs it (XPASS when it holds)",
+)
+def test_a_header_flood_straight_at_the_door_leaves_its_memory_flat(door: tuple[str, GatewayProcess]) -> None:
+    """12 of the door's 16 connections each open a call whose header value grows by
+    CONTINUATION frames to 12 MB and never ends: the door's RSS should not follow, and a
+    keyed client on a 13th is served."""
+    address, gateway = door
+    before = _rss_mib(gateway.process.pid)
+    with header_flood(address, FLOODING, 12 * 1000 * 1000) as flood:
+        time.sleep(1.0)
+        rise = _rss_mib(gateway.process.pid) - before
+        served = _live(address)
+    print(
+        f"{FLOODING} x 12 MB header values straight at the door: {sum(flood.sent) / 1e6:.0f} MB sent, RSS {rise:+.0f} MiB"
+    )
+    assert served
+    assert rise < 64, f"RSS {rise:+.0f} MiB"
