@@ -228,6 +228,56 @@ def test_every_route_answers_a_head_past_the_cap_with_a_431_and_lets_go(
     assert not problems, "\n".join(problems)
 
 
+def _tiny_chunks(port: int, path: str, method: str) -> tuple[int, bytes, float | None]:
+    """The answer to a head with a chunked body of 20,000 1-byte chunks sent at once, and
+    how long the gateway keeps the socket after it (None: still open after 3 s; the
+    client sends no FIN)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        started = time.monotonic()
+        with contextlib.suppress(OSError):
+            sock.sendall(
+                f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                "Transfer-Encoding: chunked\r\n\r\n".encode()
+                + b"1\r\na\r\n" * 20_000
+            )
+        sock.settimeout(3)
+        answer = b""
+        try:
+            while piece := sock.recv(65536):
+                answer += piece
+            closed: float | None = time.monotonic() - started
+        except TimeoutError:
+            closed = None
+        except OSError:
+            closed = time.monotonic() - started
+        status = int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/1.1 ") else 0
+        return status, answer, closed
+
+
+def test_every_route_stops_parsing_a_body_of_tiny_chunks_and_lets_go(
+    door: tuple[GatewayProcess, str],
+) -> None:
+    """server.min_chunk_bytes is the protocol's, before any route: a body of 1-byte chunks
+    (each a step of the parser's) to every route, and a path none serves, is answered
+    (a 400, or what the route answers before reading a body) and its socket let go within
+    a second, the rest never parsed. Before, a route that answered first read the rest
+    away, chunk by chunk, for the linger bound."""
+    gateway, _ = door
+    routes = [*_routes(), ("/no/such/route", "POST")]
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(lambda r: _tiny_chunks(gateway.port, _concrete(r[0]), r[1]), routes))
+    problems = []
+    for (template, method), (status, answer, closed) in zip(routes, results, strict=True):
+        where = f"{method} {template}"
+        if not 200 <= status < 500 and not (template in OPEN and status == 503):
+            problems.append(f"{where}: {status or answer[:60]!r}")
+        if answer.count(b"HTTP/1.1 ") > 1:
+            problems.append(f"{where}: more than one answer")
+        if closed is None or closed > 1.0:
+            problems.append(f"{where}: still open {closed} s after the chunks")
+    assert not problems, "\n".join(problems)
+
+
 def _answer(port: int, path: str, method: str, credential: str, model: str) -> tuple[int, dict[str, object]]:
     """The status and document of an answer, the model's name (which the request gives)
     and what differs between any two answers (request id, instance) taken out;

@@ -130,3 +130,92 @@ def test_on_the_inference_protocols_door_the_431_is_in_its_error_form(
     assert head.startswith(b"HTTP/1.1 431 ")
     assert b"content-type: application/json\r\n" in head
     assert "over 4096 bytes" in json.loads(body)["error"]
+
+
+async def _reading_app(scope: object, receive: object, send: object) -> None:
+    """Reads the whole body, answers 200 with its length."""
+    size = 0
+    while True:
+        message = await receive()  # type: ignore[operator]
+        if message["type"] == "http.disconnect":
+            return
+        size += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    await send({"type": "http.response.start", "status": 200, "headers": []})  # type: ignore[operator]
+    await send({"type": "http.response.body", "body": str(size).encode()})  # type: ignore[operator]
+
+
+@pytest.fixture
+def reading() -> Iterator[tuple[_Protocol, RecordingTransport, asyncio.AbstractEventLoop]]:
+    loop = asyncio.new_event_loop()
+    _Protocol.refused.clear()
+    config = uvicorn.Config(_reading_app, http="httptools", lifespan="off", log_config=None)
+    protocol = _Protocol(config, ServerState(), {}, _loop=loop)
+    transport = RecordingTransport()
+    protocol.connection_made(transport)
+    try:
+        yield protocol, transport, loop
+    finally:
+        protocol.connection_lost(None)
+        loop.close()
+
+
+CHUNKED = b"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+def _chunks(size: int, count: int) -> bytes:
+    return (b"%x\r\n" % size + b"a" * size + b"\r\n") * count
+
+
+def test_a_body_in_one_byte_chunks_is_a_400_and_the_rest_is_never_parsed(
+    reading: tuple[_Protocol, RecordingTransport, asyncio.AbstractEventLoop],
+) -> None:
+    """Each chunk costs the parser a step: 1-byte chunks cost ~100x the CPU of the same
+    bytes in one piece. Past 64 chunks plus one per ``min_chunk_bytes``, the parser stops."""
+    protocol, transport, loop = reading
+    protocol.data_received(CHUNKED + _chunks(1, 1000))
+    loop.run_until_complete(asyncio.sleep(0.01))
+    [answer] = transport.written
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 ")
+    assert b"content-type: application/problem+json" in head
+    problem = json.loads(body)
+    assert problem["type"].endswith(":malformed-request")
+    assert "chunks" in problem["detail"]
+    assert transport.closed
+    assert _Protocol.refused == ["malformed-request"]
+    assert protocol._body_bytes <= 65  # the parser stopped at the 65th chunk
+
+
+def test_chunked_bodies_in_chunks_a_client_sends_are_served(
+    reading: tuple[_Protocol, RecordingTransport, asyncio.AbstractEventLoop],
+) -> None:
+    """A small body in 60 tiny chunks (under the free 64), and 100 KiB in 1 KiB chunks
+    followed by 60 small ones (64 plus one per KiB allows 164): both read whole."""
+    protocol, transport, loop = reading
+    protocol.data_received(CHUNKED + _chunks(3, 60) + b"0\r\n\r\n")
+    loop.run_until_complete(asyncio.sleep(0.01))
+    protocol.data_received(CHUNKED + _chunks(1024, 100) + _chunks(10, 60) + b"0\r\n\r\n")
+    loop.run_until_complete(asyncio.sleep(0.01))
+    answers = b"".join(transport.written)
+    assert answers.count(b"HTTP/1.1 200 ") == 2, answers
+    assert b"\r\n180\r\n" in answers  # (the answers' bodies go chunked)
+    assert b"\r\n103000\r\n" in answers
+    assert _Protocol.refused == []
+    assert not transport.closed
+
+
+def test_a_body_answered_before_it_was_read_closes_on_too_many_chunks_with_no_second_answer(
+    connection: tuple[_Protocol, RecordingTransport, asyncio.AbstractEventLoop],
+) -> None:
+    """Answered before its body (a 401, a 404): what comes after is read away, and past the
+    chunks it may have the connection closes; no answer follows the one given."""
+    protocol, transport, loop = connection
+    protocol.data_received(CHUNKED)
+    loop.run_until_complete(asyncio.sleep(0.01))
+    [answer] = transport.written
+    assert answer.startswith(b"HTTP/1.1 204 ")
+    protocol.data_received(_chunks(1, 1000))
+    assert transport.closed
+    assert transport.written == [answer]

@@ -12,6 +12,7 @@ import inspect
 from pathlib import Path
 from typing import Any
 
+import httptools
 import uvicorn
 from uvicorn.protocols.http import httptools_impl
 from uvicorn.server import ServerState
@@ -51,7 +52,14 @@ PROTOCOL_METHODS = (
     "on_url",
     "on_header",
 )
-CYCLE_ATTRIBUTES = ("response_complete", "more_body", "keep_alive", "disconnected", "message_event")
+CYCLE_ATTRIBUTES = (
+    "response_started",
+    "response_complete",
+    "more_body",
+    "keep_alive",
+    "disconnected",
+    "message_event",
+)
 
 
 async def _app(scope: Any, receive: Any, send: Any) -> None:
@@ -103,9 +111,12 @@ def test_the_keep_alive_timer_is_cancelled_by_any_byte() -> None:
 
 
 def test_what_the_parser_refuses_is_answered_by_send_400_response() -> None:
-    """The gateway's protocol answers it in problem+json by overriding that method."""
+    """The gateway's protocol answers it in problem+json by overriding that method; what a
+    parser callback raises (too many chunks) is one of the errors it is called for."""
     source = inspect.getsource(httptools_impl.HttpToolsProtocol.data_received)
     assert "self.send_400_response(" in source
+    assert "except httptools.HttpParserError" in source
+    assert issubclass(httptools.HttpParserCallbackError, httptools.HttpParserError)
 
 
 def test_only_the_protocol_module_imports_uvicorns_internals() -> None:
