@@ -290,6 +290,14 @@ class ServerSettings(BaseModel):
         "chunk costs the parser a step: 1-byte chunks cost the gateway ~100x the CPU of the same "
         "bytes in one piece).",
     )
+    max_pipelined: int = Field(
+        16,
+        ge=1,
+        le=1024,
+        description="Requests a client may pipeline behind the one being answered on a connection; "
+        "the next stops the parser: the last one waiting is answered with Connection: close and the "
+        "connection closes after it, the rest never parsed (the client resends it on a new connection).",
+    )
     linger_seconds: float = Field(
         10.0,
         gt=0,

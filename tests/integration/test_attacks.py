@@ -329,6 +329,30 @@ def test_a_head_of_300_mib_is_a_431_with_the_gateways_memory_flat(gateway: Gatew
     assert under.startswith(b"HTTP/1.1 200 "), under[:300]
 
 
+def test_pipelined_requests_nobody_reads_leave_the_gateways_memory_flat(gateway: GatewayProcess) -> None:
+    """50 anonymous sockets each send 256 KiB of pipelined `GET /livez` (8,192 requests)
+    and read nothing: each connection is answered up to server.max_pipelined and closed,
+    the rest never parsed. Before, uvicorn parsed and queued every request it was handed:
+    the gateway went from 108 to 1,028 MiB, 1,140 MiB after the sockets closed."""
+    request = b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n"
+    pipelined = request * (256 * 1024 // len(request))
+    sockets = []
+    with Watch(gateway) as watch:
+        try:
+            for _ in range(50):
+                sock = socket.create_connection(("127.0.0.1", gateway.port), timeout=10)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                sockets.append(sock)
+                with contextlib.suppress(OSError):
+                    sock.sendall(pipelined)
+            time.sleep(3.0)  # every answer the gateway will give is given
+        finally:
+            for sock in sockets:
+                sock.close()
+    print(f"50 x 256 KiB of pipelined requests read by nobody: RSS {watch.rise_mib:+.0f} MiB")
+    assert watch.rise_mib < 32, f"RSS rose {watch.rise_mib:.0f} MiB"
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

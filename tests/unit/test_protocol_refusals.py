@@ -219,3 +219,39 @@ def test_a_body_answered_before_it_was_read_closes_on_too_many_chunks_with_no_se
     protocol.data_received(_chunks(1, 1000))
     assert transport.closed
     assert transport.written == [answer]
+
+
+def test_a_pipeline_past_its_bound_is_answered_up_to_it_and_closed(
+    connection: tuple[_Protocol, RecordingTransport, asyncio.AbstractEventLoop],
+) -> None:
+    """100 requests pipelined in one piece: the one answered and the 16 waiting behind it
+    get their answers, the last with Connection: close, then the connection closes; the
+    rest are never parsed (before, uvicorn queued every one: 50 sockets of 256 KiB each,
+    reading nothing, took the gateway from 108 to 1,028 MiB)."""
+    protocol, transport, loop = connection
+    protocol.data_received(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n" * 100)
+    assert len(protocol.pipeline) == 16
+    loop.run_until_complete(asyncio.sleep(0.05))
+    answers = b"".join(transport.written)
+    assert answers.count(b"HTTP/1.1 204 ") == 17, answers.count(b"HTTP/1.1 ")
+    assert answers.count(b"connection: close") == 1
+    assert answers.rindex(b"connection: close") > answers.rindex(b"HTTP/1.1 204 ")  # on the last
+    assert transport.closed or transport.eof
+    assert _Protocol.refused == ["pipeline-full"]
+    protocol.data_received(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n" * 10)  # read away
+    loop.run_until_complete(asyncio.sleep(0.01))
+    assert b"".join(transport.written) == answers
+
+
+def test_a_pipeline_within_its_bound_is_answered_and_kept(
+    connection: tuple[_Protocol, RecordingTransport, asyncio.AbstractEventLoop],
+) -> None:
+    protocol, transport, loop = connection
+    protocol.data_received(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n" * 17)
+    loop.run_until_complete(asyncio.sleep(0.05))
+    answers = b"".join(transport.written)
+    assert answers.count(b"HTTP/1.1 204 ") == 17
+    assert b"connection: close" not in answers
+    assert not transport.closed
+    assert not transport.eof
+    assert _Protocol.refused == []
