@@ -281,6 +281,14 @@ class ServerSettings(BaseModel):
         "it ends and the connection closed (the rest read away as a refused body's); nothing of a head "
         "past it is kept.",
     )
+    max_headers: int = Field(
+        100,
+        ge=16,
+        le=10_000,
+        description="Header fields a request head (or a chunked body's trailers) may have; past it, "
+        "431 and the connection closed (Apache's and Envoy's default too). Each field costs every "
+        "layer that reads the headers a step: 12,000 fields in 60 KB cost 10 ms of CPU against 1 ms.",
+    )
     min_chunk_bytes: int = Field(
         1024,
         ge=1,

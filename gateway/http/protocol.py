@@ -136,6 +136,10 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
     parses, so 300 MiB of headers on one anonymous socket took the gateway from 111 to
     477 MiB, and kept it there after the socket closed.
 
+    A head of more than ``max_headers`` fields is answered 431 too, and the connection
+    closed: 12,000 fields of 5 bytes (60 KB, under the size) cost the gateway 10 ms of CPU
+    a request against 1 ms.
+
     A chunked body may come in at most :data:`FREE_CHUNKS` chunks plus one for every
     ``min_chunk_bytes`` of it: past that it is answered 400 and the connection closed, the
     rest never parsed. Each chunk costs the parser a step of its own: one anonymous socket
@@ -164,6 +168,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
     max_head_bytes: int = 64 * 1024
     min_chunk_bytes: int = 1024
     max_pipelined: int = 16
+    max_headers: int = 100
     head_shed: HeadShed | None = None  # refuses from the head what the route would
     counted: Callable[[str], None] = staticmethod(lambda slug: None)  # a refusal made here, by problem type
 
@@ -182,6 +187,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         # the message's chunks (chunked encoding) and body bytes so far
         self._chunks = 0
         self._body_bytes = 0
+        self._fields = 0  # the head's header fields (and a chunked body's trailers)
         self._refusal: GatewayError | None = None  # why the parser was stopped (a 400)
         # the pipeline is full: the parser was stopped for good, what arrives is read away
         self._parser_stopped = False
@@ -230,9 +236,15 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._head_bytes += len(name) + len(value)
+        self._fields += 1
+        if self._fields > self.max_headers:
+            self._refusal = HeadTooLargeError(
+                f"the request head has more than {self.max_headers} header fields"
+            )
+            raise _ParserStoppedError
         super().on_header(name, value)
 
-    def _head_too_large(self) -> None:
+    def _head_too_large(self, error: HeadTooLargeError | None = None) -> None:
         """Answer 431 now, the head unfinished, and close lingering: what the client still
         sends is read away, never parsed. A request pipelined ahead and not yet answered
         loses its answer: the connection closes at once."""
@@ -245,7 +257,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
             self._raw.close()
             return
         self._raw.write(
-            self._problem(HeadTooLargeError(f"the request head is over {self.max_head_bytes} bytes"))
+            self._problem(error or HeadTooLargeError(f"the request head is over {self.max_head_bytes} bytes"))
         )
         self.cycle = _RefusedCycle(keep_alive=False)  # type: ignore[assignment]
         self.close_lingering()
@@ -257,6 +269,9 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
             return  # (a full pipeline: the requests waiting are answered, then it closes)
         error = self._refusal or MalformedRequestError(f"the request is not valid HTTP/1.1: {msg}")
         self._refusal = None
+        if isinstance(error, HeadTooLargeError):  # too many fields: as a head too long
+            self._head_too_large(error)
+            return
         cycle = self.cycle
         if cycle is not None and (cycle.response_started or isinstance(cycle, _RefusedCycle)):
             # answered (or answering) already: one more answer would be read as the next
@@ -341,7 +356,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._head_bytes = 0
-        self._chunks = self._body_bytes = 0
+        self._chunks = self._body_bytes = self._fields = 0
         self._unset_keepalive_if_required()  # the head's deadline from here
         self._arm()
 

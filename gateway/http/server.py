@@ -94,6 +94,7 @@ def server_config(app: FastAPI, settings: Settings, host: str, port: int) -> uvi
             "max_head_bytes": settings.server.max_head_bytes,
             "min_chunk_bytes": settings.server.min_chunk_bytes,
             "max_pipelined": settings.server.max_pipelined,
+            "max_headers": settings.server.max_headers,
             "head_shed": getattr(app.state, "head_shed", None),
             "counted": staticmethod(getattr(app.state, "count_rejection", _uncounted)),
         },

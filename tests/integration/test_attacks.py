@@ -358,6 +358,27 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def test_heads_of_twelve_thousand_fields_are_431s_that_cost_the_gateway_nothing(
+    gateway: GatewayProcess,
+) -> None:
+    """50 anonymous heads of 12,000 five-byte fields (60 KB, under the head's size cap): a
+    431 at the 101st field. Before, each was parsed, listed and read by every layer: 10.8
+    ms of the gateway's CPU a request, against 0.6 ms for a plain one."""
+    head = b"POST /classify HTTP/1.1\r\nHost: x\r\n" + b"a:b\r\n" * 12_000 + b"Content-Length: 0\r\n\r\n"
+    pid = gateway.process.pid
+    before = cpu_seconds(pid)
+    statuses = set()
+    for _ in range(50):
+        with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as sock:
+            with contextlib.suppress(OSError):
+                sock.sendall(head)
+            statuses.add(sock.recv(100)[:12])
+    spent = (cpu_seconds(pid) - before) / 50
+    print(f"heads of 12,000 fields: {statuses}, gateway CPU {spent * 1000:.2f} ms each")
+    assert statuses == {b"HTTP/1.1 431"}, statuses
+    assert spent < 0.003, f"{spent * 1000:.1f} ms of CPU a request"
+
+
 @pytest.mark.parametrize("caller", ["anonymous", "keyed"])
 def test_a_body_in_one_byte_chunks_is_refused_before_it_costs_the_gateway(
     gateway: GatewayProcess, caller: str
