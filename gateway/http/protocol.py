@@ -200,9 +200,11 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         raw, cycle = self._raw, self.cycle
         if self.lingering or raw.is_closing():
             return
-        if cycle is None or not cycle.more_body or cycle.disconnected:
+        if (cycle is None or not cycle.more_body or cycle.disconnected) and not self._parser_stopped:
             raw.close()  # nothing more is coming
             return
+        # (a stopped parser left what followed unread: closed now, the socket would be reset
+        # under the answers the client has not read yet)
         self.lingering = True
         if raw.can_write_eof():
             raw.write_eof()  # once the answer is out
@@ -267,7 +269,10 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         text/plain), and the connection closed."""
         if self._parser_stopped:
             return  # (a full pipeline: the requests waiting are answered, then it closes)
-        error = self._refusal or MalformedRequestError(f"the request is not valid HTTP/1.1: {msg}")
+        bounded, error = (
+            self._refusal,
+            self._refusal or MalformedRequestError(f"the request is not valid HTTP/1.1: {msg}"),
+        )
         self._refusal = None
         if isinstance(error, HeadTooLargeError):  # too many fields: as a head too long
             self._head_too_large(error)
@@ -280,7 +285,18 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
             return
         self.counted(error.slug)
         self._raw.write(self._problem(error))
-        self._raw.close()
+        if bounded is None:
+            self._raw.close()
+            return
+        # a body past a bound (its chunks): the route reading it is told the client is gone,
+        # and the connection closes lingering, what follows read away, never parsed
+        self._parser_stopped = True
+        self._discarded = 0
+        if cycle is not None:
+            cycle.disconnected = True
+            cycle.message_event.set()
+        self.cycle = _RefusedCycle(keep_alive=False)  # type: ignore[assignment]
+        self.close_lingering()
 
     def _problem(self, error: GatewayError) -> bytes:
         """``error`` as a whole answer, before any request has a scope: in the error form of

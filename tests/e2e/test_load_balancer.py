@@ -22,16 +22,10 @@ from gateway.dev.tritonserver import TritonServer, free_port
 from helpers.balancer import Balanced, balanced_replicas, classified
 from helpers.h2flood import header_flood
 from helpers.load import LoadResult, run_load
+from helpers.procfs import rss_mib
 from helpers.support import chelsea_jpeg
 
 pytestmark = pytest.mark.alone  # it times or loads the machine: run with nothing beside it
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
 
 
 @pytest.fixture

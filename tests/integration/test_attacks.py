@@ -32,6 +32,8 @@ from gateway.dev.tritonserver import TritonServer, free_port
 from gateway.settings import MiB
 from gateway.shared.keyfiles import hash_key
 
+from helpers.procfs import cpu_seconds, rss_mib
+
 pytestmark = [pytest.mark.attack, pytest.mark.alone]  # alone: it times the gateway
 
 # ATTACK_GATEWAY_CODE=<a checkout> runs the gateway from another commit's code (say a git
@@ -50,13 +52,6 @@ PROMETHEUS_KEY = "prometheus-scrapes-with-this"
 ADMIN_KEY = "an-operator"
 IN_FLIGHT = 4
 BUDGET = 96 * MiB
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
 
 
 class Watch:
@@ -351,11 +346,6 @@ def test_pipelined_requests_nobody_reads_leave_the_gateways_memory_flat(gateway:
                 sock.close()
     print(f"50 x 256 KiB of pipelined requests read by nobody: RSS {watch.rise_mib:+.0f} MiB")
     assert watch.rise_mib < 32, f"RSS rose {watch.rise_mib:.0f} MiB"
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def test_heads_of_twelve_thousand_fields_are_431s_that_cost_the_gateway_nothing(

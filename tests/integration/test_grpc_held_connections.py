@@ -25,6 +25,7 @@ from gateway.dev.tritonserver import TritonServer, free_port
 from gateway.shared.keyfiles import hash_key
 
 from helpers.h2flood import header_flood
+from helpers.procfs import rss_mib
 from helpers.sockets import closed_within
 
 pytestmark = pytest.mark.alone  # it times or loads the machine: run with nothing beside it
@@ -219,13 +220,6 @@ def test_anonymous_health_checks_that_never_send_their_message_hold_no_call_slot
         channel.close()
 
 
-def _rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
-
-
 FLOODING = CONNECTIONS - 4
 
 
@@ -244,10 +238,10 @@ def test_a_header_flood_straight_at_the_door_leaves_its_memory_flat(door: tuple[
     CONTINUATION frames to 12 MB and never ends: the door's RSS should not follow, and a
     keyed client on a 13th is served."""
     address, gateway = door
-    before = _rss_mib(gateway.process.pid)
+    before = rss_mib(gateway.process.pid)
     with header_flood(address, FLOODING, 12 * 1000 * 1000) as flood:
         time.sleep(1.0)
-        rise = _rss_mib(gateway.process.pid) - before
+        rise = rss_mib(gateway.process.pid) - before
         served = _live(address)
     print(
         f"{FLOODING} x 12 MB header values straight at the door: {sum(flood.sent) / 1e6:.0f} MB sent, RSS {rise:+.0f} MiB"

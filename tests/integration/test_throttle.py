@@ -17,9 +17,9 @@ import pytest
 
 from gateway.dev.tritonserver import TritonServer, throttled
 
-pytestmark = pytest.mark.alone  # it times or loads the machine: run with nothing beside it
+from helpers.procfs import cpu_seconds
 
-TICKS = os.sysconf("SC_CLK_TCK")
+pytestmark = pytest.mark.alone  # it times or loads the machine: run with nothing beside it
 
 
 @dataclass
@@ -30,11 +30,6 @@ class Group:
 
     def send_signal(self, sig: int, *, group: bool = True) -> None:
         os.killpg(self.process_group, sig)
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
 
 
 def state(pid: int) -> str:

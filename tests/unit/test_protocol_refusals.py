@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 import uvicorn
@@ -34,11 +34,13 @@ class _Protocol(HeaderTimeoutProtocol):
     counted = staticmethod(refused.append)
 
 
-@pytest.fixture
-def connection() -> Iterator[tuple[_Protocol, RecordingTransport, asyncio.AbstractEventLoop]]:
+Connection = tuple[_Protocol, RecordingTransport, asyncio.AbstractEventLoop]
+
+
+def _connected(app: Any) -> Iterator[Connection]:
     loop = asyncio.new_event_loop()
     _Protocol.refused.clear()
-    config = uvicorn.Config(_app, http="httptools", lifespan="off", log_config=None)
+    config = uvicorn.Config(app, http="httptools", lifespan="off", log_config=None)
     protocol = _Protocol(config, ServerState(), {}, _loop=loop)
     transport = RecordingTransport()
     protocol.connection_made(transport)
@@ -49,8 +51,14 @@ def connection() -> Iterator[tuple[_Protocol, RecordingTransport, asyncio.Abstra
         loop.close()
 
 
+@pytest.fixture
+def connection() -> Iterator[Connection]:
+    """A connection to an app that answers 204 without reading the body."""
+    yield from _connected(_app)
+
+
 def test_a_head_past_the_cap_is_a_431_and_what_follows_is_never_parsed(
-    connection: tuple[_Protocol, RecordingTransport, asyncio.AbstractEventLoop],
+    connection: Connection,
 ) -> None:
     protocol, transport, _ = connection
     protocol.data_received(b"GET /livez HTTP/1.1\r\nHost: x\r\n")
@@ -73,7 +81,7 @@ def test_a_head_past_the_cap_is_a_431_and_what_follows_is_never_parsed(
 
 
 def test_a_head_under_the_cap_is_served_whatever_body_comes_in_its_chunk(
-    connection: tuple[_Protocol, RecordingTransport, asyncio.AbstractEventLoop],
+    connection: Connection,
 ) -> None:
     protocol, transport, loop = connection
     head = b"POST /x HTTP/1.1\r\nHost: x\r\n" + LINE * 3 + b"Content-Length: 65536\r\n\r\n"
@@ -87,7 +95,7 @@ def test_a_head_under_the_cap_is_served_whatever_body_comes_in_its_chunk(
 
 
 def test_what_httptools_cannot_parse_is_a_400_in_problem_json(
-    connection: tuple[_Protocol, RecordingTransport, asyncio.AbstractEventLoop],
+    connection: Connection,
 ) -> None:
     """uvicorn answers it text/plain; every other refusal is problem+json."""
     protocol, transport, _ = connection
@@ -102,7 +110,7 @@ def test_what_httptools_cannot_parse_is_a_400_in_problem_json(
 
 
 def test_a_body_before_a_pipelined_head_in_one_chunk_is_not_counted_as_that_head(
-    connection: tuple[_Protocol, RecordingTransport, asyncio.AbstractEventLoop],
+    connection: Connection,
 ) -> None:
     """One chunk with the end of a request, a body over the cap, and the start of the next
     head: only the next head's own chunks count."""
@@ -118,7 +126,7 @@ def test_a_body_before_a_pipelined_head_in_one_chunk_is_not_counted_as_that_head
 
 
 def test_on_the_inference_protocols_door_the_431_is_in_its_error_form(
-    connection: tuple[_Protocol, RecordingTransport, asyncio.AbstractEventLoop],
+    connection: Connection,
 ) -> None:
     """What tritonclient reads on /v2: ``error``, application/json (the problem's members beside)."""
     protocol, transport, _ = connection
@@ -147,18 +155,9 @@ async def _reading_app(scope: object, receive: object, send: object) -> None:
 
 
 @pytest.fixture
-def reading() -> Iterator[tuple[_Protocol, RecordingTransport, asyncio.AbstractEventLoop]]:
-    loop = asyncio.new_event_loop()
-    _Protocol.refused.clear()
-    config = uvicorn.Config(_reading_app, http="httptools", lifespan="off", log_config=None)
-    protocol = _Protocol(config, ServerState(), {}, _loop=loop)
-    transport = RecordingTransport()
-    protocol.connection_made(transport)
-    try:
-        yield protocol, transport, loop
-    finally:
-        protocol.connection_lost(None)
-        loop.close()
+def reading() -> Iterator[Connection]:
+    """A connection to an app that reads the whole body first."""
+    yield from _connected(_reading_app)
 
 
 CHUNKED = b"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -169,7 +168,7 @@ def _chunks(size: int, count: int) -> bytes:
 
 
 def test_a_body_in_one_byte_chunks_is_a_400_and_the_rest_is_never_parsed(
-    reading: tuple[_Protocol, RecordingTransport, asyncio.AbstractEventLoop],
+    reading: Connection,
 ) -> None:
     """Each chunk costs the parser a step: 1-byte chunks cost ~100x the CPU of the same
     bytes in one piece. Past 64 chunks plus one per ``min_chunk_bytes``, the parser stops."""
@@ -183,13 +182,17 @@ def test_a_body_in_one_byte_chunks_is_a_400_and_the_rest_is_never_parsed(
     problem = json.loads(body)
     assert problem["type"].endswith(":malformed-request")
     assert "chunks" in problem["detail"]
-    assert transport.closed
+    assert transport.eof  # lingering: the client reads its answer
+    assert not transport.closed
     assert _Protocol.refused == ["malformed-request"]
     assert protocol._body_bytes <= 65  # the parser stopped at the 65th chunk
+    protocol.data_received(_chunks(1, 1000))  # read away, not parsed
+    assert protocol._body_bytes <= 65
+    assert transport.written == [answer]
 
 
 def test_chunked_bodies_in_chunks_a_client_sends_are_served(
-    reading: tuple[_Protocol, RecordingTransport, asyncio.AbstractEventLoop],
+    reading: Connection,
 ) -> None:
     """A small body in 60 tiny chunks (under the free 64), and 100 KiB in 1 KiB chunks
     followed by 60 small ones (64 plus one per KiB allows 164): both read whole."""
@@ -207,7 +210,7 @@ def test_chunked_bodies_in_chunks_a_client_sends_are_served(
 
 
 def test_a_body_answered_before_it_was_read_closes_on_too_many_chunks_with_no_second_answer(
-    connection: tuple[_Protocol, RecordingTransport, asyncio.AbstractEventLoop],
+    connection: Connection,
 ) -> None:
     """Answered before its body (a 401, a 404): what comes after is read away, and past the
     chunks it may have the connection closes; no answer follows the one given."""
@@ -222,7 +225,7 @@ def test_a_body_answered_before_it_was_read_closes_on_too_many_chunks_with_no_se
 
 
 def test_a_pipeline_past_its_bound_is_answered_up_to_it_and_closed(
-    connection: tuple[_Protocol, RecordingTransport, asyncio.AbstractEventLoop],
+    connection: Connection,
 ) -> None:
     """100 requests pipelined in one piece: the one answered and the 16 waiting behind it
     get their answers, the last with Connection: close, then the connection closes; the
@@ -236,7 +239,8 @@ def test_a_pipeline_past_its_bound_is_answered_up_to_it_and_closed(
     assert answers.count(b"HTTP/1.1 204 ") == 17, answers.count(b"HTTP/1.1 ")
     assert answers.count(b"connection: close") == 1
     assert answers.rindex(b"connection: close") > answers.rindex(b"HTTP/1.1 204 ")  # on the last
-    assert transport.closed or transport.eof
+    assert transport.eof  # lingering: what the client sent after is read away, its answers read
+    assert not transport.closed
     assert _Protocol.refused == ["pipeline-full"]
     protocol.data_received(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n" * 10)  # read away
     loop.run_until_complete(asyncio.sleep(0.01))
@@ -244,7 +248,7 @@ def test_a_pipeline_past_its_bound_is_answered_up_to_it_and_closed(
 
 
 def test_a_pipeline_within_its_bound_is_answered_and_kept(
-    connection: tuple[_Protocol, RecordingTransport, asyncio.AbstractEventLoop],
+    connection: Connection,
 ) -> None:
     protocol, transport, loop = connection
     protocol.data_received(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n" * 17)
@@ -258,7 +262,7 @@ def test_a_pipeline_within_its_bound_is_answered_and_kept(
 
 
 def test_a_head_of_too_many_fields_is_a_431_and_what_follows_is_never_parsed(
-    connection: tuple[_Protocol, RecordingTransport, asyncio.AbstractEventLoop],
+    connection: Connection,
 ) -> None:
     """Under the size cap, 1,000 fields of 5 bytes: each costs every layer reading the
     headers a step (12,000 cost the gateway 10 ms a request against 1 ms)."""
@@ -278,7 +282,7 @@ def test_a_head_of_too_many_fields_is_a_431_and_what_follows_is_never_parsed(
 
 
 def test_a_head_of_a_hundred_fields_is_served(
-    connection: tuple[_Protocol, RecordingTransport, asyncio.AbstractEventLoop],
+    connection: Connection,
 ) -> None:
     protocol, transport, loop = connection
     protocol.data_received(b"GET /livez HTTP/1.1\r\nHost: x\r\n" + b"a:b\r\n" * 99 + b"\r\n")
