@@ -38,10 +38,6 @@ class _ParserStoppedError(Exception):
     """Raised from a parser callback: httptools stops and reports HttpParserCallbackError."""
 
 
-class _TooManyChunksError(_ParserStoppedError):
-    """The chunked body has more chunks than its size allows."""
-
-
 # the rejection counted when a connection's pipeline is full (no answer carries it)
 PIPELINE_FULL = "pipeline-full"
 
@@ -212,17 +208,12 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self._linger_timer = self.loop.call_later(self.linger_seconds, raw.close)
 
     def data_received(self, data: bytes) -> None:
-        if self._parser_stopped:
-            self._discarded += len(data)
-            if self._discarded > self.linger_bytes:
-                self._raw.close()
-            return
-        if self.lingering or self._drain_timer is not None:
+        if self.lingering or self._parser_stopped or self._drain_timer is not None:
             self._discarded += len(data)
             if self._discarded > self.linger_bytes:
                 self._raw.close()
                 return
-            if self.lingering:
+            if self.lingering or self._parser_stopped:
                 return
         elif self._body_done and (self.cycle is None or self.cycle.response_complete):
             # between requests: uvicorn cancels its keep-alive timer on any byte, so the
@@ -269,11 +260,8 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         text/plain), and the connection closed."""
         if self._parser_stopped:
             return  # (a full pipeline: the requests waiting are answered, then it closes)
-        bounded, error = (
-            self._refusal,
-            self._refusal or MalformedRequestError(f"the request is not valid HTTP/1.1: {msg}"),
-        )
-        self._refusal = None
+        bounded, self._refusal = self._refusal, None  # the gateway's own bound, if it stopped the parser
+        error = bounded or MalformedRequestError(f"the request is not valid HTTP/1.1: {msg}")
         if isinstance(error, HeadTooLargeError):  # too many fields: as a head too long
             self._head_too_large(error)
             return
@@ -480,7 +468,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
                 f"the chunked body comes in more than {FREE_CHUNKS} chunks plus one per "
                 f"{self.min_chunk_bytes} bytes; send it in larger chunks or with a Content-Length"
             )
-            raise _TooManyChunksError
+            raise _ParserStoppedError
 
     def on_message_complete(self) -> None:
         self._body_done = True
