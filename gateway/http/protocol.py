@@ -249,7 +249,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         if self.cycle is not None and not self.cycle.response_complete:
             self._raw.close()
             return
-        self._raw.write(
+        self._send(
             self._problem(error or HeadTooLargeError(f"the request head is over {self.max_head_bytes} bytes"))
         )
         self.cycle = _RefusedCycle(keep_alive=False)  # type: ignore[assignment]
@@ -267,24 +267,41 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
             return
         cycle = self.cycle
         if cycle is not None and (cycle.response_started or isinstance(cycle, _RefusedCycle)):
-            # answered (or answering) already: one more answer would be read as the next
-            # request's; the connection just closes
-            self._raw.close()
-            return
+            # answered (or answering: a refusal held, an answer still being sent) already:
+            # one more answer would be read as the next request's. The answer goes out, then
+            # the connection closes lingering, what follows read away: closed at once, the
+            # socket was reset under a client still sending, which lost the 401 it had not
+            # read yet (a flaky attack test)
+            self._stop_parsing()
+            cycle.keep_alive = False
+            if cycle.response_complete:
+                self.close_lingering()
+            return  # (otherwise once it is: uvicorn closes a cycle not kept alive)
         self.counted(error.slug)
-        self._raw.write(self._problem(error))
+        self._send(self._problem(error))
         if bounded is None:
             self._raw.close()
             return
         # a body past a bound (its chunks): the route reading it is told the client is gone,
         # and the connection closes lingering, what follows read away, never parsed
-        self._parser_stopped = True
-        self._discarded = 0
+        self._stop_parsing()
         if cycle is not None:
             cycle.disconnected = True
             cycle.message_event.set()
         self.cycle = _RefusedCycle(keep_alive=False)  # type: ignore[assignment]
         self.close_lingering()
+
+    def _send(self, data: bytes) -> None:
+        """Write an answer the protocol makes itself, after what the routes wrote in this
+        turn of the loop (still in :class:`_LingerOnClose`): never ahead of an earlier
+        request's answer."""
+        self._wrapped.flush()
+        self._raw.write(data)
+
+    def _stop_parsing(self) -> None:
+        """From here what arrives is read away (up to ``linger_bytes``), never parsed."""
+        self._parser_stopped = True
+        self._discarded = 0
 
     def _problem(self, error: GatewayError) -> bytes:
         """``error`` as a whole answer, before any request has a scope: in the error form of
@@ -313,7 +330,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         )
 
     def on_response_complete(self) -> None:
-        if self._body_done or self._raw.is_closing():
+        if self._body_done or self.lingering or self._raw.is_closing():
             super().on_response_complete()
             return
         # answered with its body still on its way: the rest is read away (on_body drops it)
@@ -388,8 +405,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         """A head beyond the pipeline's bound: the parser stops here (raising from its
         callback), the last request waiting closes the connection once answered, and
         what arrives meanwhile is read away (up to ``linger_bytes``)."""
-        self._parser_stopped = True
-        self._discarded = 0
+        self._stop_parsing()
         self.pipeline[0][0].keep_alive = False  # (appended on the left: the newest)
         self.counted(PIPELINE_FULL)
         raise _ParserStoppedError
@@ -439,7 +455,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
                 return
             cycle.response_complete = True
             if not self._raw.is_closing():
-                self._raw.write(data)
+                self._send(data)
             shed.answered(refusal)
             if cycle.keep_alive:  # (the server's shutdown may have cleared it during the hold)
                 self.on_response_complete()  # resumes reading, the keep-alive timer or the next request

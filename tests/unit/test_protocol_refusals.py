@@ -209,19 +209,98 @@ def test_chunked_bodies_in_chunks_a_client_sends_are_served(
     assert not transport.closed
 
 
-def test_a_body_answered_before_it_was_read_closes_on_too_many_chunks_with_no_second_answer(
+def test_a_body_answered_before_it_was_read_closes_lingering_on_too_many_chunks_with_no_second_answer(
     connection: Connection,
 ) -> None:
     """Answered before its body (a 401, a 404): what comes after is read away, and past the
-    chunks it may have the connection closes; no answer follows the one given."""
+    chunks it may have the parser stops and the connection closes lingering (its write side
+    shut, what follows read away): no answer follows the one given, and no reset takes the
+    given one from a client still sending (closed at once, the socket was reset and an
+    attack test's client lost its 401 now and then)."""
     protocol, transport, loop = connection
     protocol.data_received(CHUNKED)
     loop.run_until_complete(asyncio.sleep(0.01))
     [answer] = transport.written
     assert answer.startswith(b"HTTP/1.1 204 ")
     protocol.data_received(_chunks(1, 1000))
-    assert transport.closed
+    assert transport.eof
+    assert not transport.closed
+    assert protocol._body_bytes <= 65  # the parser stopped at the 65th chunk
+    protocol.data_received(_chunks(1, 1000))  # read away, not parsed
+    assert protocol._body_bytes <= 65
     assert transport.written == [answer]
+
+
+def test_an_answer_written_in_the_turn_the_chunks_run_out_is_sent_not_dropped() -> None:
+    """The route writes its 401 and, in the same turn of the loop, the body's next bytes
+    run past the chunks it may have: the 401 (still in this turn's write) goes out, then
+    the connection closes lingering. Before, the connection closed at once and the 401
+    was never written: an attack test's client read b'' (CI on 0b617ef)."""
+    connections: list[Any] = []
+
+    async def answer_then_chunks(scope: object, receive: object, send: object) -> None:
+        await send({"type": "http.response.start", "status": 401, "headers": []})  # type: ignore[operator]
+        await send({"type": "http.response.body", "body": b"no key"})  # type: ignore[operator]
+        connections[0].data_received(_chunks(1, 1000))  # arriving before this turn's write
+
+    for protocol, transport, loop in _connected(answer_then_chunks):
+        connections.append(protocol)
+        protocol.data_received(CHUNKED)
+        loop.run_until_complete(asyncio.sleep(0.01))
+        answers = b"".join(transport.written)
+        assert answers.startswith(b"HTTP/1.1 401 "), answers
+        assert answers.count(b"HTTP/1.1 ") == 1
+        assert transport.eof
+        assert not transport.closed
+
+
+def test_a_refusal_the_protocol_makes_never_overtakes_the_answer_written_before_it() -> None:
+    """A route's answer written in the same turn of the loop as the next pipelined head
+    runs past its cap: the 431 goes out after that answer, not ahead of it (written
+    straight to the socket, it overtook the answer still waiting in this turn's write)."""
+    connections: list[Any] = []
+
+    async def answer_then_a_long_head(scope: object, receive: object, send: object) -> None:
+        await send({"type": "http.response.start", "status": 204, "headers": []})  # type: ignore[operator]
+        await send({"type": "http.response.body", "body": b""})  # type: ignore[operator]
+        connections[0].data_received(b"GET /next HTTP/1.1\r\nHost: x\r\n" + LINE * 8)
+
+    for protocol, transport, loop in _connected(answer_then_a_long_head):
+        connections.append(protocol)
+        protocol.data_received(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
+        loop.run_until_complete(asyncio.sleep(0.01))
+        answers = b"".join(transport.written)
+        assert answers.startswith(b"HTTP/1.1 204 "), answers[:100]
+        assert answers.count(b"HTTP/1.1 431 ") == 1
+
+
+def test_an_answer_still_being_sent_when_the_chunks_run_out_goes_out_whole_then_lingers() -> None:
+    """The chunks run out while the route is still answering (its answer started, not
+    ended): the answer goes out whole, then the connection closes lingering."""
+    release = asyncio.Event()
+
+    async def slow_answer(scope: object, receive: object, send: object) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})  # type: ignore[operator]
+        await send({"type": "http.response.body", "body": b"part", "more_body": True})  # type: ignore[operator]
+        await release.wait()
+        await send({"type": "http.response.body", "body": b"end"})  # type: ignore[operator]
+
+    for protocol, transport, loop in _connected(slow_answer):
+        protocol.data_received(CHUNKED)
+        loop.run_until_complete(asyncio.sleep(0.01))
+        protocol.data_received(_chunks(1, 1000))
+        assert not transport.eof  # the answer is not done
+        assert not transport.closed
+        loop.call_soon(release.set)
+        loop.run_until_complete(asyncio.sleep(0.01))
+        answers = b"".join(transport.written)
+        assert answers.startswith(b"HTTP/1.1 200 ")
+        assert answers.count(b"HTTP/1.1 ") == 1
+        assert b"part" in answers
+        assert b"end" in answers
+        assert transport.eof
+        assert not transport.closed
+        assert protocol._body_bytes <= 65
 
 
 def test_a_pipeline_past_its_bound_is_answered_up_to_it_and_closed(
