@@ -30,7 +30,7 @@ APT_TEST_PACKAGES := chromium prometheus docker-compose wrk hey haproxy redis-se
 # makes their base.
 APT_CONTAINER_PACKAGES := podman runc netavark aardvark-dns iptables debootstrap docker-compose
 
-.PHONY: test-containers test-quarantine lock models-examples keys help run test lint typecheck models install system-deps test-system-deps clean bench bench-capacity bench-placement bench-ledger bench-shared-state soak gpu-smoke docs docs-serve
+.PHONY: test-setup test-containers test-quarantine lock models-examples keys help run test lint typecheck models install system-deps test-system-deps clean bench bench-capacity bench-placement bench-ledger bench-shared-state soak gpu-smoke docs docs-serve
 
 help:
 	@echo "make run    install, build the models, start Triton (CPU) and the gateway on :$(PORT)"
@@ -116,7 +116,7 @@ lock: | system-deps
 install: $(VENV)/.installed $(TRITON_ENV)/.installed
 
 # Grafana's published dashboard schema + TypeScript, to type-check the dashboards.
-$(SCHEMA_CHECK)/node_modules/.installed: $(SCHEMA_CHECK)/package-lock.json
+$(SCHEMA_CHECK)/node_modules/.installed: $(SCHEMA_CHECK)/package-lock.json | test-system-deps
 	npm ci --prefix $(SCHEMA_CHECK) --no-audit --no-fund --loglevel=error
 	touch $@
 
@@ -145,7 +145,10 @@ $(MODELS_BUILT): $(MODEL_INPUTS)
 
 models: $(MODELS_BUILT)
 
-models-examples: models $(BUILD_ENV)/.installed
+# (the build environment made in the recipe, after `models`: as a prerequisite beside it, a
+# parallel make installed it twice at once, once here and once in MODELS_BUILT's own make)
+models-examples: models
+	$(MAKE) --no-print-directory $(BUILD_ENV)/.installed
 	$(BUILD_ENV)/bin/python deploy/model-build/build.py --repository model_repository --examples build/examples
 
 # torch's build environment (1.1 GB) only exports the models: `make run` removes it once
@@ -160,8 +163,15 @@ lint: $(VENV)/.dev-installed
 	$(VENV)/bin/ruff format --check gateway tests deploy model_repository
 	$(VENV)/bin/mypy
 
-test: test-system-deps install $(VENV)/.dev-installed models-examples lint $(SCHEMA_CHECK)/node_modules/.installed \
+# What the suite needs, made side by side (a parallel make: pip, torch and npm each wait on
+# something else much of the time): 255 s on a fresh clone here, against 348 s one after another.
+SETUP_JOBS ?= 3
+TEST_SETUP := test-system-deps install $(VENV)/.dev-installed models-examples lint $(SCHEMA_CHECK)/node_modules/.installed \
   $(OIDC_PROVIDER)/node_modules/.installed $(KSERVE_ENV)/.installed
+test-setup: $(TEST_SETUP)
+
+test:
+	$(MAKE) --no-print-directory -j$(SETUP_JOBS) --output-sync=target test-setup
 	TRITON_GATEWAY_TRITON_ENV=$(TRITON_ENV) $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile \
 	  -m "not containers and not quarantine and not alone"; shared=$$?; \
 	TRITON_GATEWAY_TRITON_ENV=$(TRITON_ENV) $(VENV)/bin/pytest -m "not containers and not quarantine and alone"; \
