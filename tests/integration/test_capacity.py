@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from gateway.bench.capacity import hey
+from gateway.bench.quantiles import percentile
 from gateway.dev.gatewayprocess import GatewayProcess
 from gateway.dev.tritonserver import TritonServer, throttled
 from gateway.shared.keyfiles import hash_key
@@ -80,6 +81,10 @@ def test_a_5x_slowdown_is_followed_by_the_gate_and_a_recovery_too(
     before = text_load(static, 100, 4, "static, Triton at speed")
     ahead = text_load(gate, 100, 6, "gate, Triton at speed")
     limit_at_speed = _metric(gate, "gateway_inflight_limit")
+    # the cap on both sides of the gate: a machine that slows or speeds up between two
+    # flows (a clean-clone CI run on 2026-12-01: the cap 76/s, then the gate 52/s, its three
+    # reruns 74-78/s against 71-85) moves the gate's yardstick with it
+    again = text_load(static, 100, 4, "static again, Triton at speed")
     with throttled(triton):
         one = text_load(static, 1, 4, "one client, Triton slowed")
         slow = text_load(gate, 100, FLOW_SECONDS, "gate, Triton slowed")
@@ -90,7 +95,7 @@ def test_a_5x_slowdown_is_followed_by_the_gate_and_a_recovery_too(
         stuck = text_load(static, 100, FLOW_SECONDS, "static, Triton slowed")
     time.sleep(SETTLE_SECONDS)
     recovered = text_load(gate, 100, 4, "gate, Triton recovered")
-    flows = (before, ahead, one, slow, stuck, recovered)
+    flows = (before, ahead, again, one, slow, stuck, recovered)
     report = {
         flow.name: {"statuses": flow.statuses(), "p50": ms(flow.p(0.5)), "p99": ms(flow.p(0.99))}
         for flow in flows
@@ -99,8 +104,10 @@ def test_a_5x_slowdown_is_followed_by_the_gate_and_a_recovery_too(
     if path := os.environ.get("CAPACITY_REPORT"):
         Path(path).write_text(json.dumps(report, indent=1))
     single = one.p(0.99)
-    speed_p99, cap_speed_p99 = ahead.p(0.99, after=2.0), before.p(0.99, after=1.0)
-    speed_rate, cap_speed_rate = ahead.rate(200, 2.0, 6.0), before.rate(200, 1.0, 4.0)
+    speed_p99 = ahead.p(0.99, after=2.0)
+    cap_speed_p99 = percentile(before.latencies(after=1.0) + again.latencies(after=1.0), 0.99)
+    speed_rate = ahead.rate(200, 2.0, 6.0)
+    cap_speed_rate = (before.rate(200, 1.0, 4.0) + again.rate(200, 1.0, 4.0)) / 2
     gate_p99, cap_p99 = (flow.p(0.99, after=JUDGED_FROM) for flow in (slow, stuck))
     if math.isnan(cap_p99):
         # the cap served none of what was sent after JUDGED_FROM within the flow (its first
@@ -110,7 +117,8 @@ def test_a_5x_slowdown_is_followed_by_the_gate_and_a_recovery_too(
     gate_rate, cap_rate = (flow.rate(200, JUDGED_FROM, FLOW_SECONDS) for flow in (slow, stuck))
     print(
         f"at speed: the gate {speed_rate:.0f}/s p99 {ms(speed_p99)} (limit {limit_at_speed:.0f}); the cap "
-        f"{cap_speed_rate:.0f}/s p99 {ms(cap_speed_p99)}. Triton 5x slower, after {JUDGED_FROM:.0f} s: one "
+        f"{cap_speed_rate:.0f}/s ({before.rate(200, 1.0, 4.0):.0f} before, {again.rate(200, 1.0, 4.0):.0f} after) "
+        f"p99 {ms(cap_speed_p99)}. Triton 5x slower, after {JUDGED_FROM:.0f} s: one "
         f"client p99 {ms(single)}; the gate {gate_rate:.0f}/s p99 {ms(gate_p99)}; the cap {cap_rate:.0f}/s "
         f"p99 {ms(cap_p99)} (the gate's limit {limit_slowed:.0f}); recovered {recovered.rate(200, 1.0, 4.0):.0f}/s"
     )
