@@ -296,7 +296,8 @@ class ServerSettings(BaseModel):
         description="A chunked request body may come in 64 chunks plus one for every this many bytes "
         "of it; past that it is answered 400 and the connection closed, the rest never parsed (each "
         "chunk costs the parser a step: 1-byte chunks cost the gateway ~100x the CPU of the same "
-        "bytes in one piece).",
+        "bytes in one piece). Its framing (size lines and their extensions) may take 64 bytes a chunk "
+        "beyond its data and max_head_bytes for its trailers; past that, the same 400.",
     )
     max_pipelined: int = Field(
         16,

@@ -404,6 +404,35 @@ def test_a_body_in_one_byte_chunks_is_refused_before_it_costs_the_gateway(
     assert spent < 0.15, f"the gateway spent {spent:.2f} s of CPU on {sent / MiB:.1f} MiB of chunks"
 
 
+@pytest.mark.parametrize("caller", ["anonymous", "keyed"])
+def test_a_chunk_extension_without_end_is_refused_within_its_framing(
+    gateway: GatewayProcess, caller: str
+) -> None:
+    """One chunk whose size line never ends (``2;`` and then an extension, 64 KiB at a
+    time): none of it is body, so no body limit saw it. Now the keyed caller's 400 comes
+    within a head's worth of framing (the anonymous one's 401 from its head, as before),
+    then the connection closes lingering. Before (27a8352), the gateway read all 256 MiB
+    (512 MiB in 0.6 s by hand) with no answer, its route waiting on a body that never came."""
+    head = b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
+    if caller == "keyed":
+        head += b"Authorization: Bearer " + CLIENT_KEY.encode() + b"\r\n"
+    block = b"v" * 65536
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as sock:
+        sock.sendall(head + b"\r\n2;name=")
+        sent = 0
+        with contextlib.suppress(OSError):  # (cut once refused)
+            while sent < 256 * MiB and not select.select([sock], [], [], 0)[0]:
+                sock.sendall(block)
+                sent += len(block)
+        answer = b""
+        with contextlib.suppress(OSError):
+            while chunk := sock.recv(65536):  # to the end: the connection ends
+                answer += chunk
+    print(f"{caller}: {sent / MiB:.1f} MiB of one chunk's extension sent, {answer[:12]!r}")
+    assert answer[9:12] == (b"401" if caller == "anonymous" else b"400"), answer[:300]
+    assert sent < 8 * MiB, f"{sent / MiB:.0f} MiB sent before an answer"
+
+
 @pytest.mark.parametrize("value", [b"\xb2", b"\xef\xbc\x91", b"-1", b"99999999999999999999999", b"1e3"])
 def test_no_header_a_client_can_send_is_a_5xx(gateway: GatewayProcess, value: bytes) -> None:
     """Inference-Header-Content-Length: a Latin-1 superscript two and its relatives (before:

@@ -209,6 +209,57 @@ def test_chunked_bodies_in_chunks_a_client_sends_are_served(
     assert not transport.closed
 
 
+def test_a_chunk_size_line_without_end_is_a_400_past_its_framing_and_never_parsed_further(
+    reading: Connection,
+) -> None:
+    """httptools reads a chunk's extension (and a size's leading zeros) without bound, and
+    none of it is body: 1 MiB of one extension, in the reads after the head, is refused
+    once the framing passes a head's worth (the cap here, 4 KiB) plus 64 bytes a chunk.
+    Before, all of it was read and the body's route waited on."""
+    protocol, transport, loop = reading
+    protocol.data_received(CHUNKED + b"2;name=")
+    for _ in range(256):
+        protocol.data_received(b"v" * 4096)
+    loop.run_until_complete(asyncio.sleep(0.01))
+    [answer] = transport.written
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 ")
+    assert "framing" in json.loads(body)["detail"]
+    assert _Protocol.refused == ["malformed-request"]
+    assert transport.eof  # lingering: the client reads its answer
+    assert not transport.closed
+    # refused at the read that passed it: what followed was read away, never parsed
+    assert protocol._body_wire <= CAP + 4096
+
+
+def test_a_chunk_sizes_leading_zeros_count_as_framing(reading: Connection) -> None:
+    """A size line of 8 KiB of zeros, in reads of 1 KiB, is past the framing a chunk may
+    take. (What one read holds whole, the head's end with a body, is bounded by the read's
+    size and not counted.)"""
+    protocol, transport, loop = reading
+    protocol.data_received(CHUNKED)
+    for _ in range(8):
+        protocol.data_received(b"0" * 1024)
+    protocol.data_received(b"2\r\n{}\r\n0\r\n\r\n")
+    loop.run_until_complete(asyncio.sleep(0.01))
+    [refused] = transport.written
+    assert refused.startswith(b"HTTP/1.1 400 ")
+
+
+def test_chunks_with_an_extension_each_and_a_trailer_are_served(reading: Connection) -> None:
+    """100 KiB of 1 KiB chunks with a short extension each (``;a=b``) and a trailer: their
+    framing is well within 64 bytes a chunk and a head's worth."""
+    protocol, transport, loop = reading
+    protocol.data_received(CHUNKED)
+    protocol.data_received((b"400;a=b\r\n" + b"a" * 1024 + b"\r\n") * 100)
+    protocol.data_received(b"0\r\nX-Checksum: 1234\r\n\r\n")
+    loop.run_until_complete(asyncio.sleep(0.01))
+    [answer] = transport.written
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
+    assert b"\r\n102400\r\n" in answer
+    assert _Protocol.refused == []
+
+
 def test_a_body_answered_before_it_was_read_closes_lingering_on_too_many_chunks_with_no_second_answer(
     connection: Connection,
 ) -> None:
