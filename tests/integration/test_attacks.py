@@ -369,6 +369,29 @@ def test_heads_of_twelve_thousand_fields_are_431s_that_cost_the_gateway_nothing(
     assert spent < 0.003, f"{spent * 1000:.1f} ms of CPU a request"
 
 
+def _chunked_until_answered(
+    gateway: GatewayProcess, caller: str, first: bytes, block: bytes, limit: int
+) -> tuple[int, bytes]:
+    """A chunked /classify (keyed or anonymous): ``first``, then ``block`` after ``block``
+    until an answer can be read or ``limit`` bytes are sent; what was sent, and all that
+    was read until the connection ended."""
+    head = b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
+    if caller == "keyed":
+        head += b"Authorization: Bearer " + CLIENT_KEY.encode() + b"\r\n"
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as sock:
+        sock.sendall(head + b"\r\n" + first)
+        sent = 0
+        with contextlib.suppress(OSError):  # (cut once refused)
+            while sent < limit and not select.select([sock], [], [], 0)[0]:
+                sock.sendall(block)
+                sent += len(block)
+        answer = b""
+        with contextlib.suppress(OSError):
+            while chunk := sock.recv(65536):  # to the end: the connection ends
+                answer += chunk
+    return sent, answer
+
+
 @pytest.mark.parametrize("caller", ["anonymous", "keyed"])
 def test_a_body_in_one_byte_chunks_is_refused_before_it_costs_the_gateway(
     gateway: GatewayProcess, caller: str
@@ -379,23 +402,9 @@ def test_a_body_in_one_byte_chunks_is_refused_before_it_costs_the_gateway(
     0.00 s). Before (483cb37), each chunk cost the parser a step: the 401 was read after 11.4
     MiB, the keyed 413 too, 0.75 and 0.65 s of the gateway's CPU (an anonymous socket kept
     on past its 401: 2.2 s for 49 MB, against 0.02 s for 53 MB sent in one piece)."""
-    head = b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
-    if caller == "keyed":
-        head += b"Authorization: Bearer " + CLIENT_KEY.encode() + b"\r\n"
-    block = b"1\r\na\r\n" * 10_000
     pid = gateway.process.pid
     before = cpu_seconds(pid)
-    with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as sock:
-        sock.sendall(head + b"\r\n")
-        sent = 0
-        with contextlib.suppress(OSError):  # (cut once refused)
-            while sent < 60 * MiB and not select.select([sock], [], [], 0)[0]:
-                sock.sendall(block)
-                sent += len(block)
-        answer = b""
-        with contextlib.suppress(OSError):
-            while chunk := sock.recv(65536):
-                answer += chunk
+    sent, answer = _chunked_until_answered(gateway, caller, b"", b"1\r\na\r\n" * 10_000, 60 * MiB)
     spent = cpu_seconds(pid) - before
     print(f"{caller}: {sent / MiB:.1f} MiB of 1-byte chunks sent, gateway CPU {spent:.2f} s, {answer[:12]!r}")
     status = answer[9:12]
@@ -413,21 +422,7 @@ def test_a_chunk_extension_without_end_is_refused_within_its_framing(
     within a head's worth of framing (the anonymous one's 401 from its head, as before),
     then the connection closes lingering. Before (27a8352), the gateway read all 256 MiB
     (512 MiB in 0.6 s by hand) with no answer, its route waiting on a body that never came."""
-    head = b"POST /classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
-    if caller == "keyed":
-        head += b"Authorization: Bearer " + CLIENT_KEY.encode() + b"\r\n"
-    block = b"v" * 65536
-    with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as sock:
-        sock.sendall(head + b"\r\n2;name=")
-        sent = 0
-        with contextlib.suppress(OSError):  # (cut once refused)
-            while sent < 256 * MiB and not select.select([sock], [], [], 0)[0]:
-                sock.sendall(block)
-                sent += len(block)
-        answer = b""
-        with contextlib.suppress(OSError):
-            while chunk := sock.recv(65536):  # to the end: the connection ends
-                answer += chunk
+    sent, answer = _chunked_until_answered(gateway, caller, b"2;name=", b"v" * 65536, 256 * MiB)
     print(f"{caller}: {sent / MiB:.1f} MiB of one chunk's extension sent, {answer[:12]!r}")
     assert answer[9:12] == (b"401" if caller == "anonymous" else b"400"), answer[:300]
     assert sent < 8 * MiB, f"{sent / MiB:.0f} MiB sent before an answer"
