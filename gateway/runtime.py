@@ -394,6 +394,7 @@ class Runtime:
                 idle_seconds=settings.grpc.idle_seconds,
                 age_seconds=settings.grpc.max_connection_age_seconds,
                 age_grace_seconds=settings.triton.timeout_seconds,
+                compressed_messages=settings.grpc.compressed_messages,
             ),
             tls=_door_tls(settings),
             proxies=TrustedProxies(settings.auth.trusted_proxies),

@@ -809,6 +809,14 @@ class GrpcSettings(BaseModel):
         "past it, RESOURCE_EXHAUSTED at once. It bounds the door's calls that callers without a key "
         "can hold; Check (what probes call) is not counted with them.",
     )
+    compressed_messages: bool = Field(
+        False,
+        description="Take request messages sent compressed (gzip, deflate; tritonclient's "
+        "compression_algorithm). Off by default: gRPC inflates a message whole, up to the door's "
+        "largest, before the gateway can look at it, and anyone may send a health check, so 40 KB on "
+        "the wire made 40 MiB in memory. Off, a compressed call is refused UNIMPLEMENTED before it "
+        "is inflated; turn it on where every client is trusted.",
+    )
     max_health_reads: int = Field(
         2,
         ge=1,

@@ -82,11 +82,14 @@ def _flood(
     channels: int,
     metadata: tuple[tuple[str, str], ...],
     method: str = INFER,
+    compression: grpc.Compression = grpc.Compression.NoCompression,
 ) -> list[str]:
     """``calls`` concurrent ModelInfer calls of ``message`` over ``channels`` connections:
     the status code each ended with."""
     options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
-    pipes = [grpc.insecure_channel(address, options=options) for _ in range(channels)]
+    pipes = [
+        grpc.insecure_channel(address, options=options, compression=compression) for _ in range(channels)
+    ]
     try:
         for pipe in pipes:
             grpc.channel_ready_future(pipe).result(timeout=10)
@@ -192,6 +195,47 @@ def test_a_keyed_non_inference_message_is_capped_small(door: tuple[str, GatewayP
         _flood(address, check, 2, 2, (), "/grpc.health.v1.Health/Check")
         == ["StatusCode.INVALID_ARGUMENT"] * 2
     )
+
+
+def test_compressed_messages_are_refused_before_they_are_inflated(door: tuple[str, GatewayProcess]) -> None:
+    """gzip makes 40 MiB of one letter 40 KB on the wire, and gRPC inflates a message whole
+    before the door sees it; a health check is anyone's and is read. So compressed
+    messages are refused (UNIMPLEMENTED) unless ``grpc.compressed_messages`` is on. Before
+    (e44cb20), 16 such anonymous health checks took the gateway from 283 to 847 MiB (by
+    hand), each refused only once inflated, and 8 keyed ModelMetadata calls +212 MiB."""
+    from grpc_health.v1 import health_pb2
+
+    address, gateway = door
+    check = health_pb2.HealthCheckRequest(service="x" * (40 * MiB)).SerializeToString()
+    named = service_pb2.ModelMetadataRequest(name="a" * (40 * MiB)).SerializeToString()
+    gzip = grpc.Compression.Gzip
+    peak = Peak(gateway.process.pid)
+    with peak.watching(), ThreadPoolExecutor(2) as pool:
+        checks = pool.submit(_flood, address, check, 32, 2, (), "/grpc.health.v1.Health/Check", gzip)
+        metadata = pool.submit(_flood, address, named, 16, 2, KEY, SERVICE + "ModelMetadata", gzip)
+        codes = checks.result() + metadata.result()
+    assert codes == ["StatusCode.UNIMPLEMENTED"] * 48, codes
+    assert peak.rise < 64 * MiB, f"RSS rose {peak.rise / MiB:.0f} MiB"
+
+
+def test_compressed_messages_are_taken_where_allowed(
+    triton: TritonServer, spawn_gateway: Callable[..., GatewayProcess], tmp_path: Path
+) -> None:
+    """With ``GATEWAY_GRPC__COMPRESSED_MESSAGES=true``, as Triton takes them: a gzip
+    ModelMetadata call is answered."""
+    keys = tmp_path / "keys"
+    keys.write_text(f"app {hash_key('client-secret')}\n")
+    port = free_port()
+    spawn_gateway(
+        triton,
+        GATEWAY_AUTH__KEYS_FILE=str(keys),
+        GATEWAY_GRPC__PORT=str(port),
+        GATEWAY_GRPC__HOST="127.0.0.1",
+        GATEWAY_GRPC__COMPRESSED_MESSAGES="true",
+    )
+    named = service_pb2.ModelMetadataRequest(name="text_classifier").SerializeToString()
+    codes = _flood(f"127.0.0.1:{port}", named, 2, 1, KEY, SERVICE + "ModelMetadata", grpc.Compression.Gzip)
+    assert codes == ["OK"] * 2, codes
 
 
 def test_an_idle_call_leaves_another_key_served(door: tuple[str, GatewayProcess]) -> None:
