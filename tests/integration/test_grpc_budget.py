@@ -109,10 +109,10 @@ def _flood(
             pipe.close()
 
 
-@pytest.fixture
-def door(
-    triton: TritonServer, spawn_gateway: Callable[..., GatewayProcess], tmp_path: Path
+def _door(
+    triton: TritonServer, spawn_gateway: Callable[..., GatewayProcess], tmp_path: Path, **settings: str
 ) -> tuple[str, GatewayProcess]:
+    """A gateway with three keys, this file's budget and head deadline: its gRPC address."""
     keys = tmp_path / "keys"
     keys.write_text(
         f"app {hash_key('client-secret')}\nother {hash_key('other-secret')}\n"
@@ -126,8 +126,16 @@ def door(
         GATEWAY_GRPC__HOST="127.0.0.1",
         GATEWAY_SERVER__MAX_BODY_BYTES_IN_FLIGHT=str(BUDGET),
         GATEWAY_SERVER__HEADER_TIMEOUT_SECONDS=str(HEAD_SECONDS),
+        **settings,
     )
     return f"127.0.0.1:{port}", gateway
+
+
+@pytest.fixture
+def door(
+    triton: TritonServer, spawn_gateway: Callable[..., GatewayProcess], tmp_path: Path
+) -> tuple[str, GatewayProcess]:
+    return _door(triton, spawn_gateway, tmp_path)
 
 
 def test_64_calls_of_40_mib_raise_the_rss_by_no_more_than_the_budget(
@@ -223,18 +231,9 @@ def test_compressed_messages_are_taken_where_allowed(
 ) -> None:
     """With ``GATEWAY_GRPC__COMPRESSED_MESSAGES=true``, as Triton takes them: a gzip
     ModelMetadata call is answered."""
-    keys = tmp_path / "keys"
-    keys.write_text(f"app {hash_key('client-secret')}\n")
-    port = free_port()
-    spawn_gateway(
-        triton,
-        GATEWAY_AUTH__KEYS_FILE=str(keys),
-        GATEWAY_GRPC__PORT=str(port),
-        GATEWAY_GRPC__HOST="127.0.0.1",
-        GATEWAY_GRPC__COMPRESSED_MESSAGES="true",
-    )
+    address, _ = _door(triton, spawn_gateway, tmp_path, GATEWAY_GRPC__COMPRESSED_MESSAGES="true")
     named = service_pb2.ModelMetadataRequest(name="text_classifier").SerializeToString()
-    codes = _flood(f"127.0.0.1:{port}", named, 2, 1, KEY, SERVICE + "ModelMetadata", grpc.Compression.Gzip)
+    codes = _flood(address, named, 2, 1, KEY, SERVICE + "ModelMetadata", grpc.Compression.Gzip)
     assert codes == ["OK"] * 2, codes
 
 
