@@ -244,7 +244,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
                 self._framing_too_large()
 
     def _framing_too_large(self) -> None:
-        if self._parser_stopped or self._raw.is_closing():
+        if self._raw.is_closing():  # (a stopped parser: send_400_response does nothing)
             return
         self._refusal = MalformedRequestError(
             f"the chunked body's framing (its size lines and their extensions) takes more than "
