@@ -389,7 +389,6 @@ class Runtime:
                 max_streams=settings.grpc.max_streams_per_connection,
                 max_connections=settings.grpc.max_connections,
                 max_health_watches=settings.grpc.max_health_watches,
-                max_health_reads=settings.grpc.max_health_reads,
                 handshake_seconds=settings.server.header_timeout_seconds,
                 idle_seconds=settings.grpc.idle_seconds,
                 age_seconds=settings.grpc.max_connection_age_seconds,

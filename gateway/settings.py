@@ -817,16 +817,6 @@ class GrpcSettings(BaseModel):
         "the wire made 40 MiB in memory. Off, a compressed call is refused UNIMPLEMENTED before it "
         "is inflated; turn it on where every client is trusted.",
     )
-    max_health_reads: int = Field(
-        2,
-        ge=1,
-        le=1_000,
-        description="Health calls (Check or Watch, which anyone may make) whose message has not yet "
-        "arrived, at once; a new one takes the place of the oldest, which is refused "
-        "RESOURCE_EXHAUSTED. gRPC takes a message whole, up to max_message_bytes, so it bounds the "
-        "memory and the calls that callers without a key can hold with health calls; a probe's "
-        "message comes with its call, so held ones never keep it out.",
-    )
     idle_seconds: float = Field(
         60.0,
         gt=0,
