@@ -323,6 +323,15 @@ class ServerSettings(BaseModel):
     keep_alive_seconds: float = Field(
         5.0, gt=0, le=300, description="Idle keep-alive connections are closed after this."
     )
+    send_timeout_seconds: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="An answer the client takes nothing of for this long (its socket's buffers "
+        "full, the gateway's writing paused) ends the connection, what was unsent dropped: a client "
+        "that reads nothing cannot hold a connection. A client that takes some of it in time keeps "
+        "it, as nginx's send_timeout does.",
+    )
     heap_keep_bytes: int = Field(
         128 * MiB,
         ge=0,

@@ -13,6 +13,7 @@ class RecordingTransport(asyncio.Transport):
         super().__init__()
         self.written: list[bytes] = []
         self.closed = False
+        self.aborted = False  # closed with what was unsent dropped
         self.eof = False  # its write side shut
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
@@ -23,6 +24,9 @@ class RecordingTransport(asyncio.Transport):
 
     def close(self) -> None:
         self.closed = True
+
+    def abort(self) -> None:
+        self.closed = self.aborted = True
 
     def is_closing(self) -> bool:
         return self.closed

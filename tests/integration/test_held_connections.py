@@ -4,7 +4,8 @@ the body a bounded time to arrive, and bytes trickled between requests do not ke
 connection past the head's deadline. An anonymous client cannot hold the door's sockets:
 with ``max_connections`` 16, sixteen held sockets leave a keyed client served once the
 bound has passed (before the fix, one body byte after the answer cancelled uvicorn's
-keep-alive timer and nothing re-armed it: such sockets stayed open for good)."""
+keep-alive timer and nothing re-armed it: such sockets stayed open for good). Nor can one
+that asks for large answers and reads none of them: it is closed at the send deadline."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from gateway.dev.gatewayprocess import GatewayProcess
@@ -26,6 +28,7 @@ pytestmark = pytest.mark.alone  # it times or loads the machine: run with nothin
 
 LINGER = 2.0
 HEAD = 3.0
+SEND = 2.0
 KEY = "client-secret"
 
 
@@ -42,6 +45,7 @@ def door(
         GATEWAY_SERVER__LINGER_SECONDS=str(LINGER),
         GATEWAY_SERVER__HEADER_TIMEOUT_SECONDS=str(HEAD),
         GATEWAY_SERVER__KEEP_ALIVE_SECONDS="2",
+        GATEWAY_SERVER__SEND_TIMEOUT_SECONDS=str(SEND),
     )
 
 
@@ -136,6 +140,54 @@ def test_sixteen_held_anonymous_sockets_leave_a_keyed_client_served(door: Gatewa
         assert answer.status_code == 200, (answer.status_code, answer.text[:300])
         still_open = sum(1 for sock in held if closed_within(sock, 0.3) is None)
         assert still_open == 0, f"{still_open} of 16 held sockets are still open"
+    finally:
+        for sock in held:
+            sock.close()
+
+
+# the docs' script, anyone's unless docs are protected: 1.6 MB an answer
+LARGE_ANSWER = b"GET /docs-assets/swagger/swagger-ui-bundle.js HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+def _established(gateway: GatewayProcess) -> int:
+    """The door's connections the gateway holds open (its side: a reset sent into a client's
+    closed window may never be taken, so the client's side can stay established)."""
+    return sum(
+        1
+        for connection in psutil.Process(gateway.process.pid).net_connections(kind="tcp")
+        if connection.status == psutil.CONN_ESTABLISHED and connection.laddr.port == gateway.port
+    )
+
+
+def test_sockets_that_read_nothing_of_their_answers_are_closed_at_the_send_deadline(
+    door: GatewayProcess,
+) -> None:
+    """Fifteen anonymous sockets of a 16-connection door each ask for the docs' 1.6 MB
+    script sixteen times and read nothing: every one is closed (reset, what was unsent
+    dropped) at the send deadline, and a keyed client is served. Before (c5a7b27) nothing
+    bounded an answer's writing: the fifteen stayed open for good and the keyed client
+    was refused by uvicorn's cap (503)."""
+    held = []
+    try:
+        for _ in range(15):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", door.port))
+            sock.sendall(LARGE_ANSWER * 16)
+            held.append(sock)
+            time.sleep(0.05)  # its request taken in before the next connects
+        time.sleep(0.5)
+        assert _established(door) == 15, "the sockets were not all taken in"
+        time.sleep(SEND + 2.0)
+        still = _established(door)
+        with httpx.Client(base_url=door.url, timeout=10) as client:
+            answer = client.post(
+                "/classify",
+                json={"text": "the match went to extra time"},
+                headers={"authorization": f"Bearer {KEY}"},
+            )
+        assert still == 0, f"{still} of 15 sockets reading nothing are still open {SEND + 2.0} s on"
+        assert answer.status_code == 200, (answer.status_code, answer.text[:300])
     finally:
         for sock in held:
             sock.close()

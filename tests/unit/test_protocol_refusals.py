@@ -1,7 +1,8 @@
 """The HTTP protocol's own refusals (gateway.http.protocol), in problem+json as every other:
 a head is under a size no client can exceed (past ``max_head_bytes`` it is answered 431
 before it ends, and what the client still sends is read away, never parsed; a head under the
-cap is not counted with the body that follows it), and what httptools cannot parse is a 400."""
+cap is not counted with the body that follows it), and what httptools cannot parse is a 400.
+An answer the client takes nothing of ends the connection at the send deadline."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ async def _app(scope: object, receive: object, send: object) -> None:
 
 class _Protocol(HeaderTimeoutProtocol):
     max_head_bytes = CAP
+    send_seconds = 0.05
     linger_bytes = 1 << 20
     refused: ClassVar[list[str]] = []
     counted = staticmethod(refused.append)
@@ -418,3 +420,24 @@ def test_a_head_of_a_hundred_fields_is_served(
     protocol.data_received(b"GET /livez HTTP/1.1\r\nHost: x\r\n" + b"a:b\r\n" * 99 + b"\r\n")
     loop.run_until_complete(asyncio.sleep(0.01))
     assert transport.written[0].startswith(b"HTTP/1.1 204 ")
+
+
+def test_an_answer_the_client_takes_nothing_of_ends_the_connection_at_the_send_deadline(
+    connection: Connection,
+) -> None:
+    protocol, transport, loop = connection
+    protocol.pause_writing()  # the transport's buffer over its high-water mark
+    loop.run_until_complete(asyncio.sleep(0.02))
+    assert not transport.closed
+    loop.run_until_complete(asyncio.sleep(0.06))
+    assert transport.aborted  # closing would wait for bytes that never go
+
+
+def test_a_client_that_takes_its_answer_in_time_keeps_the_connection(connection: Connection) -> None:
+    protocol, transport, loop = connection
+    for _ in range(3):  # each stall shorter than the deadline, together longer
+        protocol.pause_writing()
+        loop.run_until_complete(asyncio.sleep(0.03))
+        protocol.resume_writing()
+    loop.run_until_complete(asyncio.sleep(0.06))
+    assert not transport.closed

@@ -51,6 +51,8 @@ PROTOCOL_METHODS = (
     "send_400_response",
     "on_url",
     "on_header",
+    "pause_writing",
+    "resume_writing",
 )
 CYCLE_ATTRIBUTES = (
     "response_started",
