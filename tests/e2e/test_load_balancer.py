@@ -20,7 +20,7 @@ from tritonclient.utils import InferenceServerException
 from gateway.dev.tritonserver import TritonServer, free_port
 
 from helpers.balancer import Balanced, balanced_replicas, classified
-from helpers.h2flood import header_flood
+from helpers.h2flood import header_flood, rapid_reset
 from helpers.load import LoadResult, run_load
 from helpers.procfs import rss_mib
 from helpers.support import chelsea_jpeg
@@ -172,6 +172,49 @@ def test_a_header_flood_at_the_grpc_frontend_never_reaches_a_replica(grpc_balanc
     assert answered.as_numpy("LABELS") is not None
     assert max(rises) < 64, f"the flood reached a replica: RSS {rises} MiB"
     assert sum(flood.sent) < FLOOD_CONNECTIONS * FLOOD_VALUE, "no connection was refused part way"
+
+
+RESET_CONNECTIONS = 4
+RESET_SECONDS = 12.0
+
+
+def test_a_rapid_reset_at_the_grpc_frontend_leaves_other_callers_served(grpc_balanced: Balanced) -> None:
+    """HTTP/2's rapid reset (CVE-2023-44487) from 4 anonymous connections at the balancer,
+    a call made beside it every second: each is answered, and the replicas' RSS stays
+    within bounds. HAProxy forwards each call before its reset, and with backend connections
+    shared between clients (HAProxy's default ``http-reuse safe``) the flood's calls took
+    the stream slots of the connection a client's call was sent on: that call was refused
+    (REFUSED_STREAM) 20 s in, twice. ``http-reuse never`` keeps each client's calls on
+    connections of its own."""
+    import tritonclient.grpc as tritongrpc
+
+    pids = [replica.process.pid for replica in grpc_balanced.replicas]
+    before = [rss_mib(pid) for pid in pids]
+    failures: list[str] = []
+    answered = 0
+    with contextlib.ExitStack() as floods:
+        resets = [floods.enter_context(rapid_reset(grpc_balanced.grpc)) for _ in range(RESET_CONNECTIONS)]
+        started = time.monotonic()
+        while time.monotonic() - started < RESET_SECONDS:
+            time.sleep(1.0)
+            client = tritongrpc.InferenceServerClient(grpc_balanced.grpc)
+            try:
+                client.infer("text_classifier", _text_call(), client_timeout=5)
+                answered += 1
+            except InferenceServerException as error:
+                failures.append(str(error)[:120])
+            finally:
+                client.close()
+        rises = [rss_mib(pid) - then for pid, then in zip(pids, before, strict=True)]
+        streams = sum(reset.streams for reset in resets)
+    print(
+        f"rapid reset at the balancer: {streams} streams from {RESET_CONNECTIONS} connections in "
+        f"{RESET_SECONDS:.0f} s, {answered} calls beside it answered, {len(failures)} refused, "
+        f"replicas' RSS {', '.join(f'{r:+.0f}' for r in rises)} MiB"
+    )
+    assert streams > 200_000, "the flood did not get going"
+    assert failures == [], failures
+    assert max(rises) < 128, f"replicas' RSS {rises} MiB"
 
 
 def _grpc_calls(stack: Balanced) -> list[float]:

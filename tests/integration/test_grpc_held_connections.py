@@ -9,6 +9,7 @@ good, and there was no cap on how many."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -24,7 +25,7 @@ from gateway.dev.gatewayprocess import GatewayProcess
 from gateway.dev.tritonserver import TritonServer, free_port
 from gateway.shared.keyfiles import hash_key
 
-from helpers.h2flood import header_flood
+from helpers.h2flood import header_flood, rapid_reset
 from helpers.procfs import rss_mib
 from helpers.sockets import closed_within
 
@@ -240,4 +241,75 @@ def test_a_header_flood_straight_at_the_door_leaves_its_memory_flat(door: tuple[
         f"{FLOODING} x 12 MB header values straight at the door: {sum(flood.sent) / 1e6:.0f} MB sent, RSS {rise:+.0f} MiB"
     )
     assert served
+    assert rise < 64, f"RSS {rise:+.0f} MiB"
+
+
+def _keyed_beside_rapid_reset(
+    address: str, gateway: GatewayProcess, connections: int, seconds: float
+) -> tuple[list[float], list[str], float, int]:
+    """A keyed ServerLive every 50 ms while ``connections`` rapid-reset floods run for
+    ``seconds``: the waits of those answered, the codes of those refused, the door's RSS
+    rise (MiB) and the streams the floods opened."""
+    channel = grpc.insecure_channel(address)
+    live = channel.unary_unary("/inference.GRPCInferenceService/ServerLive")
+    metadata = (("authorization", f"Bearer {KEY}"),)
+    waits: list[float] = []
+    failures: list[str] = []
+    try:
+        assert live(b"", metadata=metadata, timeout=5) == b"\x08\x01"  # live: true
+        before = rss_mib(gateway.process.pid)
+        with contextlib.ExitStack() as floods:
+            resets = [floods.enter_context(rapid_reset(address)) for _ in range(connections)]
+            started = time.monotonic()
+            while time.monotonic() - started < seconds:
+                sent = time.monotonic()
+                try:
+                    live(b"", metadata=metadata, timeout=5)
+                    waits.append(time.monotonic() - sent)
+                except grpc.RpcError as error:
+                    failures.append(str(error.code()))
+                time.sleep(0.05)
+            streams = sum(reset.streams for reset in resets)
+        rise = rss_mib(gateway.process.pid) - before
+    finally:
+        channel.close()
+    return sorted(waits), failures, rise, streams
+
+
+def test_a_rapid_reset_flood_leaves_a_keyed_client_served(door: tuple[str, GatewayProcess]) -> None:
+    """HTTP/2's rapid reset (CVE-2023-44487): one anonymous connection opens calls and resets
+    each at once, as fast as it can write. gRPC counts a reset stream against the
+    connection's streams until it is freed and refuses new ones past that before a handler
+    runs (``grpc.http.overload_protection``, pinned in the door's options): a keyed client
+    beside it is served throughout. Turned off by hand, a keyed client's calls timed out
+    (118 of 119 in 10 s) and RSS rose +244 MiB."""
+    address, gateway = door
+    waits, failures, rise, streams = _keyed_beside_rapid_reset(address, gateway, 1, 4.0)
+    p99 = waits[int(0.99 * (len(waits) - 1))] if waits else float("inf")
+    print(
+        f"rapid reset: {streams} streams in 4 s; keyed {len(waits)} served, p99 {p99 * 1000:.0f} ms; RSS {rise:+.0f} MiB"
+    )
+    assert streams > 20_000, "the flood did not get going"
+    assert failures == [], failures
+    assert p99 < 1.0, f"keyed p99 {p99:.2f} s"
+
+
+@pytest.mark.quarantine
+@pytest.mark.xfail(
+    strict=False,
+    reason="not held: grpcio 1.85's aio server keeps memory for each call it took before the "
+    "client reset it (as grpc/grpc#43360 describes for failed batches): 4 anonymous connections "
+    "of rapid reset for 30 s took a scratch gateway from 110 to 1,169 MiB, kept after they "
+    "closed; a bare grpc.aio server with one handler grew 33 -> 200 MiB over 11 million streams. "
+    "Behind the shipped HAProxy (http-reuse never) the replicas rose +11 to +23 MiB in 12 s "
+    "(tests/e2e/test_load_balancer.py). Quarantined: make test-quarantine runs it (XPASS when it holds)",
+)
+def test_a_rapid_reset_flood_straight_at_the_door_leaves_its_memory_flat(
+    door: tuple[str, GatewayProcess],
+) -> None:
+    """4 anonymous connections of rapid reset for 6 s: the door's RSS should not follow."""
+    address, gateway = door
+    waits, failures, rise, streams = _keyed_beside_rapid_reset(address, gateway, 4, 6.0)
+    print(f"rapid reset x4: {streams} streams in 6 s; keyed {len(waits)} served; RSS {rise:+.0f} MiB")
+    assert failures == [], failures
     assert rise < 64, f"RSS {rise:+.0f} MiB"
