@@ -33,7 +33,7 @@ APT_TEST_PACKAGES := chromium prometheus docker-compose wrk hey haproxy redis-se
 # makes their base.
 APT_CONTAINER_PACKAGES := podman runc netavark aardvark-dns iptables debootstrap docker-compose
 
-.PHONY: test-setup test-containers test-quarantine lock models-examples models-examples-apart models-examples-rest keys help run test lint typecheck models install system-deps test-system-deps clean bench bench-capacity bench-placement bench-ledger bench-shared-state soak gpu-smoke docs docs-serve
+.PHONY: test-setup test-containers test-quarantine lock models-examples keys help run test lint typecheck models install system-deps test-system-deps clean bench bench-capacity bench-placement bench-ledger bench-shared-state soak gpu-smoke docs docs-serve
 
 help:
 	@echo "make run    install, build the models, start Triton (CPU) and the gateway on :$(PORT)"
@@ -150,16 +150,9 @@ models: $(MODELS_BUILT)
 
 # (the build environment made in the recipe, after `models`: as a prerequisite beside it, a
 # parallel make installed it twice at once, once here and once in MODELS_BUILT's own make)
-# Two builds side by side under a parallel make (`make test`'s setup): each fine-tuning runs
-# on one thread, so one build left a core idle for two minutes (topics 55 s beside the rest,
-# 67 s, instead of 124 s one after another).
-EXAMPLES_APART := topics
-EXAMPLES_REST := lite2 sentiment sentiment-bpe lite0-softmax
-models-examples: models-examples-apart models-examples-rest
-models-examples-apart models-examples-rest: models
+models-examples: models
 	$(MAKE) --no-print-directory $(BUILD_ENV)/.installed
-	$(BUILD_ENV)/bin/python deploy/model-build/build.py --repository model_repository --examples build/examples \
-	  $(if $(filter %-apart,$@),$(EXAMPLES_APART),$(EXAMPLES_REST))
+	$(BUILD_ENV)/bin/python deploy/model-build/build.py --repository model_repository --examples build/examples
 
 # torch's build environment (1.1 GB) only exports the models: `make run` removes it once
 # they are built (KEEP_BUILD_ENV=1 keeps it; the next export makes it again).
