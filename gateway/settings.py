@@ -822,9 +822,9 @@ class GrpcSettings(BaseModel):
         False,
         description="Take request messages sent compressed (gzip, deflate; tritonclient's "
         "compression_algorithm). Off by default: gRPC inflates a message whole, up to the door's "
-        "largest, before the gateway can look at it, and anyone may send a health check, so 40 KB on "
-        "the wire made 40 MiB in memory. Off, a compressed call is refused UNIMPLEMENTED before it "
-        "is inflated; turn it on where every client is trusted.",
+        "largest, before the gateway can look at it, so 40 KB on the wire makes 40 MiB in memory. "
+        "Off, a compressed call is refused UNIMPLEMENTED before it is inflated; turn it on where "
+        "every client is trusted.",
     )
     idle_seconds: float = Field(
         60.0,

@@ -591,9 +591,10 @@ class DoorLimits:
             # memory bounded, as uvicorn's limit_concurrency bounds the HTTP door's)
             ("grpc.max_allowed_incoming_connections", self.max_connections),
             # messages sent compressed (gzip, deflate) taken only when allowed: gRPC inflates
-            # one whole, up to max_message_bytes, before anything can look at it, and a health
-            # call (anyone's) is read: 16 anonymous health checks of 40 KB on the wire, 40 MiB
-            # inflated, took the gateway's RSS from 283 to 847 MiB (bit 0: identity only)
+            # one whole, up to max_message_bytes, before anything can look at it (when health
+            # checks were still read, 16 anonymous ones of 40 KB on the wire, 40 MiB inflated,
+            # took the gateway's RSS from 283 to 847 MiB; a keyed call's 40 KB is 40 MiB of its
+            # body budget) (bit 0: identity only)
             ("grpc.compression_enabled_algorithms_bitset", 0b111 if self.compressed_messages else 0b1),
         ]
 
