@@ -329,8 +329,19 @@ class ServerSettings(BaseModel):
         le=3600,
         description="An answer the client takes nothing of for this long (its socket's buffers "
         "full, the gateway's writing paused) ends the connection, what was unsent dropped: a client "
-        "that reads nothing cannot hold a connection. A client that takes some of it in time keeps "
-        "it, as nginx's send_timeout does.",
+        "that reads nothing cannot hold a connection (it is reset: the kernel drops its unsent bytes "
+        "too). A client that takes some of it in time keeps it, as nginx's send_timeout does, up to "
+        "max_connection_age_seconds.",
+    )
+    max_connection_age_seconds: float = Field(
+        1800.0,
+        gt=0,
+        le=604_800,
+        description="Every connection ends at this age whatever it sends or takes: idle, it closes; "
+        "with a request under way, its answer says Connection: close and the connection closes after "
+        "it, cut triton.timeout_seconds later if still open (as the gRPC door's "
+        "grpc.max_connection_age_seconds). The one bound on a client that keeps taking its answers "
+        "just fast enough for the send deadline.",
     )
     heap_keep_bytes: int = Field(
         128 * MiB,

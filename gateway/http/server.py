@@ -91,6 +91,8 @@ def server_config(app: FastAPI, settings: Settings, host: str, port: int) -> uvi
             "header_timeout": settings.server.header_timeout_seconds,
             "linger_seconds": settings.server.linger_seconds,
             "send_seconds": settings.server.send_timeout_seconds,
+            "max_age_seconds": settings.server.max_connection_age_seconds,
+            "age_grace_seconds": settings.triton.timeout_seconds,
             "linger_bytes": settings.max_json_body_bytes,
             "max_head_bytes": settings.server.max_head_bytes,
             "min_chunk_bytes": settings.server.min_chunk_bytes,

@@ -3,7 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 from typing import Any
+
+
+class OptionsSocket:
+    """What a transport's ``socket`` extra is to the protocol: the options set on it."""
+
+    def __init__(self) -> None:
+        self.options: dict[tuple[int, int], bytes | int] = {}
+
+    def setsockopt(self, level: int, name: int, value: bytes | int) -> None:
+        self.options[(level, name)] = value
+
+    def getsockname(self) -> tuple[str, int]:
+        return ("127.0.0.1", 8080)
+
+    def getpeername(self) -> tuple[str, int]:
+        return ("127.0.0.1", 5000)
 
 
 class RecordingTransport(asyncio.Transport):
@@ -15,9 +33,17 @@ class RecordingTransport(asyncio.Transport):
         self.closed = False
         self.aborted = False  # closed with what was unsent dropped
         self.eof = False  # its write side shut
+        self.socket = OptionsSocket()
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return {"sockname": ("127.0.0.1", 8080), "peername": ("127.0.0.1", 5000)}.get(name, default)
+        extras = {"sockname": ("127.0.0.1", 8080), "peername": ("127.0.0.1", 5000), "socket": self.socket}
+        return extras.get(name, default)
+
+    @property
+    def reset(self) -> bool:
+        """Aborted with a zero linger: the kernel drops what it holds and resets."""
+        linger = self.socket.options.get((socket.SOL_SOCKET, socket.SO_LINGER))
+        return self.aborted and linger == struct.pack("ii", 1, 0)
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         self.written.append(bytes(data))

@@ -150,8 +150,8 @@ LARGE_ANSWER = b"GET /docs-assets/swagger/swagger-ui-bundle.js HTTP/1.1\r\nHost:
 
 
 def _established(gateway: GatewayProcess) -> int:
-    """The door's connections the gateway holds open (its side: a reset sent into a client's
-    closed window may never be taken, so the client's side can stay established)."""
+    """The door's connections the gateway holds open (its side: the kernel may still hold a
+    socket the gateway has closed, see :func:`_left_to_read`)."""
     return sum(
         1
         for connection in psutil.Process(gateway.process.pid).net_connections(kind="tcp")
@@ -188,6 +188,140 @@ def test_sockets_that_read_nothing_of_their_answers_are_closed_at_the_send_deadl
             )
         assert still == 0, f"{still} of 15 sockets reading nothing are still open {SEND + 2.0} s on"
         assert answer.status_code == 200, (answer.status_code, answer.text[:300])
+        # and the kernel kept none of it: each socket was reset, not closed with megabytes
+        # still on offer (before 2026-12-02 the gateway's abort closed its side only, and the
+        # kernel went on offering the 15 sockets ~4 MB each, 59 MiB of the host's TCP memory)
+        left = [_left_to_read(sock) for sock in held]
+        assert all(how == "reset" and size < MiB for size, how in left), left
     finally:
         for sock in held:
             sock.close()
+
+
+MiB = 1024 * 1024
+
+
+def _left_to_read(sock: socket.socket, limit: int = 8 * MiB, seconds: float = 5.0) -> tuple[int, str]:
+    """What a socket can still read (bytes), and how that ends: ``reset``, ``eof``, or
+    ``more`` (still coming after ``limit`` bytes or ``seconds``)."""
+    sock.settimeout(0.5)
+    taken, started = 0, time.monotonic()
+    while taken < limit and time.monotonic() - started < seconds:
+        try:
+            data = sock.recv(1024 * 1024)
+        except TimeoutError:
+            return taken, "more"
+        except ConnectionResetError:
+            return taken, "reset"
+        if not data:
+            return taken, "eof"
+        taken += len(data)
+    return taken, "more"
+
+
+AGE = 3.0
+GRACE = 2.0  # triton.timeout_seconds
+
+
+@pytest.fixture
+def aging_door(
+    triton: TritonServer, spawn_gateway: Callable[..., GatewayProcess], tmp_path: Path
+) -> GatewayProcess:
+    return spawn_gateway(
+        triton,
+        GATEWAY_SERVER__MAX_CONNECTION_AGE_SECONDS=str(AGE),
+        GATEWAY_TRITON__TIMEOUT_SECONDS=str(GRACE),
+        GATEWAY_SERVER__SEND_TIMEOUT_SECONDS=str(SEND),
+        GATEWAY_SERVER__KEEP_ALIVE_SECONDS="2",
+    )
+
+
+def test_a_client_that_takes_its_answers_just_in_time_is_cut_at_the_connections_age(
+    aging_door: GatewayProcess,
+) -> None:
+    """The send deadline is moved by every byte the client takes: one anonymous socket that
+    keeps four of the docs' 1.6 MB answers asked for, and takes them at a few MB/s, is never
+    late for it. The connection's age is the bound no byte moves: the connection ends by
+    ``AGE`` + ``GRACE``. Before (ceea0c9: the send deadline alone) it was still taking its
+    answers 12 s on, and would have for good."""
+    sock = socket.create_connection(("127.0.0.1", aging_door.port), timeout=5)
+    try:
+        sock.sendall(LARGE_ANSWER * 4)
+        started, taken, asked = time.monotonic(), 0, 4
+        ended: str | None = None
+        sock.settimeout(1.0)
+        while time.monotonic() - started < 12.0:
+            try:
+                data = sock.recv(64 * 1024)
+            except (ConnectionResetError, TimeoutError) as error:
+                ended = type(error).__name__
+                break
+            if not data:
+                ended = "eof"
+                break
+            taken += len(data)
+            if taken > (asked - 3) * 1_500_000:  # always about three answers under way
+                try:
+                    sock.sendall(LARGE_ANSWER)
+                except OSError:
+                    ended = "send failed"
+                    break
+                asked += 1
+            time.sleep(0.005)
+        at = time.monotonic() - started
+    finally:
+        sock.close()
+    assert ended is not None, f"still taking answers {at:.1f} s on ({taken / MiB:.0f} MiB, {asked} asked)"
+    assert at <= AGE + GRACE + 1.5, f"ended ({ended}) {at:.1f} s on, past the age and its grace"
+    assert taken > 4 * MiB, f"only {taken} bytes taken: the client was not kept busy"
+
+
+def test_a_busy_keep_alive_connection_ends_at_its_age_between_answers(
+    aging_door: GatewayProcess,
+) -> None:
+    """A client asking on one connection every 50 ms is never idle for the keep-alive bound;
+    at its age the connection closes between answers (or after one that says
+    ``Connection: close``), no answer cut short. Before (ceea0c9), it stayed open as long as the
+    client kept asking."""
+    sock = socket.create_connection(("127.0.0.1", aging_door.port), timeout=5)
+    request = b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n"
+    answers, started, ended = 0, time.monotonic(), None
+    try:
+        while time.monotonic() - started < AGE + 5.0:
+            try:
+                sock.sendall(request)
+                answer = b""
+                while b"\r\n\r\n" not in answer or not _whole(answer):
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        break
+                    answer += chunk
+            except OSError as error:
+                ended = f"{type(error).__name__} after {answers} answers"
+                break
+            if not answer:
+                ended = f"closed between answers after {answers}"
+                break
+            assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+            assert _whole(answer), answer[:300]
+            answers += 1
+            if b"connection: close" in answer.lower():
+                assert sock.recv(65536) == b"", "data after an answer that closes"
+                ended = f"closed after an answer that said so, {answers}"
+                break
+            time.sleep(0.05)
+        at = time.monotonic() - started
+    finally:
+        sock.close()
+    assert ended is not None, f"still open {at:.1f} s on, {answers} answers"
+    assert AGE - 0.5 <= at <= AGE + 1.5, f"{ended} at {at:.1f} s (age {AGE} s)"
+    assert answers >= 10, ended
+
+
+def _whole(answer: bytes) -> bool:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    for line in head.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return len(body) >= int(value)
+    return True

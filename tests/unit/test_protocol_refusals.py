@@ -2,7 +2,8 @@
 a head is under a size no client can exceed (past ``max_head_bytes`` it is answered 431
 before it ends, and what the client still sends is read away, never parsed; a head under the
 cap is not counted with the body that follows it), and what httptools cannot parse is a 400.
-An answer the client takes nothing of ends the connection at the send deadline."""
+An answer the client takes nothing of ends the connection at the send deadline, reset; every
+connection ends at its age whatever it does."""
 
 from __future__ import annotations
 
@@ -39,11 +40,16 @@ class _Protocol(HeaderTimeoutProtocol):
 Connection = tuple[_Protocol, RecordingTransport, asyncio.AbstractEventLoop]
 
 
-def _connected(app: Any) -> Iterator[Connection]:
+class _Aging(_Protocol):
+    max_age_seconds = 0.05
+    age_grace_seconds = 0.05
+
+
+def _connected(app: Any, kind: type[_Protocol] = _Protocol) -> Iterator[Connection]:
     loop = asyncio.new_event_loop()
     _Protocol.refused.clear()
     config = uvicorn.Config(app, http="httptools", lifespan="off", log_config=None)
-    protocol = _Protocol(config, ServerState(), {}, _loop=loop)
+    protocol = kind(config, ServerState(), {}, _loop=loop)
     transport = RecordingTransport()
     protocol.connection_made(transport)
     try:
@@ -430,7 +436,9 @@ def test_an_answer_the_client_takes_nothing_of_ends_the_connection_at_the_send_d
     loop.run_until_complete(asyncio.sleep(0.02))
     assert not transport.closed
     loop.run_until_complete(asyncio.sleep(0.06))
-    assert transport.aborted  # closing would wait for bytes that never go
+    # reset: closing would wait for bytes that never go, and aborting alone leaves the
+    # kernel offering what it holds of the answer
+    assert transport.reset
 
 
 def test_a_client_that_takes_its_answer_in_time_keeps_the_connection(connection: Connection) -> None:
@@ -441,3 +449,62 @@ def test_a_client_that_takes_its_answer_in_time_keeps_the_connection(connection:
         protocol.resume_writing()
     loop.run_until_complete(asyncio.sleep(0.06))
     assert not transport.closed
+
+
+def test_an_idle_connection_closes_at_its_age() -> None:
+    for protocol, transport, loop in _connected(_app, _Aging):
+        protocol.data_received(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+        loop.run_until_complete(asyncio.sleep(0.02))
+        assert transport.written[0].startswith(b"HTTP/1.1 204 ")
+        assert not transport.closed
+        loop.run_until_complete(asyncio.sleep(0.05))
+        assert transport.closed
+        assert not transport.aborted
+
+
+def _answer_when(release: asyncio.Event) -> Any:
+    async def app(scope: object, receive: object, send: Any) -> None:
+        await release.wait()
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    return app
+
+
+def test_a_request_under_way_at_the_age_is_answered_then_the_connection_closes() -> None:
+    release = asyncio.Event()
+    for protocol, transport, loop in _connected(_answer_when(release), _Aging):
+        protocol.data_received(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+        loop.run_until_complete(asyncio.sleep(0.06))  # past the age, within its grace
+        assert not transport.closed
+        release.set()
+        loop.run_until_complete(asyncio.sleep(0.01))
+        [answer] = transport.written
+        assert answer.startswith(b"HTTP/1.1 204 ")
+        assert b"connection: close" in answer.lower()
+        assert transport.closed
+        assert not transport.aborted
+
+
+def test_a_head_arriving_past_the_age_is_the_last_answered() -> None:
+    release = asyncio.Event()
+    release.set()
+    for protocol, transport, loop in _connected(_answer_when(release), _Aging):
+        protocol.data_received(b"GET /livez HTTP/1.1\r\nHost: x\r\n")  # a head under way
+        loop.run_until_complete(asyncio.sleep(0.06))
+        assert not transport.closed
+        protocol.data_received(b"\r\n")
+        loop.run_until_complete(asyncio.sleep(0.01))
+        [answer] = transport.written
+        assert b"connection: close" in answer.lower()
+        assert transport.closed
+
+
+def test_an_answer_unfinished_at_the_end_of_the_grace_is_cut() -> None:
+    never = asyncio.Event()
+    for protocol, transport, loop in _connected(_answer_when(never), _Aging):
+        protocol.data_received(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+        loop.run_until_complete(asyncio.sleep(0.08))
+        assert not transport.closed  # within the grace
+        loop.run_until_complete(asyncio.sleep(0.04))
+        assert transport.reset

@@ -53,6 +53,7 @@ PROTOCOL_METHODS = (
     "on_header",
     "pause_writing",
     "resume_writing",
+    "shutdown",
 )
 CYCLE_ATTRIBUTES = (
     "response_started",
