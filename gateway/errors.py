@@ -258,6 +258,16 @@ class RateLimitedError(ClientError):
     title = "Too many requests"
 
 
+class TooManyConnectionsError(ClientError):
+    """The caller's address holds ``server.max_connections_per_address`` of the door's
+    connections already: this one is answered at once and closed."""
+
+    status = 429
+    slug = "too-many-connections"
+    advice = "Reuse connections (keep-alive) instead of opening more; behind a proxy, raise the bound."
+    title = "Too many connections"
+
+
 class QuotaExceededError(ClientError):
     """The API key has spent its quota (requests or images) for the day or month."""
 

@@ -333,6 +333,15 @@ class ServerSettings(BaseModel):
         "too). A client that takes some of it in time keeps it, as nginx's send_timeout does, up to "
         "max_connection_age_seconds.",
     )
+    max_connections_per_address: int = Field(
+        1024,
+        ge=1,
+        le=1_000_000,
+        description="Connections one client address (an IPv6 client's /64) may hold at once; the next "
+        "is answered 429 too-many-connections at once and closed. One address, however fast it renews "
+        "its sockets, never holds the whole door (max_connections). Behind a proxy every client has the "
+        "proxy's address: raise it to max_connections there.",
+    )
     max_connection_age_seconds: float = Field(
         1800.0,
         gt=0,

@@ -25,7 +25,8 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from gateway import jsoncodec
-from gateway.errors import GatewayError, HeadTooLargeError, MalformedRequestError
+from gateway.errors import GatewayError, HeadTooLargeError, MalformedRequestError, TooManyConnectionsError
+from gateway.http.addresses import AddressConnections
 from gateway.http.headshed import HeadRefusal, HeadShed
 from gateway.http.problems import in_door_form
 
@@ -200,6 +201,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
     max_pipelined: int = 16
     max_headers: int = 100
     head_shed: HeadShed | None = None  # refuses from the head what the route would
+    addresses: AddressConnections | None = None  # the door's connections by client address
     counted: Callable[[str], None] = staticmethod(lambda slug: None)  # a refusal made here, by problem type
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -231,7 +233,27 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self._parser_stopped = False
         self._wrapped = _LingerOnClose(transport, self)
         super().connection_made(self._wrapped)  # type: ignore[arg-type]
+        self._address: str | None = None
+        addresses = self.addresses
+        if addresses is not None:
+            address = addresses.key(transport.get_extra_info("peername"))
+            if address is not None:
+                if not addresses.take(address):
+                    self._too_many(addresses.limit)
+                    return
+                self._address = address
         self._arm()
+
+    def _too_many(self, limit: int) -> None:
+        """Past its address's bound: answered 429 at once, before any request (the client
+        reads it as its first request's answer), and closed. Waiting for a head would hold
+        the door's slot as long as the head's deadline."""
+        self.counted(TooManyConnectionsError.slug)
+        error = TooManyConnectionsError(
+            f"your address holds {limit} of the gateway's connections already", retry_after=1
+        )
+        self._raw.write(self._problem(error))
+        self._raw.close()
 
     def close_lingering(self) -> None:
         self._wrapped.flush()  # the answer first
@@ -379,6 +401,10 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
                 *(
                     b"".join([name, b": ", value, b"\r\n"])
                     for name, value in self.server_state.default_headers
+                ),
+                *(
+                    b"%s: %s\r\n" % (name.lower().encode("ascii"), value.encode("latin-1"))
+                    for name, value in error.headers.items()
                 ),
                 b"content-type: %s\r\n" % media_type.encode("ascii"),
                 b"content-length: %d\r\n" % len(body),
@@ -601,6 +627,9 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self._raw.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._address is not None and self.addresses is not None:
+            self.addresses.give_back(self._address)
+            self._address = None
         self._disarm()
         for timer in (self._linger_timer, self._drain_timer, self._send_timer, self._age_timer):
             if timer is not None:

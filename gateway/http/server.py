@@ -35,6 +35,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.config import STARTUP_FAILURE
 
 from gateway.errors import NotFoundError
+from gateway.http.addresses import AddressConnections
 from gateway.http.listener import Listener, bind
 from gateway.http.paths import ADMIN_PREFIX
 from gateway.http.problems import problem_response
@@ -99,6 +100,7 @@ def server_config(app: FastAPI, settings: Settings, host: str, port: int) -> uvi
             "max_pipelined": settings.server.max_pipelined,
             "max_headers": settings.server.max_headers,
             "head_shed": getattr(app.state, "head_shed", None),
+            "addresses": AddressConnections(settings.server.max_connections_per_address),
             "counted": staticmethod(getattr(app.state, "count_rejection", _uncounted)),
         },
     )

@@ -10,6 +10,7 @@ that asks for large answers and reads none of them: it is closed at the send dea
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -143,6 +144,76 @@ def test_sixteen_held_anonymous_sockets_leave_a_keyed_client_served(door: Gatewa
     finally:
         for sock in held:
             sock.close()
+
+
+PER_ADDRESS = 8
+
+
+@pytest.fixture
+def shared_door(
+    triton: TritonServer, spawn_gateway: Callable[..., GatewayProcess], tmp_path: Path
+) -> GatewayProcess:
+    keys = tmp_path / "keys"
+    keys.write_text(f"app {hash_key(KEY)}\n")
+    return spawn_gateway(
+        triton,
+        GATEWAY_AUTH__KEYS_FILE=str(keys),
+        GATEWAY_SERVER__MAX_CONNECTIONS="32",
+        GATEWAY_SERVER__MAX_CONNECTIONS_PER_ADDRESS=str(PER_ADDRESS),
+        GATEWAY_SERVER__HEADER_TIMEOUT_SECONDS=str(HEAD),
+    )
+
+
+def test_one_address_renewing_its_sockets_never_holds_the_whole_door(shared_door: GatewayProcess) -> None:
+    """Every socket is under its deadlines, but an address that opens a new one for each
+    closed keeps the door full: here 127.0.0.1 opens 40 sockets a second that send nothing
+    (each held to the head's deadline) on a 32-connection door, and a keyed client from
+    127.0.0.2 asks meanwhile. Past ``PER_ADDRESS`` the address's sockets are answered 429
+    at once and closed, and the keyed client is served each time. Before (ceea0c9) the
+    keyed client met uvicorn's cap (503) as long as the renewal went on."""
+    stop = threading.Event()
+    refused: list[bytes] = []
+    held: list[socket.socket] = []
+
+    def renew() -> None:
+        while not stop.is_set():
+            sock = socket.create_connection(("127.0.0.1", shared_door.port), timeout=5)
+            sock.settimeout(0.02)
+            try:
+                answer = sock.recv(4096)  # refused at once, or nothing: held to the deadline
+            except TimeoutError:
+                held.append(sock)
+            else:
+                refused.append(answer)
+                sock.close()
+            time.sleep(0.025)
+
+    attacker = threading.Thread(target=renew, daemon=True)
+    attacker.start()
+    answers = []
+    try:
+        time.sleep(2.0)  # well past 32 sockets
+        with httpx.Client(
+            base_url=shared_door.url, timeout=10, transport=httpx.HTTPTransport(local_address="127.0.0.2")
+        ) as client:
+            for _ in range(10):
+                answers.append(
+                    client.post(
+                        "/classify",
+                        json={"text": "the match went to extra time"},
+                        headers={"authorization": f"Bearer {KEY}", "connection": "close"},
+                    ).status_code
+                )
+                time.sleep(0.3)
+    finally:
+        stop.set()
+        attacker.join(timeout=10)
+        for sock in held:
+            sock.close()
+    assert answers == [200] * 10, answers
+    assert refused, "no socket of the renewing address was refused"
+    assert all(answer.startswith(b"HTTP/1.1 429 ") for answer in refused), refused[:2]
+    assert b"too-many-connections" in refused[0]
 
 
 # the docs' script, anyone's unless docs are protected: 1.6 MB an answer
