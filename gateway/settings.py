@@ -118,17 +118,22 @@ class ImageLimits(BaseModel):
 
     max_bytes: int = Field(8 * MiB, gt=0, le=256 * MiB, description="Largest encoded image, in bytes.")
     max_images: int = Field(16, ge=1, le=256, description="Most images in one request.")
-    max_pixels: int = Field(40_000_000, gt=0, description="Largest width x height, read from the header.")
+    max_pixels: int = Field(
+        40_000_000, gt=0, le=1_000_000_000, description="Largest width x height, read from the header."
+    )
     max_pixels_full_decode: int = Field(
         16_000_000,
         gt=0,
+        le=1_000_000_000,
         description=(
             "Largest width x height of a PNG or WebP. The model decodes those at full size "
             "(about 20-30 ms and 12-19 MiB per megapixel), JPEGs scaled down (under 80 ms and 10 MiB at 40 Mpx)."
         ),
     )
-    max_side: int = Field(16_384, gt=0, description="Largest width or height, read from the header.")
-    max_frames: int = Field(100, ge=1, description="Most frames in an animated PNG or WebP.")
+    max_side: int = Field(
+        16_384, gt=0, le=65_535, description="Largest width or height, read from the header."
+    )
+    max_frames: int = Field(100, ge=1, le=10_000, description="Most frames in an animated PNG or WebP.")
 
 
 class TextLimits(BaseModel):
@@ -776,7 +781,10 @@ class PredictionLogSettings(BaseModel):
     )
     timeout_seconds: float = Field(2.0, gt=0, le=60, description="Deadline of one send to an HTTP sink.")
     max_file_bytes: int = Field(
-        64 * MiB, ge=1024, description="A file sink is rotated to <file>.1 past this size."
+        64 * MiB,
+        ge=1024,
+        le=64 * 1024 * MiB,
+        description="A file sink is rotated to <file>.1 past this size.",
     )
     source: str = Field(
         "triton-gateway", min_length=1, max_length=200, description="ce-source of the events."

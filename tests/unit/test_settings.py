@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import typing
+from collections.abc import Iterator
+
+import annotated_types
 import pytest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 
 from gateway.settings import Settings
 
@@ -50,3 +55,26 @@ def test_inconsistent_values_are_refused() -> None:
         Settings(default_top_k=10, max_top_k=5)
     with pytest.raises(ValidationError):
         Settings(max_body_bytes=1024)  # smaller than one image
+
+
+def _numeric_fields(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, FieldInfo]]:
+    for name, field in model.model_fields.items():
+        kind = field.annotation
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            yield from _numeric_fields(kind, f"{prefix}{name}.")
+        elif kind in (int, float) or (
+            set(typing.get_args(kind)) & {int, float} and type(None) in typing.get_args(kind)
+        ):
+            yield f"{prefix}{name}", field
+
+
+def test_every_numeric_setting_is_bounded_both_ways() -> None:
+    """Every limit is a number with a range: a setting added without its bounds fails here
+    (before 2026-12-02 five had no upper bound: the image caps and the log's file size)."""
+    unbounded = [
+        name
+        for name, field in _numeric_fields(Settings)
+        if not any(isinstance(bound, (annotated_types.Le, annotated_types.Lt)) for bound in field.metadata)
+        or not any(isinstance(bound, (annotated_types.Ge, annotated_types.Gt)) for bound in field.metadata)
+    ]
+    assert unbounded == []
