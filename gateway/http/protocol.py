@@ -604,9 +604,9 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self._age_timer = self.loop.call_later(self.age_grace_seconds, self._reset)
         if self._head_bytes >= 0:
             return  # a head under way: answered with Connection: close (on_headers_complete)
-        self.shutdown()  # uvicorn's: idle closes, a request under way is not kept alive
-        for cycle, _ in self.pipeline:
-            cycle.keep_alive = False
+        # uvicorn's: idle, it closes; else the newest request (the last of any pipelined
+        # ones) is not kept alive, so what was received is answered, then it closes
+        self.shutdown()
 
     def _send_late(self) -> None:
         """The client took nothing for ``send_seconds``: aborted (closing would wait for the

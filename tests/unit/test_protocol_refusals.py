@@ -508,3 +508,17 @@ def test_an_answer_unfinished_at_the_end_of_the_grace_is_cut() -> None:
         assert not transport.closed  # within the grace
         loop.run_until_complete(asyncio.sleep(0.04))
         assert transport.reset
+
+
+def test_requests_pipelined_before_the_age_are_all_answered_the_last_closing() -> None:
+    release = asyncio.Event()
+    for protocol, transport, loop in _connected(_answer_when(release), _Aging):
+        protocol.data_received(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n" * 3)
+        loop.run_until_complete(asyncio.sleep(0.06))  # past the age, within its grace
+        release.set()
+        loop.run_until_complete(asyncio.sleep(0.02))
+        answers = b"".join(transport.written).split(b"HTTP/1.1 204 ")[1:]
+        assert len(answers) == 3
+        assert [b"connection: close" in answer.lower() for answer in answers] == [False, False, True]
+        assert transport.closed
+        assert not transport.aborted
