@@ -91,6 +91,23 @@ def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
     server.kill()
 
 
+@pytest.fixture(autouse=True)
+def _triton_revived(request: pytest.FixtureRequest) -> None:
+    """The session's Triton started again (same ports) if a test before this one left it
+    dead. Triton's Python backend aborts now and then under load (SIGSEGV, then
+    boost::interprocess::lock_exception: triton-inference-server/server#8882, open; once in
+    a clean-clone run here on 2026-12-02, beside test_load_balancer's rapid reset): the test
+    it happens in fails, and before this the ~60 tests after it failed too."""
+    if "triton" not in request.fixturenames:
+        return
+    server: TritonServer = request.getfixturevalue("triton")
+    if server.running:
+        return
+    print(f"the session's Triton had exited ({server.exit_code}); started again:\n{server.log_tail(20)}")
+    server.start()
+    server.wait_ready(timeout=180)
+
+
 def gateway_settings(triton: TritonServer, **overrides: object) -> Settings:
     """Settings pointing at this Triton's gRPC and metrics endpoints."""
     return Settings(

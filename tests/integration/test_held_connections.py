@@ -33,20 +33,23 @@ SEND = 2.0
 KEY = "client-secret"
 
 
+def _keyed(
+    triton: TritonServer, spawn_gateway: Callable[..., GatewayProcess], tmp_path: Path, **server: str
+) -> GatewayProcess:
+    """A gateway whose one key is ``KEY``, with ``server`` settings (``NAME=value``)."""
+    keys = tmp_path / "keys"
+    keys.write_text(f"app {hash_key(KEY)}\n")
+    settings = {f"GATEWAY_SERVER__{name}": value for name, value in server.items()}
+    return spawn_gateway(triton, GATEWAY_AUTH__KEYS_FILE=str(keys), **settings)
+
+
 @pytest.fixture
 def door(
     triton: TritonServer, spawn_gateway: Callable[..., GatewayProcess], tmp_path: Path
 ) -> GatewayProcess:
-    keys = tmp_path / "keys"
-    keys.write_text(f"app {hash_key(KEY)}\n")
-    return spawn_gateway(
-        triton,
-        GATEWAY_AUTH__KEYS_FILE=str(keys),
-        GATEWAY_SERVER__MAX_CONNECTIONS="16",
-        GATEWAY_SERVER__LINGER_SECONDS=str(LINGER),
-        GATEWAY_SERVER__HEADER_TIMEOUT_SECONDS=str(HEAD),
-        GATEWAY_SERVER__KEEP_ALIVE_SECONDS="2",
-        GATEWAY_SERVER__SEND_TIMEOUT_SECONDS=str(SEND),
+    limits = {"LINGER_SECONDS": str(LINGER), "KEEP_ALIVE_SECONDS": "2", "SEND_TIMEOUT_SECONDS": str(SEND)}
+    return _keyed(
+        triton, spawn_gateway, tmp_path, MAX_CONNECTIONS="16", HEADER_TIMEOUT_SECONDS=str(HEAD), **limits
     )
 
 
@@ -153,14 +156,9 @@ PER_ADDRESS = 8
 def shared_door(
     triton: TritonServer, spawn_gateway: Callable[..., GatewayProcess], tmp_path: Path
 ) -> GatewayProcess:
-    keys = tmp_path / "keys"
-    keys.write_text(f"app {hash_key(KEY)}\n")
-    return spawn_gateway(
-        triton,
-        GATEWAY_AUTH__KEYS_FILE=str(keys),
-        GATEWAY_SERVER__MAX_CONNECTIONS="32",
-        GATEWAY_SERVER__MAX_CONNECTIONS_PER_ADDRESS=str(PER_ADDRESS),
-        GATEWAY_SERVER__HEADER_TIMEOUT_SECONDS=str(HEAD),
+    bound = {"MAX_CONNECTIONS_PER_ADDRESS": str(PER_ADDRESS)}
+    return _keyed(
+        triton, spawn_gateway, tmp_path, MAX_CONNECTIONS="32", HEADER_TIMEOUT_SECONDS=str(HEAD), **bound
     )
 
 
