@@ -228,6 +228,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self._messages = 0  # messages begun on the connection
         self._fields = 0  # the head's header fields (and a chunked body's trailers)
         self._refusal: GatewayError | None = None  # why the parser was stopped (a 400)
+        self._after_answer: bytes | None = None  # a 400 written once the answer under way is
         # the pipeline is full: the parser was stopped for good, what arrives is read away
         self._parser_stopped = False
         self._wrapped = _LingerOnClose(transport, self)
@@ -258,6 +259,9 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
     def close_lingering(self) -> None:
         self._wrapped.flush()  # the answer first
         raw, cycle = self._raw, self.cycle
+        refusal, self._after_answer = self._after_answer, None
+        if refusal is not None and not raw.is_closing() and (cycle is None or cycle.response_complete):
+            raw.write(refusal)  # a malformed request's 400, behind the answer before it
         if self.lingering or raw.is_closing():
             return
         if (cycle is None or not cycle.more_body or cycle.disconnected) and not self._parser_stopped:
@@ -346,7 +350,20 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
             self._head_too_large(error)
             return
         cycle = self.cycle
-        if cycle is not None and (cycle.response_started or isinstance(cycle, _RefusedCycle)):
+        if self._body_done and cycle is not None and not cycle.response_complete:
+            # a new request's head, behind one whose answer is not all written (pipelined):
+            # its 400 follows that answer (written now, it would be read as that one's),
+            # then the connection closes; what follows is read away
+            self.counted(error.slug)
+            self._after_answer = self._problem(error)
+            self._stop_parsing()
+            cycle.keep_alive = False
+            return
+        if (
+            not self._body_done
+            and cycle is not None
+            and (cycle.response_started or isinstance(cycle, _RefusedCycle))
+        ):
             # answered (or answering: a refusal held, an answer still being sent) already:
             # one more answer would be read as the next request's. The answer goes out, then
             # the connection closes lingering, what follows read away: closed at once, the

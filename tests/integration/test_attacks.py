@@ -428,6 +428,53 @@ def test_a_chunk_extension_without_end_is_refused_within_its_framing(
     assert sent < 8 * MiB, f"{sent / MiB:.0f} MiB sent before an answer"
 
 
+def _until_closed(sock: socket.socket) -> bytes:
+    data = b""
+    with contextlib.suppress(OSError):
+        while chunk := sock.recv(65536):
+            data += chunk
+    return data
+
+
+@pytest.mark.parametrize(
+    "malformed",
+    [
+        b"FOO /livez HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /livez HTTP/1.1\r\nHost x\r\n\r\n",
+        b"GET /livez HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+    ],
+    ids=["unknown-method", "header-without-colon", "two-lengths"],
+)
+def test_a_malformed_request_on_a_kept_connection_is_answered_400_as_on_a_new_one(
+    gateway: GatewayProcess, malformed: bytes
+) -> None:
+    """After an answer on a kept-alive connection, and pipelined behind a request: the
+    malformed request is answered 400 in problem+json, after the answer before it. Before,
+    the connection closed with no answer after a kept-alive answer (httpx: "Server
+    disconnected without sending a response"), and pipelined, the 400 went out in place of
+    the first request's answer, which was lost."""
+    good = b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as sock:
+        sock.sendall(good)
+        first = b""
+        while not first.endswith(b'{"status":"ok"}'):
+            first += sock.recv(65536)
+        sock.sendall(malformed)
+        kept = _until_closed(sock)
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as sock:
+        sock.sendall(good + malformed)
+        pipelined = _until_closed(sock)
+    for wire, answered in ((kept, first), (pipelined, b"")):
+        print(f"{malformed!r}: {wire[:40]!r} ... {len(wire)} bytes")
+        if not answered:  # the pipelined answer before the 400, whole
+            answered, _, wire = wire.partition(b'{"status":"ok"}')
+            assert answered.startswith(b"HTTP/1.1 200 "), answered
+        head, _, body = wire.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400 "), wire[:300]
+        assert b"application/problem+json" in head
+        assert json.loads(body)["type"].endswith(":malformed-request")
+
+
 @pytest.mark.parametrize("value", [b"\xb2", b"\xef\xbc\x91", b"-1", b"99999999999999999999999", b"1e3"])
 def test_no_header_a_client_can_send_is_a_5xx(gateway: GatewayProcess, value: bytes) -> None:
     """Inference-Header-Content-Length: a Latin-1 superscript two and its relatives (before:

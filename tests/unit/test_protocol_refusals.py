@@ -117,6 +117,63 @@ def test_what_httptools_cannot_parse_is_a_400_in_problem_json(
     assert _Protocol.refused == ["malformed-request"]
 
 
+def test_what_httptools_cannot_parse_after_a_request_answered_on_the_connection_is_a_400_too(
+    connection: Connection,
+) -> None:
+    """A keep-alive connection whose next request is malformed (an unknown method, a bad
+    header line): that request is answered 400 as on a fresh connection. Before, the
+    previous request's answer, long complete, was taken for this one's: the connection
+    closed with no answer (httpx: "Server disconnected without sending a response")."""
+    protocol, transport, loop = connection
+    protocol.data_received(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+    loop.run_until_complete(asyncio.sleep(0.01))
+    [first] = transport.written
+    assert first.startswith(b"HTTP/1.1 204 ")
+    assert not transport.closed
+    protocol.data_received(b"FOO /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+    answer = transport.written[-1]
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 "), transport.written
+    assert json.loads(body)["type"].endswith(":malformed-request")
+    assert transport.closed
+    assert _Protocol.refused == ["malformed-request"]
+
+
+def test_a_malformed_head_after_an_answered_request_on_a_fresh_connection_each(
+    connection: Connection,
+) -> None:
+    """The same with a header line httptools refuses, on a connection of its own."""
+    protocol, transport, loop = connection
+    protocol.data_received(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+    loop.run_until_complete(asyncio.sleep(0.01))
+    protocol.data_received(b"GET /livez HTTP/1.1\r\nHost x\r\n\r\n")
+    assert [answer[:13] for answer in transport.written] == [b"HTTP/1.1 204 ", b"HTTP/1.1 400 "]
+    assert transport.closed
+
+
+def test_a_malformed_request_pipelined_behind_one_under_way_is_answered_400_after_it(
+    reading: Connection,
+) -> None:
+    """Behind a request whose answer is not written yet, a malformed one: the answer under
+    way goes out whole, then the malformed request's 400, then the connection closes.
+    Before, the 400 was written at once and the connection closed: the client read it as
+    the first request's answer, which was lost."""
+    protocol, transport, loop = reading
+    protocol.data_received(
+        b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nab" + b"FOO / HTTP/1.1\r\n\r\n"
+    )
+    loop.run_until_complete(asyncio.sleep(0.05))
+    wire = b"".join(transport.written)
+    answer, refusal = wire.split(b"0\r\n\r\n", 1)  # (the first answer's body is chunked)
+    assert answer.startswith(b"HTTP/1.1 200 "), wire
+    assert b"connection: close" in answer
+    assert answer.endswith(b"1\r\n2\r\n")  # its body, the length it read, whole
+    assert refusal.startswith(b"HTTP/1.1 400 "), wire
+    assert json.loads(refusal.partition(b"\r\n\r\n")[2])["type"].endswith(":malformed-request")
+    assert transport.eof or transport.closed
+    assert _Protocol.refused == ["malformed-request"]
+
+
 def test_a_body_before_a_pipelined_head_in_one_chunk_is_not_counted_as_that_head(
     connection: Connection,
 ) -> None:
