@@ -431,7 +431,9 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         )
 
     def on_response_complete(self) -> None:
-        if self._body_done or self.lingering or self._raw.is_closing():
+        # (``_body_done`` is the newest request's: with requests pipelined behind the one
+        # answered, its body came whole before their heads, and uvicorn runs the next)
+        if self._body_done or self.pipeline or self.lingering or self._raw.is_closing():
             super().on_response_complete()
             return
         # answered with its body still on its way: the rest is read away (on_body drops it)

@@ -579,3 +579,24 @@ def test_requests_pipelined_before_the_age_are_all_answered_the_last_closing() -
         assert [b"connection: close" in answer.lower() for answer in answers] == [False, False, True]
         assert transport.closed
         assert not transport.aborted
+
+
+def test_requests_pipelined_behind_one_under_way_are_answered_while_the_last_body_arrives(
+    reading: Connection,
+) -> None:
+    """Two requests, then the head of a third and the start of its body, in one chunk; the
+    rest of its body later. Every request is answered, in order, and the connection kept.
+    Before, the first answer, complete while the third body was still arriving, was taken
+    for an answer given before its own body was read: the pipeline never went on, the two
+    behind it were never answered, and the connection closed at the keep-alive timeout
+    (found by a fuzzer of pipelined sequences with random send splits)."""
+    protocol, transport, loop = reading
+    third = b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"
+    protocol.data_received(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n" * 2 + third + b"a" * 10)
+    loop.run_until_complete(asyncio.sleep(0.02))
+    protocol.data_received(b"a" * 90)
+    loop.run_until_complete(asyncio.sleep(0.02))
+    wire = b"".join(transport.written)
+    assert wire.count(b"HTTP/1.1 200 ") == 3, wire
+    assert wire.endswith(b"3\r\n100\r\n0\r\n\r\n"), wire  # the third, its whole body read
+    assert not transport.closed
