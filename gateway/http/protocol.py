@@ -156,7 +156,10 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
     A head over ``max_head_bytes`` is answered 431 as soon as it passes the size, and the
     connection closes lingering (below): httptools keeps every header and the URL it
     parses, so 300 MiB of headers on one anonymous socket took the gateway from 111 to
-    477 MiB, and kept it there after the socket closed.
+    477 MiB, and kept it there after the socket closed. Its bytes are counted as they
+    arrive, before the parser sees them (httptools hands a field over only once it ends: one
+    value never ended grew unseen until the head's deadline), and again as it ends (a 50 MiB
+    value ended in the read that ended the head was served).
 
     A head of more than ``max_headers`` fields is answered 431 too, and the connection
     closed: 12,000 fields of 5 bytes (60 KB, under the size) cost the gateway 10 ms of CPU
@@ -220,6 +223,10 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         # the head being parsed: its target's and headers' bytes as httptools hands them
         # over (-1: no head is being parsed)
         self._head_bytes = -1
+        # the head's bytes in the reads after the one it began in, and its last 3 bytes (its
+        # end, CRLF CRLF, may come across two reads)
+        self._head_wire = 0
+        self._head_tail = b""
         # the message's chunks (chunked encoding) and body bytes so far, and the bytes read
         # while its body was being parsed (framing included)
         self._chunks = 0
@@ -288,9 +295,25 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
             # head's deadline starts with the first (bytes that begin no message included)
             self._arm()
         message, in_body = self._messages, self._head_bytes == -1 and not self._body_done
+        head_open = self._head_bytes >= 0
+        if head_open:
+            # a head under way: its part of this read (up to its end) is counted before the
+            # parser sees it, which keeps a field's value whole until the field ends
+            seen = self._head_tail + data
+            end = seen.find(b"\r\n\r\n")
+            part = len(data) if end < 0 else end + 4 - len(self._head_tail)
+            if self._head_wire + part > self.max_head_bytes:
+                self._head_too_large()
+                return
         super().data_received(data)
         if self._head_bytes > self.max_head_bytes:  # (checked once the chunk is parsed)
             self._head_too_large()
+        elif self._head_bytes >= 0:  # a head unfinished at the read's end
+            if head_open and message == self._messages:
+                self._head_wire += len(data)
+            else:  # begun in this read: as much of it as the parser handed over
+                self._head_wire = self._head_bytes
+            self._head_tail = (self._head_tail + data)[-3:]
         elif in_body and message == self._messages and not self._body_done:
             # all of it this body's: its data, and the framing around it
             self._body_wire += len(data)
@@ -479,13 +502,20 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._head_bytes = 0
+        self._head_bytes = self._head_wire = 0
+        self._head_tail = b""
         self._chunks = self._body_bytes = self._body_wire = self._fields = 0
         self._messages += 1
         self._unset_keepalive_if_required()  # the head's deadline from here
         self._arm()
 
     def on_headers_complete(self) -> None:
+        if self._head_bytes > self.max_head_bytes:
+            # its last field ended in the read that ended it (httptools hands a field over
+            # once it ends): counted here, not after the read, when the request would be
+            # under way already
+            self._refusal = HeadTooLargeError(f"the request head is over {self.max_head_bytes} bytes")
+            raise _ParserStoppedError
         if len(self.pipeline) >= self.max_pipelined:
             self._stop_pipeline()
         self._head_bytes = -1

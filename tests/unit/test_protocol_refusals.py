@@ -88,6 +88,38 @@ def test_a_head_past_the_cap_is_a_431_and_what_follows_is_never_parsed(
     assert transport.written == [answer]
 
 
+@pytest.mark.parametrize("pieces", [1, 3], ids=["one-read", "three-reads"])
+def test_one_header_value_past_the_cap_is_a_431(connection: Connection, pieces: int) -> None:
+    """One field whose value alone is over the cap, the head ending in the same reads.
+    Before, httptools hands a field over only once it ends, and the cap was checked after
+    each read: a head whose last field ended in the read that ended the head was never
+    counted, and served (a 50 MiB value on an anonymous socket: 200, the gateway +61 MiB)."""
+    protocol, transport, _ = connection
+    data = b"GET /livez HTTP/1.1\r\nHost: x\r\nX-A: " + b"a" * (CAP + 100) + b"\r\n\r\n"
+    step = -(-len(data) // pieces)
+    for start in range(0, len(data), step):
+        protocol.data_received(data[start : start + step])
+    [answer] = transport.written
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:100]
+    assert _Protocol.refused == ["head-too-large"]
+
+
+def test_a_header_value_that_never_ends_is_a_431_once_past_the_cap(connection: Connection) -> None:
+    """A value sent a KiB at a time and never ended: answered 431 as the head passes the
+    cap, the rest never given to the parser. Before, httptools kept it growing, unseen,
+    until the head's deadline."""
+    protocol, transport, loop = connection
+    protocol.data_received(b"GET /livez HTTP/1.1\r\nHost: x\r\nX-A: ")
+    for _ in range(CAP // 1024 + 1):
+        protocol.data_received(b"a" * 1024)
+    [answer] = transport.written
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:100]
+    assert transport.eof
+    protocol.data_received(b"a" * 1024 + b"\r\n\r\n")  # read away, never parsed
+    loop.run_until_complete(asyncio.sleep(0.01))
+    assert transport.written == [answer]
+
+
 def test_a_head_under_the_cap_is_served_whatever_body_comes_in_its_chunk(
     connection: Connection,
 ) -> None:
