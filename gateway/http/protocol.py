@@ -346,19 +346,24 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
 
     def _head_too_large(self, error: HeadTooLargeError | None = None) -> None:
         """Answer 431 now, the head unfinished, and close lingering: what the client still
-        sends is read away, never parsed. A request pipelined ahead and not yet answered
-        loses its answer: the connection closes at once."""
+        sends is read away, never parsed. Behind requests not yet answered (pipelined),
+        the 431 follows their answers, then the connection closes (before, it closed at
+        once and their answers were lost)."""
         self._head_bytes = -1
         self._disarm()
-        if self._raw.is_closing():  # the parser refused the head meanwhile
+        if self._raw.is_closing() or self._parser_stopped:  # refused meanwhile
             return
         self.counted(HeadTooLargeError.slug)
-        if self.cycle is not None and not self.cycle.response_complete:
-            self._raw.close()
-            return
-        self._send(
-            self._problem(error or HeadTooLargeError(f"the request head is over {self.max_head_bytes} bytes"))
+        refusal = self._problem(
+            error or HeadTooLargeError(f"the request head is over {self.max_head_bytes} bytes")
         )
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            self._after_answer = refusal  # (written by close_lingering once that answer is)
+            self._stop_parsing()
+            cycle.keep_alive = False
+            return
+        self._send(refusal)
         self.cycle = _RefusedCycle(keep_alive=False)  # type: ignore[assignment]
         self.close_lingering()
 

@@ -514,6 +514,7 @@ def _pipelined_requests() -> dict[str, tuple[bytes, set[int] | None, bool]]:
         "infer": (post(b"/v2/models/text_classifier/infer", key, text), {200}, True),
         "missing-model": (post(missing, key, small), {404}, True),
         "missing-model-big": (post(missing, key, big), {404}, True),
+        "expect-continue": (post(missing, key + b"Expect: 100-continue\r\n", small), {404}, True),
         "anonymous": (post(missing, b"", small), {401}, True),
         "anonymous-big": (post(missing, b"", big), {401}, True),
         "bad-key": (
@@ -541,6 +542,8 @@ LAST_ON_A_CONNECTION = {
         True,
     ),
     "close": (b"GET /livez HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", {200}, True),
+    "http/1.0": (b"GET /livez HTTP/1.0\r\nHost: x\r\n\r\n", {200}, True),
+    "head-too-large": (b"GET /livez HTTP/1.1\r\nHost: x\r\nX-A: " + b"a" * 70_000 + b"\r\n\r\n", {431}, True),
 }
 
 
@@ -550,6 +553,8 @@ def _answers(wire: bytes, bodied: list[bool]) -> list[int]:
     statuses: list[int] = []
     at = 0
     for has_body in bodied:
+        while wire.startswith(b"HTTP/1.1 1", at) and (interim := wire.find(b"\r\n\r\n", at)) >= 0:
+            at = interim + 4  # (100 Continue: an interim answer)
         end = wire.find(b"\r\n\r\n", at)
         if end < 0:
             break
@@ -573,7 +578,9 @@ def test_pipelined_requests_split_anywhere_are_each_answered_in_order(gateway: G
     then the head of a third and the start of its body in one piece: the first answer
     was taken for one given before its own body was read, and the two behind it were never
     answered (the connection closed at the keep-alive timeout; 24 of 400 random
-    sequences). A fixed budget of 120 examples, fixed seed."""
+    sequences). And a head past the cap pipelined behind a request under way closed the
+    connection at once, that request's answer lost. A fixed budget of 120 examples, fixed
+    seed."""
     from hypothesis import HealthCheck, given, seed, settings
     from hypothesis import strategies as st
 
@@ -608,7 +615,7 @@ def test_pipelined_requests_split_anywhere_are_each_answered_in_order(gateway: G
         for status, (_, allowed, _), name in zip(statuses, sent, [*names, last or ""], strict=False):
             assert allowed is None or status in allowed, (name, status, names, last)
         if last is not None:
-            assert wire.count(b"HTTP/1.1 ") == len(sent), wire[-500:]
+            assert wire.count(b"HTTP/1.1 ") - wire.count(b"HTTP/1.1 100 ") == len(sent), wire[-500:]
 
     exchange()
 

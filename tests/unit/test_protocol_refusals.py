@@ -632,3 +632,28 @@ def test_requests_pipelined_behind_one_under_way_are_answered_while_the_last_bod
     assert wire.count(b"HTTP/1.1 200 ") == 3, wire
     assert wire.endswith(b"3\r\n100\r\n0\r\n\r\n"), wire  # the third, its whole body read
     assert not transport.closed
+
+
+@pytest.mark.parametrize("fields", [False, True], ids=["one-value", "fields"])
+def test_a_head_past_the_cap_pipelined_behind_a_request_under_way_is_answered_431_after_it(
+    fields: bool,
+) -> None:
+    """A request whose answer is not written yet, then a head over the cap: the answer goes
+    out whole, then the 431, then the connection closes. Before, the connection closed at
+    once and the request before lost its answer (found by the pipelining fuzzer)."""
+    release = asyncio.Event()
+    for protocol, transport, loop in _connected(_answer_when(release)):
+        protocol.data_received(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n" * 2)
+        protocol.data_received(b"GET /b HTTP/1.1\r\nHost: x\r\n")
+        filler = LINE * (CAP // len(LINE) + 2) if fields else b"X-A: " + b"a" * CAP
+        protocol.data_received(filler)
+        protocol.data_received(b"\r\n")
+        assert not transport.written
+        assert not transport.closed
+        release.set()
+        loop.run_until_complete(asyncio.sleep(0.02))
+        wire = b"".join(transport.written)
+        assert wire.count(b"HTTP/1.1 204 ") == 2, wire
+        assert wire.rindex(b"HTTP/1.1 204 ") < wire.index(b"HTTP/1.1 431 "), wire
+        assert transport.eof or transport.closed
+        assert _Protocol.refused == ["head-too-large"]
