@@ -22,7 +22,7 @@ from time import perf_counter
 from typing import Any
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 
 from gateway import jsoncodec
 from gateway.errors import GatewayError, HeadTooLargeError, MalformedRequestError, TooManyConnectionsError
@@ -236,6 +236,8 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self._fields = 0  # the head's header fields (and a chunked body's trailers)
         self._refusal: GatewayError | None = None  # why the parser was stopped (a 400)
         self._after_answer: bytes | None = None  # a 400 written once the answer under way is
+        # the request before the newest (the one a pipelined request is answered after)
+        self._previous_cycle: RequestResponseCycle | _RefusedCycle | None = None
         # the pipeline is full: the parser was stopped for good, what arrives is read away
         self._parser_stopped = False
         self._wrapped = _LingerOnClose(transport, self)
@@ -403,6 +405,17 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
                 self.close_lingering()
             return  # (otherwise once it is: uvicorn closes a cycle not kept alive)
         self.counted(error.slug)
+        if not self._body_done and self.pipeline and self.pipeline[0][0] is cycle:
+            # a body past a bound, its request pipelined behind answers not yet written: it
+            # never runs, and its 400 follows them (written now, it went out in place of the
+            # answer under way, which was lost); the connection closes after it
+            self.pipeline.popleft()
+            self.cycle = self._previous_cycle  # type: ignore[assignment]
+            if self.cycle is not None:
+                self.cycle.keep_alive = False
+            self._after_answer = self._problem(error)
+            self._stop_parsing()
+            return
         self._send(self._problem(error))
         if bounded is None:
             self._raw.close()
@@ -538,6 +551,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
                 # counts its own from there): a storm's heads, parsed in one turn of the
                 # loop before any route runs, see those ahead of them
                 self.loop.call_soon(shed.arrived(self.scope))  # type: ignore[arg-type]
+        self._previous_cycle = self.cycle
         super().on_headers_complete()
         if self.aged and self.cycle is not None:
             self.cycle.keep_alive = False  # past its age: the last answer on the connection

@@ -657,3 +657,29 @@ def test_a_head_past_the_cap_pipelined_behind_a_request_under_way_is_answered_43
         assert wire.rindex(b"HTTP/1.1 204 ") < wire.index(b"HTTP/1.1 431 "), wire
         assert transport.eof or transport.closed
         assert _Protocol.refused == ["head-too-large"]
+
+
+@pytest.mark.parametrize("body", ["one-byte-chunks", "endless-extension"])
+def test_a_body_past_its_bound_pipelined_behind_a_request_under_way_is_answered_400_after_it(
+    body: str,
+) -> None:
+    """A request whose answer is not written yet, then a chunked body past its bound (too
+    many chunks, or framing without end): the answer goes out whole, then the 400, then the
+    connection closes; the refused request never runs. Before, the 400 was written at once,
+    ahead of the answer under way, which was lost (found by the pipelining fuzzer)."""
+    release = asyncio.Event()
+    for protocol, transport, loop in _connected(_answer_when(release)):
+        protocol.data_received(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
+        protocol.data_received(CHUNKED)
+        if body == "one-byte-chunks":
+            protocol.data_received(_chunks(1, 200))
+        else:
+            protocol.data_received(b"2;n=" + b"v" * (CAP + 100))
+        assert not transport.written
+        release.set()
+        loop.run_until_complete(asyncio.sleep(0.02))
+        wire = b"".join(transport.written)
+        assert wire.startswith(b"HTTP/1.1 204 "), wire
+        assert wire.count(b"HTTP/1.1 ") == 2, wire
+        assert b"HTTP/1.1 400 " in wire, wire
+        assert transport.eof or transport.closed

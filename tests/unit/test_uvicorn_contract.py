@@ -122,6 +122,17 @@ def test_what_the_parser_refuses_is_answered_by_send_400_response() -> None:
     assert issubclass(httptools.HttpParserCallbackError, httptools.HttpParserError)
 
 
+def test_the_pipeline_holds_the_newest_request_on_its_left() -> None:
+    """The gateway reads ``pipeline[0]`` as the newest request waiting (a full pipeline's
+    last, a refused pipelined body's) and takes it out with ``popleft``: uvicorn appends on
+    the left and runs from the right."""
+    assert "self.pipeline.appendleft(" in inspect.getsource(
+        httptools_impl.HttpToolsProtocol.on_headers_complete
+    )
+    assert "self.pipeline.pop()" in inspect.getsource(httptools_impl.HttpToolsProtocol.on_response_complete)
+    assert inspect.isclass(httptools_impl.RequestResponseCycle)
+
+
 def test_only_the_protocol_module_imports_uvicorns_internals() -> None:
     importers = []
     for path in (ROOT / "gateway").rglob("*.py"):
