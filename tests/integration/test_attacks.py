@@ -308,7 +308,7 @@ def test_a_head_of_300_mib_is_a_431_with_the_gateways_memory_flat(
     stayed open and the gateway's RSS rose 111 -> 477 MiB, and stayed there after the
     socket closed. Until 13746b4 one field's value was counted only once it ended, after
     the read that ended it: a value never ended grew unseen until the head's deadline, and
-    a 50 MiB value ended in the same send was served, 200, the gateway +61 MiB.)"""
+    a 50 MiB value ended in the same send was served, 200, the gateway +50 MiB.)"""
     line = b"X-Filler: " + b"a" * 8000 + b"\r\n"
     piece = {
         "fields": line * 64,
