@@ -3,6 +3,7 @@ benchmark, the soak and the integration tests start."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -25,6 +26,9 @@ class GatewayProcess:
     port: int
     log: Path
     host: str = "127.0.0.1"
+    # how it was started, to start it again on another port if its own was taken meanwhile
+    # (None: started by the caller, on a port the caller chose)
+    restart: tuple[Path | None, dict[str, str]] | None = None
 
     @classmethod
     def start(
@@ -40,8 +44,8 @@ class GatewayProcess:
         It listens on ``host`` and ``port`` (a free one by default). ``cwd`` outside a
         checkout lets a PYTHONPATH in ``env`` choose the code (`-m` puts the working
         directory first on the path)."""
-        port = port or free_port()
-        log = log_dir / f"gateway-{host}-{port}.log"
+        chosen = port or free_port()
+        log = log_dir / f"gateway-{host}-{chosen}.log"
         environment = {
             **os.environ,
             "GATEWAY_TRITON__URL": triton.grpc_url,
@@ -49,12 +53,8 @@ class GatewayProcess:
             "GATEWAY_TRITON__REPOSITORY_KEY": triton.repository_key,
             **(env or {}),
         }
-        command = [sys.executable, "-m", "gateway", "serve", "--host", host, "--port", str(port)]
-        with log.open("wb") as sink:
-            process = subprocess.Popen(
-                command, env=environment, stdout=sink, stderr=subprocess.STDOUT, cwd=cwd
-            )
-        return cls(process, port, log, host)
+        process = _spawn(host, chosen, environment, cwd, log)
+        return cls(process, chosen, log, host, None if port else (cwd, environment))
 
     @property
     def url(self) -> str:
@@ -63,11 +63,23 @@ class GatewayProcess:
     def wait(self, path: str = "/livez", timeout: float = 30.0) -> GatewayProcess:
         """Until ``path`` answers 200 (``/readyz``: Triton's models too), or raise."""
         deadline = time.monotonic() + timeout
+        restarts = 3
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"the gateway exited: {self.log.read_text()[-3000:]}")
+                output = self.log.read_text()
+                if self.restart is not None and restarts and "Address already in use" in output[-500:]:
+                    # its port, free when chosen, was taken before it bound it (by another
+                    # test's process on the same machine): again, on another
+                    restarts -= 1
+                    self.port = free_port()
+                    self.process = _spawn(self.host, self.port, self.restart[1], self.restart[0], self.log)
+                    continue
+                raise RuntimeError(f"the gateway exited: {output[-3000:]}")
             try:
-                if httpx.get(f"{self.url}{path}", timeout=1).status_code == 200:
+                # (only its own listener's answer: another process on the port is not it)
+                if httpx.get(f"{self.url}{path}", timeout=1).status_code == 200 and _listens(
+                    self.process.pid, self.port
+                ):
                     return self
             except httpx.TransportError:
                 pass
@@ -84,3 +96,41 @@ class GatewayProcess:
             else:
                 self.process.kill()
             self.process.wait(timeout=60)
+
+
+def _spawn(
+    host: str, port: int, environment: dict[str, str], cwd: Path | None, log: Path
+) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "gateway", "serve", "--host", host, "--port", str(port)]
+    with log.open("ab") as sink:
+        return subprocess.Popen(command, env=environment, stdout=sink, stderr=subprocess.STDOUT, cwd=cwd)
+
+
+def _listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds the socket listening on TCP ``port`` (Linux's /proc:
+    the listening socket's inode among the process's descriptors)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # LISTEN
+                    inodes.add(f"socket:[{fields[9]}]")
+    for process in _tree(pid):
+        with contextlib.suppress(OSError):
+            for descriptor in Path(f"/proc/{process}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    if os.readlink(descriptor) in inodes:
+                        return True
+    return False
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (a server may listen from a worker it started)."""
+    tree, at = [pid], 0
+    while at < len(tree):
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{tree[at]}/task").iterdir():
+                tree += [int(child) for child in (task / "children").read_text().split()]
+        at += 1
+    return tree
