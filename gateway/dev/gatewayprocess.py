@@ -107,30 +107,18 @@ def _spawn(
 
 
 def _listens(pid: int, port: int) -> bool:
-    """Whether process ``pid`` holds the socket listening on TCP ``port`` (Linux's /proc:
-    the listening socket's inode among the process's descriptors)."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with contextlib.suppress(OSError):
-            for line in Path(table).read_text().splitlines()[1:]:
-                fields = line.split()
-                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # LISTEN
-                    inodes.add(f"socket:[{fields[9]}]")
-    for process in _tree(pid):
-        with contextlib.suppress(OSError):
-            for descriptor in Path(f"/proc/{process}/fd").iterdir():
-                with contextlib.suppress(OSError):
-                    if os.readlink(descriptor) in inodes:
-                        return True
+    """Whether process ``pid`` (or a worker it started) holds the socket listening on TCP
+    ``port``."""
+    import psutil  # (a dev dependency, as this module is: the benchmarks and the tests)
+
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return False
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            for connection in process.net_connections(kind="tcp"):
+                if connection.status == psutil.CONN_LISTEN and connection.laddr.port == port:
+                    return True
     return False
-
-
-def _tree(pid: int) -> list[int]:
-    """``pid`` and its descendants (a server may listen from a worker it started)."""
-    tree, at = [pid], 0
-    while at < len(tree):
-        with contextlib.suppress(OSError):
-            for task in Path(f"/proc/{tree[at]}/task").iterdir():
-                tree += [int(child) for child in (task / "children").read_text().split()]
-        at += 1
-    return tree

@@ -315,7 +315,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
                 self._head_wire += len(data)
             else:  # begun in this read: as much of it as the parser handed over
                 self._head_wire = self._head_bytes
-            self._head_tail = (self._head_tail + data)[-3:]
+            self._head_tail = (self._head_tail + data[-3:])[-3:]
         elif in_body and message == self._messages and not self._body_done:
             # all of it this body's: its data, and the framing around it
             self._body_wire += len(data)
@@ -356,9 +356,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         if self._raw.is_closing() or self._parser_stopped:  # refused meanwhile
             return
         self.counted(HeadTooLargeError.slug)
-        refusal = self._problem(
-            error or HeadTooLargeError(f"the request head is over {self.max_head_bytes} bytes")
-        )
+        refusal = self._problem(error or self._over_cap())
         cycle = self.cycle
         if cycle is not None and not cycle.response_complete:
             self._after_answer = refusal  # (written by close_lingering once that answer is)
@@ -368,6 +366,9 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self._send(refusal)
         self.cycle = _RefusedCycle(keep_alive=False)  # type: ignore[assignment]
         self.close_lingering()
+
+    def _over_cap(self) -> HeadTooLargeError:
+        return HeadTooLargeError(f"the request head is over {self.max_head_bytes} bytes")
 
     def send_400_response(self, msg: str) -> None:
         """What httptools cannot parse, answered as every refusal is (uvicorn's own is
@@ -532,7 +533,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
             # its last field ended in the read that ended it (httptools hands a field over
             # once it ends): counted here, not after the read, when the request would be
             # under way already
-            self._refusal = HeadTooLargeError(f"the request head is over {self.max_head_bytes} bytes")
+            self._refusal = self._over_cap()
             raise _ParserStoppedError
         if len(self.pipeline) >= self.max_pipelined:
             self._stop_pipeline()
