@@ -601,29 +601,31 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
             head.append(b"connection: close\r\n")
         head += [b"\r\n", refusal.body]
         data = b"".join(head)
-
-        def write() -> None:
-            # the hold counts from the request's head: the loop's timers run on a clock read
-            # once an iteration, in whole milliseconds, and may fire a little early
-            early = refusal.hold - (perf_counter() - refusal.started)
-            if early > 0 and not self._raw.is_closing():
-                self.loop.call_later(early, write)
-                return
-            cycle.response_complete = True
-            if not self._raw.is_closing():
-                self._send(data)
-            shed.answered(refusal)
-            if cycle.keep_alive:  # (the server's shutdown may have cleared it during the hold)
-                self.on_response_complete()  # resumes reading, the keep-alive timer or the next request
-            else:
-                self.close_lingering()
-
         if refusal.hold:
             # reading goes on: the body is read away, and a request pipelined behind waits
             # for this answer as behind any other (uvicorn's pipeline)
-            self.loop.call_later(refusal.hold, write)
+            self.loop.call_later(refusal.hold, self._write_refusal, shed, refusal, cycle, data)
         else:
-            write()
+            self._write_refusal(shed, refusal, cycle, data)
+
+    def _write_refusal(self, shed: HeadShed, refusal: HeadRefusal, cycle: _RefusedCycle, data: bytes) -> None:
+        """Write a refusal from the head once its hold is over (a method, not a closure
+        that schedules itself: that is a reference cycle, which kept every refusal and
+        its call scope until the garbage collector found them)."""
+        # the hold counts from the request's head: the loop's timers run on a clock read
+        # once an iteration, in whole milliseconds, and may fire a little early
+        early = refusal.hold - (perf_counter() - refusal.started)
+        if early > 0 and not self._raw.is_closing():
+            self.loop.call_later(early, self._write_refusal, shed, refusal, cycle, data)
+            return
+        cycle.response_complete = True
+        if not self._raw.is_closing():
+            self._send(data)
+        shed.answered(refusal)
+        if cycle.keep_alive:  # (the server's shutdown may have cleared it during the hold)
+            self.on_response_complete()  # resumes reading, the keep-alive timer or the next request
+        else:
+            self.close_lingering()
 
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)

@@ -6,10 +6,12 @@ layer and to one without it while the gateway sheds, get the same status, header
 
 from __future__ import annotations
 
+import gc
 import json
 import selectors
 import socket
 import time
+import weakref
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ import pytest
 
 from gateway.app import create_app
 from gateway.http.dependencies import new_call
+from gateway.http.headshed import HeadRefusal, HeadShed
 from gateway.http.routes import classify as classify_routes
 from gateway.http.routes import oip as oip_routes
 from gateway.http.routes import openai as openai_routes
@@ -210,6 +213,38 @@ def test_a_retry_at_once_is_held_and_the_connection_kept(
     assert held >= 0.065  # held, as the route holds them
     assert len(connections) == 1
     assert route_runs == ["/classify"]  # the third only
+
+
+def test_a_refusal_from_the_head_is_freed_once_written_without_the_collector(
+    tmp_path: Path, shedding: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refusal, and retries at once that are held (written from a timer), leave no
+    reference cycle: each is freed when it is written, not when the garbage collector
+    next walks its oldest generation. Before, the write scheduled itself from a closure
+    (a cycle through the closure's cell) holding the refusal and its call scope: each
+    refusal of a storm was left for the collector, as garbage it walks."""
+    made: list[weakref.ref[HeadRefusal]] = []
+    answer = HeadShed._answer
+
+    def recorded(self: HeadShed, *args: Any) -> HeadRefusal:
+        refusal = answer(self, *args)
+        made.append(weakref.ref(refusal))
+        return refusal
+
+    monkeypatch.setattr(HeadShed, "_answer", recorded)
+    served = _served(tmp_path, True)
+    gc.disable()
+    try:
+        with httpx.Client(base_url=served.url, timeout=10) as client:
+            statuses = [client.post("/classify", headers=PLAIN, **TEXT).status_code for _ in range(3)]
+        time.sleep(0.1)  # (the server's loop is another thread's)
+        alive = sum(ref() is not None for ref in made)
+    finally:
+        gc.enable()
+        served.stop()
+    assert statuses == [503, 503, 503]
+    assert len(made) == 3  # the first at once, the two retries held
+    assert alive == 0
 
 
 def test_nothing_is_shed_at_the_head_while_the_queue_is_short(tmp_path: Path, route_runs: list[str]) -> None:
