@@ -315,10 +315,13 @@ async def _read_multipart(request: Request, settings: Settings) -> ClassifyInput
     capped = Request(
         request.scope, _capped(request, settings.max_body_bytes, settings.server.body_timeout_seconds)
     )
-    async for piece in capped.stream():
-        if piece:
-            parts.feed(piece)
-    return ClassifyInput(images=parts.finish())
+    try:
+        async for piece in capped.stream():
+            if piece:
+                parts.feed(piece)
+        return ClassifyInput(images=parts.finish())
+    finally:
+        parts.close()
 
 
 async def _read_raw(request: Request, settings: Settings) -> ClassifyInput:

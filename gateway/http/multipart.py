@@ -80,6 +80,11 @@ class FileParts:
             raise InvalidInputError("no images ('file' parts) given")
         return self.files
 
+    def close(self) -> None:
+        """Let the parser go (it holds this object's methods as its callbacks: a reference
+        cycle, otherwise freed only when the garbage collector walks it)."""
+        self._parser.callbacks = {}
+
     # -- the parser's callbacks ------------------------------------------------------
     def _part_begin(self) -> None:
         self._parts += 1

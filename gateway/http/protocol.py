@@ -17,6 +17,7 @@ import logging
 import socket
 import struct
 import urllib.parse
+import weakref
 from collections.abc import Callable
 from time import perf_counter
 from typing import Any
@@ -64,7 +65,9 @@ class _LingerOnClose:
 
     def __init__(self, transport: asyncio.Transport, protocol: HeaderTimeoutProtocol) -> None:
         self._transport = transport
-        self._protocol = protocol
+        # weakly: the protocol holds this wrapper, and a strong reference back would make
+        # every connection a reference cycle, freed only when the collector walks it
+        self._protocol = weakref.ref(protocol)
         self._pending: list[bytes] = []
         self._loop = protocol.loop
         # what uvicorn calls on every request, bound here rather than found by __getattr__
@@ -98,10 +101,15 @@ class _LingerOnClose:
         self._transport.write_eof()
 
     def close(self) -> None:
-        self._protocol.close_lingering()
+        protocol = self._protocol()
+        if protocol is None:  # (the connection is gone, and its protocol with it)
+            self._transport.close()
+        else:
+            protocol.close_lingering()
 
     def is_closing(self) -> bool:
-        return self._protocol.lingering or self._transport.is_closing()
+        protocol = self._protocol()
+        return (protocol is not None and protocol.lingering) or self._transport.is_closing()
 
 
 class _NoEvent:
