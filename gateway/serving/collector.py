@@ -13,9 +13,10 @@ generation's collections walk only what serving made since. In the same storms w
 them frozen, that collection took 8-9 ms (over the ~22,000 objects the connections of
 three storms had left: uvicorn's protocol and its parser refer to each other).
 
-Nothing frozen is leaked: an object's reference count still frees it when the last
-reference goes. Only a cycle among frozen objects outlives its references, and those
-are the start's, built to live as long as the process.
+What is frozen is still freed by its reference count when its last reference goes.
+Only a reference cycle among frozen objects outlives its references: at most what the
+start built, once (a model's entry built at start and replaced when the model reloads,
+say), never anything made while serving.
 """
 
 from __future__ import annotations
