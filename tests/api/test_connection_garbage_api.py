@@ -18,6 +18,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -27,10 +28,11 @@ from gateway.serving.refusal import Refusals
 from gateway.settings import Settings
 from gateway.shared.keyfiles import hash_key
 
+from helpers.rawload import request_bytes
 from helpers.support import FakeBackend, ServedApp, chelsea_jpeg
 
 OURS = ("gateway", "uvicorn", "starlette", "fastapi", "python_multipart", "httptools")
-KEY = "x-api-key: plain-secret\r\n"
+KEY = {"x-api-key": "plain-secret"}
 BOUNDARY = "garbage-boundary"
 MULTIPART = (
     (
@@ -43,9 +45,9 @@ MULTIPART = (
 OIP = {"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": ["x"]}]}
 
 # name: (path, headers, content type, body, the status expected)
-CASES: dict[str, tuple[str, str, str, bytes, int]] = {
+CASES: dict[str, tuple[str, dict[str, str], str, bytes, int]] = {
     "text": ("/classify", KEY, "application/json", b'{"text": "The striker scored."}', 200),
-    "no key": ("/classify", "", "application/json", b'{"text": "x"}', 401),
+    "no key": ("/classify", {}, "application/json", b'{"text": "x"}', 401),
     "unknown model": ("/models/nope/classify", KEY, "application/json", b'{"text": "x"}', 404),
     "malformed JSON": ("/classify", KEY, "application/json", b'{"text": ', 400),
     "multipart": ("/classify", KEY, f"multipart/form-data; boundary={BOUNDARY}", MULTIPART, 200),
@@ -63,13 +65,12 @@ def served(tmp_path: Path) -> Iterator[ServedApp]:
     app.stop()
 
 
-def _post(port: int, path: str, headers: str, content_type: str, body: bytes) -> int:
+def _post(url: str, path: str, headers: dict[str, str], content_type: str, body: bytes) -> int:
     """One request on a connection of its own, read to its close; the status."""
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+    parts = urlsplit(url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=10) as sock:
         sock.sendall(
-            f"POST {path} HTTP/1.1\r\nhost: x\r\n{headers}content-type: {content_type}\r\n"
-            f"connection: close\r\ncontent-length: {len(body)}\r\n\r\n".encode()
-            + body
+            request_bytes(url, path, body, {**headers, "content-type": content_type, "connection": "close"})
         )
         answer = b""
         while chunk := sock.recv(65536):
@@ -78,16 +79,16 @@ def _post(port: int, path: str, headers: str, content_type: str, body: bytes) ->
 
 
 def _left_in_cycles(
-    served: ServedApp, path: str, headers: str, content_type: str, body: bytes
+    served: ServedApp, path: str, headers: dict[str, str], content_type: str, body: bytes
 ) -> tuple[set[int], Counter[str]]:
     """The statuses of 10 requests, each on its own connection, and what of ours they
     left for the collector (by type), with the collector off while they ran."""
-    _post(served.port, path, headers, content_type, body)  # what a first request builds once
+    _post(served.url, path, headers, content_type, body)  # what a first request builds once
     gc.collect()
     gc.disable()
     gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds is kept in gc.garbage, to be named
     try:
-        statuses = {_post(served.port, path, headers, content_type, body) for _ in range(10)}
+        statuses = {_post(served.url, path, headers, content_type, body) for _ in range(10)}
         time.sleep(0.2)  # (the server's loop is another thread's: its last callbacks run)
         gc.collect()
         left = Counter(
