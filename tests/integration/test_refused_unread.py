@@ -186,8 +186,11 @@ def test_a_refusal_from_the_headers_keeps_a_small_requests_connection_and_holds_
                 if sock is None:
                     sock = connection.sock
                 assert connection.sock is sock  # the same connection, every time
-                if answer.status == 503:
-                    refused.append((time.monotonic() - started, answer.getheader("connection")))
+                took = time.monotonic() - started
+                if answer.status == 503 and took < 0.3:
+                    refused.append((took, answer.getheader("connection")))
+                elif answer.status == 503:  # admitted, then refused after the queue wait:
+                    refused.clear()  # not a refusal from the headers, so not held; start again
             connection.close()
             large = _head(gateway.port, "/classify", "image/jpeg", b"\xff\xd8\xff" + bytes(200 * 1024))
         finally:
@@ -196,7 +199,8 @@ def test_a_refusal_from_the_headers_keeps_a_small_requests_connection_and_holds_
     assert len(refused) == 4, refused
     assert all(header is None for _, header in refused)  # kept alive
     # the retries that came at once waited longer each time (10, 20, 40 ms at least)
-    assert refused[3][0] >= 0.04
+    for (took, _), least in zip(refused[1:], (0.01, 0.02, 0.04), strict=True):
+        assert took >= least, refused
     assert large.startswith(b"HTTP/1.1 503")
     assert b"\r\nconnection: close\r\n" in large.lower()
     for thread in threads:
