@@ -27,7 +27,7 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 LOCAL_TORCH := /opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl
 UV_VERSION := 0.13.8
 LOCK_TOOL := .venv-lock
-APT_TEST_PACKAGES := chromium prometheus docker-compose wrk hey haproxy redis-server
+APT_TEST_PACKAGES := chromium prometheus docker-compose wrk hey haproxy redis-server curl
 # The container tests' (make test-containers): podman builds and runs the images, with
 # runc and netavark (../shared/PLATFORM.md, Containers; netavark runs iptables); debootstrap
 # makes their base.

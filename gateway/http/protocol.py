@@ -112,6 +112,24 @@ class _LingerOnClose:
         return (protocol is not None and protocol.lingering) or self._transport.is_closing()
 
 
+def _skipped_framing(headers: list[tuple[bytes, bytes]]) -> bytes | None:
+    """The head that tells httptools how an upgrade offer's body is framed (its
+    Transfer-Encoding or Content-Length), or None when it has none. httptools took the
+    offer for a protocol switch and skipped the body: fed this head and then what follows,
+    it reads the body as any other (:meth:`HeaderTimeoutProtocol._parse`)."""
+    length: bytes | None = None
+    for name, value in headers:  # (names lowercased by uvicorn; httptools refused two lengths)
+        if name == b"transfer-encoding":
+            if value.rsplit(b",", 1)[-1].strip().lower() == b"chunked":
+                return b"POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n"
+            return None
+        if name == b"content-length":
+            length = value.strip()
+    if length is None or not length.isdigit() or int(length) == 0:
+        return None
+    return b"POST / HTTP/1.1\r\ncontent-length: %d\r\n\r\n" % int(length)
+
+
 class _NoEvent:
     def set(self) -> None:
         return None
@@ -248,6 +266,11 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self._previous_cycle: RequestResponseCycle | _RefusedCycle | None = None
         # the pipeline is full: the parser was stopped for good, what arrives is read away
         self._parser_stopped = False
+        # an upgrade offer's body, which httptools skipped: the head that frames it, fed to
+        # the parser once it has stopped at the offer; and while that head is parsed, its
+        # callbacks are muted (it is no request)
+        self._offer_body: bytes | None = None
+        self._replaying = False
         self._wrapped = _LingerOnClose(transport, self)
         super().connection_made(self._wrapped)  # type: ignore[arg-type]
         self._address: str | None = None
@@ -315,7 +338,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
             if self._head_wire + part > self.max_head_bytes:
                 self._head_too_large()
                 return
-        super().data_received(data)
+        self._parse(data)
         if self._head_bytes > self.max_head_bytes:  # (checked once the chunk is parsed)
             self._head_too_large()
         elif self._head_bytes >= 0:  # a head unfinished at the read's end
@@ -331,6 +354,45 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
             if framing > self.max_head_bytes + FRAMING_PER_CHUNK * self._chunks:
                 self._framing_too_large()
 
+    def _parse(self, data: bytes) -> None:
+        """uvicorn's ``data_received`` (the parser fed, what it cannot parse a 400), but a
+        request that offers to upgrade the connection (``Connection: Upgrade`` with
+        ``Upgrade: h2c``, as curl's ``--http2`` over http://, Java's RestClient and Ktor
+        send; ``Upgrade: websocket``) is served as the HTTP/1.1 request it also is, as RFC
+        9110 (7.8) allows: the gateway switches to no other protocol.
+
+        httptools stops at such a head as if the rest were another protocol: uvicorn ran
+        the request with an empty body (a 400 for any JSON), parsed what followed as a new
+        request (a 400, the connection closed), and wrote two warnings for each, whoever
+        sent it (Kludex/uvicorn#2722, MagicStack/httptools#124). Here the parser goes on:
+        the body it skipped is read with the framing its head declared (the bounds on a
+        body hold, its chunks counted), then the requests behind it."""
+        self._unset_keepalive_if_required()
+        while True:
+            try:
+                self.parser.feed_data(data)
+                return
+            except httptools.HttpParserUpgrade as offer:
+                # stopped at the end of the offer's head (httptools resumed it already)
+                data = data[offer.args[0] :]
+                framing, self._offer_body = self._offer_body, None
+                if framing is not None:
+                    self._replaying = True
+                    data = framing + data
+                if not data:
+                    return
+            except httptools.HttpParserError:
+                message = "Invalid HTTP request received."
+                self.logger.warning(message)
+                self.send_400_response(message)
+                return
+
+    def _should_upgrade(self) -> bool:
+        """Never: the gateway switches to no other protocol (its server runs with ``ws``
+        "none"; uvicorn would otherwise start no request for a WebSocket offer, and
+        :meth:`_parse` hands it no connection to upgrade)."""
+        return False
+
     def _framing_too_large(self) -> None:
         if self._raw.is_closing():  # (a stopped parser: send_400_response does nothing)
             return
@@ -341,10 +403,14 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self.send_400_response("")
 
     def on_url(self, url: bytes) -> None:
+        if self._replaying:
+            return
         self._head_bytes += len(url)
         super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self._replaying:
+            return
         self._head_bytes += len(name) + len(value)
         self._fields += 1
         if self._fields > self.max_headers:
@@ -528,6 +594,8 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
             self.transport.close()
 
     def on_message_begin(self) -> None:
+        if self._replaying:
+            return
         super().on_message_begin()
         self._head_bytes = self._head_wire = 0
         self._head_tail = b""
@@ -537,6 +605,9 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self._arm()
 
     def on_headers_complete(self) -> None:
+        if self._replaying:  # the head framing an upgrade offer's body: the body follows
+            self._replaying = False
+            return
         if self._head_bytes > self.max_head_bytes:
             # its last field ended in the read that ended it (httptools hands a field over
             # once it ends): counted here, not after the read, when the request would be
@@ -548,6 +619,8 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self._head_bytes = -1
         self._disarm()
         self._body_done = False
+        # an upgrade offer (or CONNECT): httptools skips its body and stops (_parse)
+        self._offer_body = _skipped_framing(self.headers) if self.parser.should_upgrade() else None
         shed = self.head_shed
         if shed is not None and (self.cycle is None or self.cycle.response_complete):
             if shed.armed():
@@ -653,6 +726,8 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
             raise _ParserStoppedError
 
     def on_message_complete(self) -> None:
+        if self._offer_body is not None:
+            return  # (httptools skipped the offer's body: it is read next, _parse)
         self._body_done = True
         self._drained()
         if isinstance(self.cycle, _RefusedCycle):

@@ -113,6 +113,7 @@ def server_config(app: FastAPI, settings: Settings, host: str, port: int) -> uvi
         host=host,
         port=port,
         http=protocol,
+        ws="none",  # no WebSocket route: an upgrade offer is served as HTTP/1.1 (gateway.http.protocol)
         loop=settings.server.event_loop,
         log_config=None,
         access_log=False,  # the gateway writes its own access log

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httptools
+import pytest
 import uvicorn
 from uvicorn.protocols.http import httptools_impl
 from uvicorn.server import ServerState
@@ -35,6 +36,8 @@ PROTOCOL_ATTRIBUTES = (
     "pipeline",
     "timeout_keep_alive",
     "timeout_keep_alive_task",
+    "headers",
+    "logger",
 )
 PROTOCOL_METHODS = (
     "connection_made",
@@ -54,6 +57,7 @@ PROTOCOL_METHODS = (
     "pause_writing",
     "resume_writing",
     "shutdown",
+    "_should_upgrade",
 )
 CYCLE_ATTRIBUTES = (
     "response_started",
@@ -120,6 +124,37 @@ def test_what_the_parser_refuses_is_answered_by_send_400_response() -> None:
     assert "self.send_400_response(" in source
     assert "except httptools.HttpParserError" in source
     assert issubclass(httptools.HttpParserCallbackError, httptools.HttpParserError)
+
+
+def test_httptools_stops_at_an_upgrade_offer_where_its_head_ends() -> None:
+    """gateway.http.protocol serves an upgrade offer as HTTP/1.1 from what httptools does
+    with one: the body skipped (the message complete at the head's end), the parser
+    stopped there with the offset into the data fed, already resumed; uvicorn asks
+    ``_should_upgrade`` (overridden: never) before it starts the request, and collects the
+    headers lowercased."""
+    events: list[str] = []
+
+    class Target:
+        def on_headers_complete(self) -> None:
+            events.append("headers")
+
+        def on_body(self, body: bytes) -> None:
+            events.append(f"body {body!r}")
+
+        def on_message_complete(self) -> None:
+            events.append("complete")
+
+    parser = httptools.HttpRequestParser(Target())
+    head = b"POST / HTTP/1.1\r\nContent-Length: 2\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n"
+    with pytest.raises(httptools.HttpParserUpgrade) as offer:
+        parser.feed_data(head + b"{}")
+    assert offer.value.args[0] == len(head)
+    assert events == ["headers", "complete"]
+    parser.feed_data(b"POST / HTTP/1.1\r\ncontent-length: 2\r\n\r\n{}")
+    assert events[2:] == ["headers", "body b'{}'", "complete"]
+    source = inspect.getsource(httptools_impl.HttpToolsProtocol.on_headers_complete)
+    assert "self.parser.should_upgrade() and self._should_upgrade()" in source
+    assert "name = name.lower()" in inspect.getsource(httptools_impl.HttpToolsProtocol.on_header)
 
 
 def test_the_pipeline_holds_the_newest_request_on_its_left() -> None:
