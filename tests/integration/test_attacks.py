@@ -531,7 +531,29 @@ def _pipelined_requests() -> dict[str, tuple[bytes, set[int] | None, bool]]:
             {404},
             True,
         ),
+        # offers to upgrade, served as HTTP/1.1 (curl --http2, Java's RestClient, Ktor)
+        "h2c-infer": (post(b"/v2/models/text_classifier/infer", key + H2C_OFFER, text), {200}, True),
+        "h2c-chunked": (
+            b"POST /v2/models/nope/infer HTTP/1.1\r\nHost: x\r\n"
+            + key
+            + H2C_OFFER
+            + b"Transfer-Encoding: chunked\r\n\r\n%x\r\n" % len(small)
+            + small
+            + b"\r\n0\r\n\r\n",
+            {404},
+            True,
+        ),
+        "websocket-offer": (
+            b"GET /livez HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+            {200},
+            True,
+        ),
     }
+
+
+H2C_OFFER = (
+    b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n"
+)
 
 
 LAST_ON_A_CONNECTION = {
@@ -585,7 +607,7 @@ def _answers(wire: bytes, bodied: list[bool]) -> list[int]:
 def test_pipelined_requests_split_anywhere_are_each_answered_in_order(gateway: GatewayProcess) -> None:
     """Hypothesis writes sequences of requests sent on one connection back to back (kept
     alive, answers and refusals from the head, bodies answered before they were read,
-    chunked, HEAD, a real inference), cut at random places with a pause at each cut, and
+    chunked, HEAD, a real inference, offers to upgrade), cut at random places with a pause at each cut, and
     at most one request that ends the connection, last: every request is answered once, in
     order, with its status, and nothing else is written. Before (72ac0dd), two requests
     then the head of a third and the start of its body in one piece: the first answer
