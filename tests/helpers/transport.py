@@ -5,7 +5,13 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, TypeVar
+
+import uvicorn
+from uvicorn.server import ServerState
+
+P = TypeVar("P", bound=asyncio.Protocol)
 
 
 class OptionsSocket:
@@ -68,3 +74,18 @@ class RecordingTransport(asyncio.Transport):
 
     def write_eof(self) -> None:
         self.eof = True
+
+
+def connected(kind: type[P], app: Any) -> Iterator[tuple[P, RecordingTransport, asyncio.AbstractEventLoop]]:
+    """A connection of protocol ``kind`` (an HTTP protocol of uvicorn's, as the gateway
+    configures it: httptools, no WebSocket) to ``app``, on a loop of its own; closed after."""
+    loop = asyncio.new_event_loop()
+    config = uvicorn.Config(app, http="httptools", ws="none", lifespan="off", log_config=None)
+    protocol = kind(config, ServerState(), {}, _loop=loop)  # type: ignore[call-arg]
+    transport = RecordingTransport()
+    protocol.connection_made(transport)
+    try:
+        yield protocol, transport, loop
+    finally:
+        protocol.connection_lost(None)
+        loop.close()

@@ -13,12 +13,10 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import pytest
-import uvicorn
-from uvicorn.server import ServerState
 
 from gateway.http.protocol import HeaderTimeoutProtocol
 
-from helpers.transport import RecordingTransport
+from helpers.transport import RecordingTransport, connected
 
 CAP = 4096
 LINE = b"X-Filler: " + b"a" * 990 + b"\r\n"  # 1 KiB
@@ -46,17 +44,8 @@ class _Aging(_Protocol):
 
 
 def _connected(app: Any, kind: type[_Protocol] = _Protocol) -> Iterator[Connection]:
-    loop = asyncio.new_event_loop()
     _Protocol.refused.clear()
-    config = uvicorn.Config(app, http="httptools", lifespan="off", log_config=None)
-    protocol = kind(config, ServerState(), {}, _loop=loop)
-    transport = RecordingTransport()
-    protocol.connection_made(transport)
-    try:
-        yield protocol, transport, loop
-    finally:
-        protocol.connection_lost(None)
-        loop.close()
+    yield from connected(kind, app)
 
 
 @pytest.fixture

@@ -15,12 +15,10 @@ import logging
 from collections.abc import Iterator
 
 import pytest
-import uvicorn
-from uvicorn.server import ServerState
 
 from gateway.http.protocol import HeaderTimeoutProtocol
 
-from helpers.transport import RecordingTransport
+from helpers.transport import RecordingTransport, connected
 
 H2C = b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n"
 BODY = b'{"texts": ["the film was a delight from start to finish"]}'
@@ -51,16 +49,7 @@ Connection = tuple[_Protocol, RecordingTransport, asyncio.AbstractEventLoop]
 
 @pytest.fixture
 def connection() -> Iterator[Connection]:
-    loop = asyncio.new_event_loop()
-    config = uvicorn.Config(_echo, http="httptools", ws="none", lifespan="off", log_config=None)
-    protocol = _Protocol(config, ServerState(), {}, _loop=loop)
-    transport = RecordingTransport()
-    protocol.connection_made(transport)
-    try:
-        yield protocol, transport, loop
-    finally:
-        protocol.connection_lost(None)
-        loop.close()
+    yield from connected(_Protocol, _echo)
 
 
 def _send(connection: Connection, *reads: bytes) -> list[bytes]:
