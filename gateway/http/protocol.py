@@ -114,17 +114,23 @@ class _LingerOnClose:
 
 def _skipped_framing(headers: list[tuple[bytes, bytes]]) -> bytes | None:
     """The head that tells httptools how an upgrade offer's body is framed (its
-    Transfer-Encoding or Content-Length), or None when it has none. httptools took the
-    offer for a protocol switch and skipped the body: fed this head and then what follows,
-    it reads the body as any other (:meth:`HeaderTimeoutProtocol._parse`)."""
+    Transfer-Encoding or Content-Length), or None when it has none; a Transfer-Encoding
+    that does not end with chunked is refused. httptools took the offer for a protocol
+    switch and skipped the body: fed this head and then what follows, it reads the body as
+    any other (:meth:`HeaderTimeoutProtocol._parse`)."""
     length: bytes | None = None
+    coding: bytes | None = None  # the last transfer coding (its fields read as one list)
     for name, value in headers:  # (names lowercased by uvicorn; httptools refused two lengths)
         if name == b"transfer-encoding":
-            if value.rsplit(b",", 1)[-1].strip().lower() == b"chunked":
-                return b"POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n"
-            return None
-        if name == b"content-length":
+            coding = value.rsplit(b",", 1)[-1].strip().lower()
+        elif name == b"content-length":
             length = value.strip()
+    if coding == b"chunked":
+        return b"POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n"
+    if coding is not None:
+        # what httptools refuses in any other request (RFC 9112, 6.3): its body's length
+        # cannot be known, and what follows it, read as a request, would be smuggled
+        raise MalformedRequestError("a request's Transfer-Encoding must end with chunked")
     if length is None or not length.isdigit() or int(length) == 0:
         return None
     return b"POST / HTTP/1.1\r\ncontent-length: %d\r\n\r\n" % int(length)
@@ -614,13 +620,22 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
             # under way already
             self._refusal = self._over_cap()
             raise _ParserStoppedError
+        offer_body = None
+        if self.parser.should_upgrade():
+            # an upgrade offer (or CONNECT): httptools skips its body and stops (_parse)
+            try:
+                offer_body = _skipped_framing(self.headers)
+            except MalformedRequestError as error:
+                self._head_bytes = -1
+                self._disarm()
+                self._refusal = error
+                raise _ParserStoppedError from None
         if len(self.pipeline) >= self.max_pipelined:
             self._stop_pipeline()
         self._head_bytes = -1
         self._disarm()
         self._body_done = False
-        # an upgrade offer (or CONNECT): httptools skips its body and stops (_parse)
-        self._offer_body = _skipped_framing(self.headers) if self.parser.should_upgrade() else None
+        self._offer_body = offer_body
         shed = self.head_shed
         if shed is not None and (self.cycle is None or self.cycle.response_complete):
             if shed.armed():

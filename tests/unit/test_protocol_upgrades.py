@@ -139,3 +139,20 @@ def test_the_chunk_bound_holds_for_an_upgrade_offers_body(connection: Connection
     assert answers[0].startswith(b"HTTP/1.1 400 "), answers
     assert b"chunks" in answers[0]
     assert protocol._body_bytes <= 65
+
+
+def test_an_upgrade_offer_whose_transfer_encoding_does_not_end_chunked_is_a_400(
+    connection: Connection,
+) -> None:
+    """As httptools refuses it in any other request (RFC 9112, 6.3): the body's length
+    cannot be known, and what follows it, read as a request of its own, would be smuggled
+    past a proxy that framed it otherwise. Before, an offer skipped the check: the bytes
+    after its head were served as the next request."""
+    smuggled = b"GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n"
+    head = b"POST /classify HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n%s\r\n" % H2C
+    answers = _send(connection, head + smuggled)
+    assert len(answers) == 1, answers
+    assert answers[0].startswith(b"HTTP/1.1 400 "), answers
+    assert b"Transfer-Encoding must end with chunked" in answers[0]
+    assert b"/smuggled" not in answers[0]
+    assert connection[1].eof or connection[1].closed
