@@ -800,6 +800,10 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
             self.addresses.give_back(self._address)
             self._address = None
         self._disarm()
+        # uvicorn cancels its keep-alive timer only when the connection closes cleanly: one
+        # its client resets (as a proxy purging idle connections does) was held, with its
+        # last request's scope and cycle, until the timer fired (Soju06/codex-lb#2041)
+        self._unset_keepalive_if_required()
         for timer in (self._linger_timer, self._drain_timer, self._send_timer, self._age_timer):
             if timer is not None:
                 timer.cancel()
