@@ -284,6 +284,8 @@ def _burst_light_then_flood(
     flood = hey(gateway.url, 100, 12)
     admitted = [(offset, latency) for offset, latency, status in flood if status == 200]
     assert {status for _, _, status in flood} <= {200, 503}
+    # (none at all: the gateway stopped answering, e.g. killed under the flood)
+    assert admitted, f"nothing admitted of {len(flood)} answers: {Counter(s for _, _, s in flood)}"
     whole = percentile_of([latency for _, latency in admitted], 0.99)
     steady = percentile_of([latency for offset, latency in admitted if offset >= 2.0], 0.99)
     windows = []
