@@ -131,9 +131,8 @@ def _skipped_framing(headers: list[tuple[bytes, bytes]]) -> bytes | None:
         # what httptools refuses in any other request (RFC 9112, 6.3): its body's length
         # cannot be known, and what follows it, read as a request, would be smuggled
         raise MalformedRequestError("a request's Transfer-Encoding must end with chunked")
-    if length is None or not length.isdigit() or int(length) == 0:
-        return None
-    return b"POST / HTTP/1.1\r\ncontent-length: %d\r\n\r\n" % int(length)
+    size = int(length) if length is not None and length.isdigit() else 0
+    return b"POST / HTTP/1.1\r\ncontent-length: %d\r\n\r\n" % size if size else None
 
 
 class _NoEvent:
@@ -620,22 +619,19 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
             # under way already
             self._refusal = self._over_cap()
             raise _ParserStoppedError
-        offer_body = None
-        if self.parser.should_upgrade():
-            # an upgrade offer (or CONNECT): httptools skips its body and stops (_parse)
-            try:
-                offer_body = _skipped_framing(self.headers)
-            except MalformedRequestError as error:
-                self._head_bytes = -1
-                self._disarm()
-                self._refusal = error
-                raise _ParserStoppedError from None
         if len(self.pipeline) >= self.max_pipelined:
             self._stop_pipeline()
         self._head_bytes = -1
         self._disarm()
+        self._offer_body = None
+        if self.parser.should_upgrade():
+            # an upgrade offer (or CONNECT): httptools skips its body and stops (_parse)
+            try:
+                self._offer_body = _skipped_framing(self.headers)
+            except MalformedRequestError as error:
+                self._refusal = error
+                raise _ParserStoppedError from None
         self._body_done = False
-        self._offer_body = offer_body
         shed = self.head_shed
         if shed is not None and (self.cycle is None or self.cycle.response_complete):
             if shed.armed():

@@ -1,4 +1,4 @@
-"""Raw sockets held against a door: when did the server close one."""
+"""Raw sockets against a door: one answer read from one, and when the server closed one."""
 
 from __future__ import annotations
 
@@ -30,3 +30,21 @@ def closed_within(
         if data == b"":
             return time.monotonic() - started
     return None
+
+
+def read_answer(sock: socket.socket) -> tuple[bytes, bytes]:
+    """One answer's status line and body (framed by its Content-Length) from ``sock``;
+    fails if the server closes the connection first."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536) or _closed()
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    length = next(int(line.split(b":")[1]) for line in lines if line.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        body += sock.recv(65536) or _closed()
+    return lines[0], body
+
+
+def _closed() -> bytes:
+    raise AssertionError("the server closed the connection before its answer")

@@ -15,6 +15,7 @@ import socket
 import subprocess
 from pathlib import Path
 
+from helpers.sockets import read_answer
 from helpers.support import ServedApp
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,26 +65,9 @@ def test_a_post_offering_h2c_with_its_body_written_after_its_head_keeps_its_conn
     with socket.create_connection(("127.0.0.1", gateway.port), timeout=30) as sock:
         sock.sendall(head)
         sock.sendall(body)
-        first = _answer(sock)
+        first = read_answer(sock)
         sock.sendall(b"GET /livez HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-        second = _answer(sock)
+        second = read_answer(sock)
     assert first[0] == b"HTTP/1.1 200 OK", first
     assert json.loads(first[1])["results"][0]["predictions"]
     assert second[0] == b"HTTP/1.1 200 OK", second
-
-
-def _answer(sock: socket.socket) -> tuple[bytes, bytes]:
-    """One answer's status line and body (Content-Length framed)."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        data += sock.recv(65536) or _closed()
-    head, _, body = data.partition(b"\r\n\r\n")
-    lines = head.split(b"\r\n")
-    length = next(int(line.split(b":")[1]) for line in lines if line.lower().startswith(b"content-length:"))
-    while len(body) < length:
-        body += sock.recv(65536) or _closed()
-    return lines[0], body
-
-
-def _closed() -> bytes:
-    raise AssertionError("the gateway closed the connection")
