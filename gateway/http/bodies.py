@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import re
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from pydantic import ValidationError
@@ -260,15 +262,16 @@ async def read_json(
     request: Request,
     limit: int,
     seconds: float,
-    bounds: JsonBounds,
+    bounds: Callable[[], JsonBounds],
     workers: CheckWorkers,
     json_bytes: int | None = None,
 ) -> JsonBody:
     """The body through :func:`_capped`, its first ``json_bytes`` (all: None) a JSON
-    object scanned against ``bounds`` as it arrives (:mod:`gateway.serving.jsonguard`):
+    object scanned against ``bounds()`` as it arrives (:mod:`gateway.serving.jsonguard`):
     a body that no valid request resembles is refused before it is all read (or all
     decompressed) and before anything parses it. A small body read in one message is
-    parsed at once; a larger one off the event loop, its long strings a piece at a time."""
+    parsed at once (its bounds never built); a larger one off the event loop, its long
+    strings a piece at a time."""
     receive = _capped(request, limit, seconds)
     message = await receive()
     if message["type"] == "http.disconnect":
@@ -279,7 +282,7 @@ async def read_json(
         if end > len(first):
             raise MalformedRequestError("the JSON header's length runs past the body")
         return JsonBody(parse_json_object(first[:end]), end, first[end:])
-    scan = JsonScan(bounds)
+    scan = JsonScan(bounds())
     held = bytearray()
     while True:
         body = message.get("body", b"")
@@ -346,6 +349,7 @@ def classify_bounds(settings: Settings) -> JsonBounds:
 
 
 _OWN_KEYS = frozenset({"image", "images", "text", "texts"})
+_JSON_KEYS = frozenset(ClassifyJSONRequest.model_fields)
 
 
 def _task_from(document: dict[str, Any], body_size: int, settings: Settings) -> ClassifyInput:
@@ -371,7 +375,7 @@ async def _read_json(request: Request, settings: Settings, workers: CheckWorkers
         request,
         settings.max_json_body_bytes,
         settings.server.body_timeout_seconds,
-        classify_bounds(settings),
+        partial(classify_bounds, settings),
         workers,
     )
     return await workers.run(body.size, classify_input, body.document, body.size, settings)
@@ -380,8 +384,8 @@ async def _read_json(request: Request, settings: Settings, workers: CheckWorkers
 def _check_shape(document: dict[str, Any], body_size: int, settings: Settings, caps: dict[str, int]) -> None:
     """Refuse, before any per-item work, what no valid request has: unknown keys, lists over
     their caps (413), a text request bigger than the text caps allow (413)."""
-    unknown = len(document.keys() - ClassifyJSONRequest.model_fields.keys())
-    if unknown:
+    if not _JSON_KEYS.issuperset(document):
+        unknown = len(document.keys() - _JSON_KEYS)
         raise InvalidInputError(
             f"the JSON body has {unknown} unknown key(s)",
             errors=[{"loc": ["<unknown key>"], "msg": "Extra inputs are not permitted"}],

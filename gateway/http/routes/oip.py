@@ -14,6 +14,7 @@ problem members.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request
@@ -221,7 +222,7 @@ async def _infer(request: Request, name: str, version: str) -> Response:
                 request,
                 settings.max_json_body_bytes,
                 settings.server.body_timeout_seconds,
-                oip_bounds(settings),
+                partial(oip_bounds, settings),
                 state["workers"],
                 json_bytes,
             )

@@ -18,6 +18,7 @@ members (gateway.http.problems). ``usage`` counts no tokens (0): the tokenizer r
 from __future__ import annotations
 
 import base64
+from functools import partial
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request
@@ -116,7 +117,7 @@ async def _body(request: Request, state: GatewayState, model: type[BaseModel]) -
         request,
         settings.max_text_body_bytes,
         settings.server.body_timeout_seconds,
-        _bounds(settings),
+        partial(_bounds, settings),
         state["workers"],
     )
     try:
