@@ -27,13 +27,13 @@ TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 LOCAL_TORCH := /opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl
 UV_VERSION := 0.13.8
 LOCK_TOOL := .venv-lock
-APT_TEST_PACKAGES := chromium prometheus docker-compose wrk hey haproxy redis-server curl
+APT_TEST_PACKAGES := chromium prometheus docker-compose wrk hey haproxy redis-server curl valgrind
 # The container tests' (make test-containers): podman builds and runs the images, with
 # runc and netavark (../shared/PLATFORM.md, Containers; netavark runs iptables); debootstrap
 # makes their base.
 APT_CONTAINER_PACKAGES := podman runc netavark aardvark-dns iptables debootstrap docker-compose
 
-.PHONY: test-setup test-containers test-quarantine lock models-examples keys help run test lint typecheck models install system-deps test-system-deps clean bench bench-capacity bench-placement bench-ledger bench-shared-state soak gpu-smoke docs docs-serve
+.PHONY: test-setup test-containers test-quarantine lock models-examples keys help run test lint typecheck models install system-deps test-system-deps clean bench bench-capacity bench-placement bench-ledger bench-instructions bench-shared-state soak gpu-smoke docs docs-serve
 
 help:
 	@echo "make run    install, build the models, start Triton (CPU) and the gateway on :$(PORT)"
@@ -47,6 +47,7 @@ help:
 	@echo "make bench-capacity  static in-flight limits 1..64 against the default gate under overload (hey)"
 	@echo "make bench-placement two Tritons, one 5x slower: shortest queue against round-robin and the two apart"
 	@echo "make bench-ledger  what each stage of the hot path costs (py-spy under load)"
+	@echo "make bench-instructions  instructions per request, gateway and reference (callgrind: no noise from the machine)"
 	@echo "make soak   5 minutes at 80 % of capacity: RSS drift, descriptors, metric series, errors"
 	@echo "make gpu-smoke  on a GPU host: docker compose up, then every check in one report"
 	@echo "make keys   API keys for compose and Kubernetes (deploy/secrets/), a client key printed once"
@@ -225,6 +226,12 @@ bench-placement: test-system-deps install $(VENV)/.dev-installed models
 # trivial model, c=8): .reports/ledger.json.
 bench-ledger: test-system-deps install $(VENV)/.dev-installed models
 	$(VENV)/bin/python -m gateway.bench.ledger --out .reports/ledger.json
+
+# Instructions per request of the gateway and the reference gateway (valgrind's callgrind,
+# trivial model, one request at a time): a count the machine's load does not move, for
+# changes too small for CPU time to show. AGAINST=<rev> adds the gateway at that revision.
+bench-instructions: test-system-deps install $(VENV)/.dev-installed
+	$(VENV)/bin/python -m gateway.bench.instructions --out .reports/instructions.json $(if $(AGAINST),--against $(AGAINST))
 
 # API keys for the compose stack and Kubernetes, in one step: deploy/secrets/api-keys (the
 # gateway's keys file: hashes), deploy/secrets/prometheus-key (Prometheus scrapes /metrics
