@@ -34,7 +34,7 @@ from pathlib import Path
 import httpx
 
 from gateway.bench import side_by_side as bench
-from gateway.dev.gatewayprocess import GatewayProcess
+from gateway.dev.gatewayprocess import GatewayProcess, environment_for
 from gateway.dev.tritonserver import TritonServer, free_port
 
 WARM_REQUESTS = 50
@@ -165,13 +165,7 @@ def count(target: Target, scenarios: Sequence[bench.Scenario], requests: int, fo
 
 
 def targets(triton: TritonServer, folder: Path, against: str | None) -> list[Target]:
-    gateway_env = {
-        **os.environ,
-        "GATEWAY_TRITON__URL": triton.grpc_url,
-        "GATEWAY_TRITON__METRICS_URL": triton.metrics_url,
-        "GATEWAY_TRITON__REPOSITORY_KEY": triton.repository_key,
-        **QUIET_TIMERS,
-    }
+    gateway_env = environment_for(triton, QUIET_TIMERS)
     serve = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1"]
     reference = Path(bench.__file__).with_name("reference_gateway.py")
     found = [

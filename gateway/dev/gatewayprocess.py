@@ -46,13 +46,7 @@ class GatewayProcess:
         directory first on the path)."""
         chosen = port or free_port()
         log = log_dir / f"gateway-{host}-{chosen}.log"
-        environment = {
-            **os.environ,
-            "GATEWAY_TRITON__URL": triton.grpc_url,
-            "GATEWAY_TRITON__METRICS_URL": triton.metrics_url,
-            "GATEWAY_TRITON__REPOSITORY_KEY": triton.repository_key,
-            **(env or {}),
-        }
+        environment = environment_for(triton, env)
         process = _spawn(host, chosen, environment, cwd, log)
         return cls(process, chosen, log, host, None if port else (cwd, environment))
 
@@ -96,6 +90,17 @@ class GatewayProcess:
             else:
                 self.process.kill()
             self.process.wait(timeout=60)
+
+
+def environment_for(triton: TritonServer, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment, with what points a gateway at ``triton``, then ``env``."""
+    return {
+        **os.environ,
+        "GATEWAY_TRITON__URL": triton.grpc_url,
+        "GATEWAY_TRITON__METRICS_URL": triton.metrics_url,
+        "GATEWAY_TRITON__REPOSITORY_KEY": triton.repository_key,
+        **(env or {}),
+    }
 
 
 def _spawn(
