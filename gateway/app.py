@@ -91,7 +91,7 @@ def create_app(
     # The server drains through it at SIGTERM (gateway.http.server).
     app.state.admission = admission
     # The HTTP protocol's own refusals (a head too large), counted as every refusal is.
-    app.state.count_rejection = lambda slug: metrics.child(metrics.rejections, slug).inc()
+    app.state.count_rejection = lambda slug: metrics.rejections.labels(slug).inc()
     # Added last = outermost: the request id and telemetry wrap everything else.
     # Innermost: the classify routes answered beneath the framework (gateway.http.fastlane).
     app.add_middleware(FastLane, routes=classify.router.routes, handler=classify.classify_request)

@@ -69,7 +69,7 @@ async def refuse(
     metrics: GatewayMetrics, scope: Scope, receive: Receive, send: Send, error: GatewayError
 ) -> None:
     """Answer ``error`` before the app runs: counted, logged, rendered."""
-    metrics.child(metrics.rejections, error.slug).inc()
+    metrics.rejections.labels(error.slug).inc()
     request = Request(scope)
     log_problem(request, error)
     await problem_response(error, request)(scope, receive, send)

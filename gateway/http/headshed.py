@@ -204,7 +204,7 @@ class HeadShed:
     ) -> HeadRefusal:
         """As the framework's handler answers ``refusal`` (gateway.http.problems, in the
         door's error form), with the headers every answer carries (gateway.http.requestid)."""
-        self.metrics.child(self.metrics.rejections, refusal.slug).inc()
+        self.metrics.rejections.labels(refusal.slug).inc()
         log_problem(Request(scope), refusal)
         problem = refusal.problem(request_id, route)
         media_type = in_door_form(problem, refusal, scope["path"])

@@ -140,7 +140,7 @@ async def gateway_error_response(request: Request, exc: Exception) -> JSONRespon
     assert isinstance(exc, GatewayError)
     counted = isinstance(exc, ClientError | ServiceUnavailableError)
     if counted and (metrics := getattr(request.app.state, "gateway_metrics", None)):
-        metrics.child(metrics.rejections, exc.slug).inc()
+        metrics.rejections.labels(exc.slug).inc()
     log_problem(request, exc)
     return problem_response(exc, request)
 

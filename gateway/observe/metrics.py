@@ -16,25 +16,21 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from time import perf_counter
-from typing import Any, TypeVar
 
 import httpx
 from prometheus_client import (
     CollectorRegistry,
-    Counter,
     Enum,
     Gauge,
-    Histogram,
     Info,
     disable_created_metrics,
 )
 from prometheus_client.exposition import generate_latest
-from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 
-M = TypeVar("M", bound=MetricWrapperBase)
+from gateway.observe.families import HistogramValues, LoopCounter, LoopGauge, LoopHistogram
 
 # Prometheus text format 0.0.4: what both generate_latest and Triton write, and what
 # every Prometheus parses.
@@ -56,7 +52,7 @@ class _Timed:
 
     __slots__ = ("_histogram", "_started")
 
-    def __init__(self, histogram: Any) -> None:
+    def __init__(self, histogram: HistogramValues) -> None:
         self._histogram = histogram
         self._started = 0.0
 
@@ -78,57 +74,58 @@ class GatewayMetrics:
         # app is built, never at import.
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = registry
-        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self._replicas: ReplicaCollector | None = None
-        self.requests = Counter(
+        self.requests = LoopCounter(
             "gateway_requests",
             "HTTP requests answered, by route template, method, status code and model.",
             ["route", "method", "status", "model"],
             registry=registry,
         )
-        self.request_duration = Histogram(
+        self.request_duration = LoopHistogram(
             "gateway_request_duration_seconds",
             "Time from the first byte of a request to the last byte of its response.",
             ["route", "method", "model"],
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
-        self.in_flight = Gauge("gateway_requests_in_flight", "Requests being handled now.", registry=registry)
-        self.request_body = Histogram(
+        self.in_flight = LoopGauge(
+            "gateway_requests_in_flight", "Requests being handled now.", registry=registry
+        )
+        self.request_body = LoopHistogram(
             "gateway_request_body_bytes",
             "Request body size as received.",
             ["route"],
             buckets=BYTES_BUCKETS,
             registry=registry,
         )
-        self.validation_duration = Histogram(
+        self.validation_duration = LoopHistogram(
             "gateway_validation_duration_seconds",
             "Reading and validating a /classify body, before Triton is called.",
             ["model"],
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
-        self.inputs = Histogram(
+        self.inputs = LoopHistogram(
             "gateway_inputs_per_request",
             "Images or texts in one /classify request.",
             ["model"],
             buckets=INPUT_BUCKETS,
             registry=registry,
         )
-        self.rejections = Counter(
+        self.rejections = LoopCounter(
             "gateway_rejections",
             "Requests refused before or by Triton for being invalid, by reason (the problem type).",
             ["reason"],
             registry=registry,
         )
-        self.triton_duration = Histogram(
+        self.triton_duration = LoopHistogram(
             "gateway_triton_request_duration_seconds",
             "One gRPC inference call to Triton, as the gateway sees it.",
             ["model", "version"],
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
-        self.triton_failures = Counter(
+        self.triton_failures = LoopCounter(
             "gateway_triton_failures",
             "Failed gRPC inference calls to Triton, by gRPC status code.",
             ["model", "code"],
@@ -150,7 +147,7 @@ class GatewayMetrics:
             ["model"],
             registry=registry,
         )
-        self.client_requests = Counter(
+        self.client_requests = LoopCounter(
             "gateway_client_requests",
             "Requests with a valid API key, by the key's configured id and outcome (allowed, rate_limited).",
             ["client", "outcome"],
@@ -166,13 +163,13 @@ class GatewayMetrics:
             if shares_state
             else None
         )
-        self.shared_state_fallbacks = Counter(
+        self.shared_state_fallbacks = LoopCounter(
             "gateway_shared_state_fallbacks",
             "Rate-limit checks decided by the failure policy because Redis did not answer, by policy.",
             ["policy"],
             registry=registry,
         )
-        self.key_reloads = Counter(
+        self.key_reloads = LoopCounter(
             "gateway_key_reloads",
             "Changes of a keys file seen, by file (api, admin) and outcome (applied, refused: the "
             "file did not parse and the previous keys stay).",
@@ -186,28 +183,28 @@ class GatewayMetrics:
             ["file"],
             registry=registry,
         )
-        self.rollout_requests = Counter(
+        self.rollout_requests = LoopCounter(
             "gateway_rollout_requests",
             "Requests to a model under a rollout, by the arm that answered (primary, canary) or "
             "also ran (shadow).",
             ["model", "arm"],
             registry=registry,
         )
-        self.rollout_duration = Histogram(
+        self.rollout_duration = LoopHistogram(
             "gateway_rollout_duration_seconds",
             "Time of each arm's inference for a model under a rollout.",
             ["model", "arm"],
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
-        self.shadow_comparisons = Counter(
+        self.shadow_comparisons = LoopCounter(
             "gateway_shadow_comparisons",
             "Shadowed inputs by outcome: agree or disagree (top-1 labels), error (the shadow "
             "failed), dropped (not sent: shadow cap full or the gateway shedding load).",
             ["model", "target", "outcome"],
             registry=registry,
         )
-        self.shadow_score_difference = Histogram(
+        self.shadow_score_difference = LoopHistogram(
             "gateway_shadow_score_difference",
             "|top-1 score of the shadow - top-1 score of the primary| per shadowed input.",
             ["model", "target"],
@@ -216,14 +213,14 @@ class GatewayMetrics:
         )
         # What the models answer: one observation per classified input, labelled by the
         # catalog's model and the version Triton says answered (never a client's value).
-        self.prediction_top1 = Histogram(
+        self.prediction_top1 = LoopHistogram(
             "gateway_prediction_top1_score",
             "Top-1 score of each classified input, by model and version.",
             ["model", "version"],
             buckets=SCORE_BUCKETS,
             registry=registry,
         )
-        self.prediction_margin = Histogram(
+        self.prediction_margin = LoopHistogram(
             "gateway_prediction_margin",
             "Top-1 score minus top-2 score of each classified input with two predictions or more "
             "(single-label models: softmax, none).",
@@ -231,7 +228,7 @@ class GatewayMetrics:
             buckets=SCORE_BUCKETS,
             registry=registry,
         )
-        self.prediction_labels = Histogram(
+        self.prediction_labels = LoopHistogram(
             "gateway_prediction_labels_above_threshold",
             "Labels at or above the threshold (the request's, else 0.5) of each classified input "
             "of a multi-label (sigmoid) model, among those answered.",
@@ -239,7 +236,7 @@ class GatewayMetrics:
             buckets=LABEL_COUNT_BUCKETS,
             registry=registry,
         )
-        self.prediction_low_confidence = Counter(
+        self.prediction_low_confidence = LoopCounter(
             "gateway_prediction_low_confidence",
             "Classified inputs whose top-1 score is under the model's confidence floor "
             "(GATEWAY_PREDICTIONS__CONFIDENCE_FLOOR, per model GATEWAY_PREDICTIONS__CONFIDENCE_FLOORS).",
@@ -267,10 +264,10 @@ class GatewayMetrics:
             ["model", "version"],
             registry=registry,
         )
-        self.prediction_log_sent = Counter(
+        self.prediction_log_sent = LoopCounter(
             "gateway_prediction_log_sent", "Prediction log records the sink took.", registry=registry
         )
-        self.prediction_log_dropped = Counter(
+        self.prediction_log_dropped = LoopCounter(
             "gateway_prediction_log_dropped",
             "Prediction log records dropped, by reason: queue_full (the sink is slower than the "
             "sampled traffic) or sink_error (the sink failed or timed out).",
@@ -295,17 +292,6 @@ class GatewayMetrics:
         )
         self.build = Info("gateway_build", "Gateway version and configuration.", registry=registry)
 
-    def child(self, metric: M, *values: str) -> M:
-        """``metric.labels(*values)`` (values in the metric's label order), remembered: the
-        library checks its arguments and takes a lock on every call (about 2.5 us, several
-        times a request). Label values are bounded (route templates, catalog models,
-        statuses) and no hot-path series is ever removed, so the children stay attached."""
-        key = (id(metric), values)
-        found = self._children.get(key)
-        if found is None:
-            found = self._children[key] = metric.labels(*values)
-        return found
-
     def predictions(
         self,
         model: str,
@@ -317,8 +303,8 @@ class GatewayMetrics:
     ) -> None:
         """One observation per classified input: ``rows`` are each input's scores, highest
         first (as answered: the top-k the model returned)."""
-        top1 = self.child(self.prediction_top1, model, version)
-        spread = self.child(self.prediction_labels if multi_label else self.prediction_margin, model, version)
+        top1 = self.prediction_top1.labels(model, version)
+        spread = (self.prediction_labels if multi_label else self.prediction_margin).labels(model, version)
         low = 0
         for scores in rows:
             if not scores:
@@ -331,7 +317,7 @@ class GatewayMetrics:
             elif len(scores) > 1:
                 spread.observe(best - scores[1])
         if low:
-            self.child(self.prediction_low_confidence, model, version).inc(low)
+            self.prediction_low_confidence.labels(model, version).inc(low)
 
     def watch_replicas(self, read: Callable[[], Sequence[ReplicaReading]]) -> None:
         """Export the Triton replicas' placement state, read at scrape time (the last
@@ -343,7 +329,7 @@ class GatewayMetrics:
 
     def time_triton_call(self, model: str, version: str) -> _Timed:
         """Around one Triton call: its duration, however it ends."""
-        return _Timed(self.child(self.triton_duration, model, version or "latest"))
+        return _Timed(self.triton_duration.labels(model, version or "latest"))
 
     def exposition(self, triton: TritonScrape | None, accept: str = "") -> tuple[bytes, str]:
         """The gateway's families, then Triton's (when they were read), and the media type.

@@ -496,7 +496,7 @@ class _Scope:
             status = CLIENT_GONE
         elif isinstance(error, GatewayError):
             status = error.status
-            door.metrics.child(door.metrics.rejections, error.slug).inc()
+            door.metrics.rejections.labels(error.slug).inc()
             if status >= 500:
                 logger.warning("gRPC %s failed: %s (%s)", self.name, error.slug, error.detail)
         else:

@@ -240,4 +240,4 @@ class CallerGate:
         caller.quota.extend(await self.quotas.charge(key, "images", count))
 
     def _count(self, key: ApiKey, outcome: str) -> None:
-        self.metrics.child(self.metrics.client_requests, key.metric_label, outcome).inc()
+        self.metrics.client_requests.labels(key.metric_label, outcome).inc()

@@ -108,8 +108,8 @@ class InferencePlane:
             with tracing.span(f"validate {kind.noun}s", {"gateway.inputs": count}):
                 await self.workers.run(kind.payload_bytes(payload), kind.check, payload, entry.caps)
             metrics = self.metrics
-            metrics.child(metrics.validation_duration, model).observe(perf_counter() - started)
-            metrics.child(metrics.inputs, model).observe(count)
+            metrics.validation_duration.labels(model).observe(perf_counter() - started)
+            metrics.inputs.labels(model).observe(count)
             calls = kind.calls(payload, top_k, entry.caps)
             invalid = kind.invalid()
             priority = triton_priority(tenant, ticket)
