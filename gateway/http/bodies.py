@@ -50,6 +50,11 @@ ACCEPTED_TYPES = ("multipart/form-data", "application/json", *RAW_IMAGE_TYPES)
 _MAX_PARTS = 1000
 
 
+# The scope's key for a callable the server sets (gateway.http.protocol): whether the
+# request's whole body has arrived, so that a receive returns it without waiting. A body
+# that cannot stall needs no deadline: its reader arms none (a loop timer per read).
+BODY_ARRIVED = "gateway.body_arrived"
+
 # a body announced this small is read away after a refusal from the headers, keeping the
 # connection (uvicorn drops a body the application did not read once it has answered)
 SMALL_UNREAD_BYTES = 64 * 1024
@@ -74,8 +79,19 @@ def unread_body_of(scope: Scope) -> UnreadBody:
     return UnreadBody(waits, small, tuple(client) if client else None)
 
 
+def header(request: Request, name: bytes) -> str | None:
+    """The first value of a request header (``name`` lower case), straight from the raw
+    pairs: what ``request.headers.get`` answers, without a headers object and its scan
+    per lookup (a /classify reads three)."""
+    pairs: list[tuple[bytes, bytes]] = request.scope["headers"]
+    for key, value in pairs:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
 def media_type(request: Request) -> str:
-    return request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    return (header(request, b"content-type") or "").split(";", 1)[0].strip().lower()
 
 
 # Content-Encoding -> zlib's wbits (gzip's header; deflate is zlib-wrapped, RFC 9110)
@@ -137,7 +153,7 @@ class _Inflater:
 
 def content_encoding(request: Request) -> str:
     """The body's Content-Encoding (identity, gzip or deflate); 415 for any other."""
-    encoding = request.headers.get("content-encoding", "").strip().lower()
+    encoding = (header(request, b"content-encoding") or "").strip().lower()
     if encoding in ("", "identity") or encoding in ENCODINGS:
         return encoding
     # the header is the client's input: named only when it is short and plain
@@ -168,7 +184,7 @@ def _capped(request: Request, limit: int, timeout: float) -> Receive:
     within ``timeout`` seconds (a stalled client): 413 or 408. Each byte is charged to
     the gateway's budget of body bytes in flight (:mod:`gateway.http.budget`)."""
     encoding = content_encoding(request)
-    declared = byte_count(request.headers.get("content-length"), "Content-Length")
+    declared = byte_count(header(request, b"content-length"), "Content-Length")
     if declared is not None and declared > limit:
         raise PayloadTooLargeError(f"the body ({declared} bytes) exceeds the {limit} byte limit")
     reservation = reservation_of(request.scope)
@@ -181,6 +197,8 @@ def _capped(request: Request, limit: int, timeout: float) -> Receive:
     deadline = asyncio.get_running_loop().time() + timeout
     inflater = _Inflater(encoding, limit) if encoding in ENCODINGS else None
     upstream_done = False
+    arrived: Callable[[], bool] | None = request.scope.get(BODY_ARRIVED)
+    last_read = False  # the message that ends the body was read
 
     async def inflated() -> Message:
         assert inflater is not None
@@ -193,15 +211,19 @@ def _capped(request: Request, limit: int, timeout: float) -> Receive:
         return {"type": "http.request", "body": body, "more_body": more}
 
     async def wrapped() -> Message:
-        nonlocal seen, upstream_done
+        nonlocal seen, upstream_done, last_read
         if inflater is not None and inflater.busy:
             return await inflated()
-        try:
-            async with asyncio.timeout_at(deadline):
-                message = await receive()
-        except TimeoutError:
-            raise RequestTimeoutError(f"the body did not arrive within {timeout:g} s") from None
+        if arrived is not None and not last_read and arrived():
+            message = await receive()  # all here: nothing to wait for
+        else:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                raise RequestTimeoutError(f"the body did not arrive within {timeout:g} s") from None
         if message["type"] == "http.request":
+            last_read = not message.get("more_body", False)
             body = message.get("body", b"")
             seen += len(body)
             if seen > limit:
@@ -209,7 +231,7 @@ def _capped(request: Request, limit: int, timeout: float) -> Receive:
             if inflater is None:
                 reservation.charge(len(body))
                 return message
-            upstream_done = not message.get("more_body", False)
+            upstream_done = last_read
             inflater.push(body)
             return await inflated()
         return message
@@ -310,7 +332,7 @@ async def read_json(
 
 async def _read_multipart(request: Request, settings: Settings) -> ClassifyInput:
     parts = FileParts(
-        boundary_of(request.headers.get("content-type", "")),
+        boundary_of(header(request, b"content-type") or ""),
         max_parts=_MAX_PARTS,
         max_files=settings.image.max_images,
         max_file_bytes=settings.image.max_bytes,

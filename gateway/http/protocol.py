@@ -28,6 +28,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from gateway import jsoncodec
 from gateway.errors import GatewayError, HeadTooLargeError, MalformedRequestError, TooManyConnectionsError
 from gateway.http.addresses import AddressConnections
+from gateway.http.bodies import BODY_ARRIVED
 from gateway.http.headshed import HeadRefusal, HeadShed
 from gateway.http.problems import in_door_form
 
@@ -602,12 +603,19 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         if self._replaying:
             return
         super().on_message_begin()
+        self.scope[BODY_ARRIVED] = self._body_arrived  # type: ignore[literal-required]
         self._head_bytes = self._head_wire = 0
         self._head_tail = b""
         self._chunks = self._body_bytes = self._body_wire = self._fields = 0
         self._messages += 1
         self._unset_keepalive_if_required()  # the head's deadline from here
         self._arm()
+
+    def _body_arrived(self) -> bool:
+        """Whether the body of the request this scope is for has all arrived (its reader
+        then arms no deadline): the newest request's body is done, so every earlier one's
+        is too (a pipelined request's head is parsed only after the body before it)."""
+        return self._body_done
 
     def on_headers_complete(self) -> None:
         if self._replaying:  # the head framing an upgrade offer's body: the body follows
