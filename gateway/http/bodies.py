@@ -50,10 +50,22 @@ ACCEPTED_TYPES = ("multipart/form-data", "application/json", *RAW_IMAGE_TYPES)
 _MAX_PARTS = 1000
 
 
-# The scope's key for a callable the server sets (gateway.http.protocol): whether the
-# request's whole body has arrived, so that a receive returns it without waiting. A body
-# that cannot stall needs no deadline: its reader arms none (a loop timer per read).
+# The scope's key for the request's BodyArrival, which the server sets
+# (gateway.http.protocol).
 BODY_ARRIVED = "gateway.body_arrived"
+
+
+class BodyArrival:
+    """Whether a request's whole body has arrived, so that a receive returns it without
+    waiting: a body that cannot stall needs no deadline, and its reader arms none (a loop
+    timer a read). A flag, not a callable of the protocol's: the scope would hold the
+    protocol, and the protocol the scope (a cycle left to the collector)."""
+
+    __slots__ = ("done",)
+
+    def __init__(self) -> None:
+        self.done = False
+
 
 # a body announced this small is read away after a refusal from the headers, keeping the
 # connection (uvicorn drops a body the application did not read once it has answered)
@@ -80,14 +92,18 @@ def unread_body_of(scope: Scope) -> UnreadBody:
 
 
 def header(request: Request, name: bytes) -> str | None:
-    """The first value of a request header (``name`` lower case), straight from the raw
-    pairs: what ``request.headers.get`` answers, without a headers object and its scan
-    per lookup (a /classify reads three)."""
-    pairs: list[tuple[bytes, bytes]] = request.scope["headers"]
-    for key, value in pairs:
-        if key == name:
-            return value.decode("latin-1")
-    return None
+    """The first value of a request header (``name`` lower case): what
+    ``request.headers.get`` answers, from a map of the raw pairs made once a request (a
+    /classify reads three; a headers object scans its list for each)."""
+    scope = request.scope
+    found: dict[bytes, bytes] | None = scope.get(_HEADER_MAP)
+    if found is None:
+        found = scope[_HEADER_MAP] = dict(reversed(scope["headers"]))  # (the first wins)
+    value = found.get(name)
+    return None if value is None else value.decode("latin-1")
+
+
+_HEADER_MAP = "gateway.header_map"
 
 
 def media_type(request: Request) -> str:
@@ -197,7 +213,7 @@ def _capped(request: Request, limit: int, timeout: float) -> Receive:
     deadline = asyncio.get_running_loop().time() + timeout
     inflater = _Inflater(encoding, limit) if encoding in ENCODINGS else None
     upstream_done = False
-    arrived: Callable[[], bool] | None = request.scope.get(BODY_ARRIVED)
+    arrived: BodyArrival | None = request.scope.get(BODY_ARRIVED)
     last_read = False  # the message that ends the body was read
 
     async def inflated() -> Message:
@@ -214,7 +230,7 @@ def _capped(request: Request, limit: int, timeout: float) -> Receive:
         nonlocal seen, upstream_done, last_read
         if inflater is not None and inflater.busy:
             return await inflated()
-        if arrived is not None and not last_read and arrived():
+        if arrived is not None and arrived.done and not last_read:
             message = await receive()  # all here: nothing to wait for
         else:
             try:

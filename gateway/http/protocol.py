@@ -28,7 +28,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from gateway import jsoncodec
 from gateway.errors import GatewayError, HeadTooLargeError, MalformedRequestError, TooManyConnectionsError
 from gateway.http.addresses import AddressConnections
-from gateway.http.bodies import BODY_ARRIVED
+from gateway.http.bodies import BODY_ARRIVED, BodyArrival
 from gateway.http.headshed import HeadRefusal, HeadShed
 from gateway.http.problems import in_door_form
 
@@ -251,6 +251,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         self._linger_timer: asyncio.TimerHandle | None = None
         # the request's body has all arrived (uvicorn's cycle stops saying once answered)
         self._body_done = True
+        self._arrival = BodyArrival()  # the request's, in its scope (BODY_ARRIVED)
         self._drain_timer: asyncio.TimerHandle | None = None
         # the head being parsed: its target's and headers' bytes as httptools hands them
         # over (-1: no head is being parsed)
@@ -424,7 +425,12 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
                 f"the request head has more than {self.max_headers} header fields"
             )
             raise _ParserStoppedError
-        super().on_header(name, value)
+        # uvicorn's on_header, inline (a call less a field; tests/unit/test_uvicorn_contract.py
+        # holds uvicorn's to these lines)
+        name = name.lower()
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        self.headers.append((name, value))
 
     def _head_too_large(self, error: HeadTooLargeError | None = None) -> None:
         """Answer 431 now, the head unfinished, and close lingering: what the client still
@@ -603,19 +609,13 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         if self._replaying:
             return
         super().on_message_begin()
-        self.scope[BODY_ARRIVED] = self._body_arrived  # type: ignore[literal-required]
+        self._arrival = self.scope[BODY_ARRIVED] = BodyArrival()  # type: ignore[literal-required]
         self._head_bytes = self._head_wire = 0
         self._head_tail = b""
         self._chunks = self._body_bytes = self._body_wire = self._fields = 0
         self._messages += 1
         self._unset_keepalive_if_required()  # the head's deadline from here
         self._arm()
-
-    def _body_arrived(self) -> bool:
-        """Whether the body of the request this scope is for has all arrived (its reader
-        then arms no deadline): the newest request's body is done, so every earlier one's
-        is too (a pipelined request's head is parsed only after the body before it)."""
-        return self._body_done
 
     def on_headers_complete(self) -> None:
         if self._replaying:  # the head framing an upgrade offer's body: the body follows
@@ -748,6 +748,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         if self._offer_body is not None:
             return  # (httptools skipped the offer's body: it is read next, _parse)
         self._body_done = True
+        self._arrival.done = True  # (this message's: the newest)
         self._drained()
         if isinstance(self.cycle, _RefusedCycle):
             self.cycle.more_body = False

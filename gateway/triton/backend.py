@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from gateway.triton.tensors import Tensor
 
@@ -52,9 +52,9 @@ class ModelSignature:
         }
 
 
-@dataclass(frozen=True)
-class ScoredLabel:
-    """One prediction."""
+class ScoredLabel(NamedTuple):
+    """One prediction (a named tuple: made five or more times an answer, and a frozen
+    dataclass's ``__init__`` sets each field through ``object.__setattr__``)."""
 
     label: str
     score: float

@@ -112,20 +112,45 @@ def decode_bytes(raw: bytes | memoryview, count: int | None = None) -> list[byte
     """The elements of a BYTES tensor's raw contents; with ``count``, exactly that many and
     nothing left over (TensorDataError otherwise). Each element is copied once, out of
     ``raw`` (a view into a larger message reads no more than its own bytes)."""
-    elements: list[bytes] = []
+    if count is None:
+        elements: list[bytes] = []
+        at, end = 0, len(raw)
+        while at < end:
+            at = _element(raw, at, end, elements)
+        return elements
+    elements = []
+    append, from_bytes = elements.append, int.from_bytes
     at, end = 0, len(raw)
-    while at < end and (count is None or len(elements) < count):
-        if at + 4 > end:
-            raise TensorDataError("the binary BYTES data ends inside an element")
-        size = int.from_bytes(raw[at : at + 4], "little")
-        at += 4
-        if at + size > end:
-            raise TensorDataError("a binary BYTES element runs past its data")
-        elements.append(bytes(raw[at : at + size]))
-        at += size
-    if count is not None and (len(elements) != count or at != end):
-        raise TensorDataError("the binary data does not hold exactly the elements its shape says")
+    for _ in range(count):  # (every answer's labels: the loop a step shorter than _element)
+        if at >= end:
+            raise TensorDataError(_NOT_THE_SHAPE)
+        head = at + 4
+        if head > end:
+            raise TensorDataError(_ENDS_INSIDE)
+        at = head + from_bytes(raw[at:head], "little")
+        if at > end:
+            raise TensorDataError(_RUNS_PAST)
+        append(bytes(raw[head:at]))
+    if at != end:
+        raise TensorDataError(_NOT_THE_SHAPE)
     return elements
+
+
+_ENDS_INSIDE = "the binary BYTES data ends inside an element"
+_RUNS_PAST = "a binary BYTES element runs past its data"
+_NOT_THE_SHAPE = "the binary data does not hold exactly the elements its shape says"
+
+
+def _element(raw: bytes | memoryview, at: int, end: int, elements: list[bytes]) -> int:
+    """The element at ``at`` appended to ``elements``; where the next one starts."""
+    head = at + 4
+    if head > end:
+        raise TensorDataError(_ENDS_INSIDE)
+    at = head + int.from_bytes(raw[at:head], "little")
+    if at > end:
+        raise TensorDataError(_RUNS_PAST)
+    elements.append(bytes(raw[head:at]))
+    return at
 
 
 def from_raw(name: str, datatype: str, raw: bytes | memoryview, shape: Sequence[int]) -> Tensor:

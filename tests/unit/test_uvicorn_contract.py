@@ -18,6 +18,8 @@ import uvicorn
 from uvicorn.protocols.http import httptools_impl
 from uvicorn.server import ServerState
 
+from gateway.http.protocol import HeaderTimeoutProtocol
+
 from helpers.transport import RecordingTransport
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,6 +39,7 @@ PROTOCOL_ATTRIBUTES = (
     "timeout_keep_alive",
     "timeout_keep_alive_task",
     "headers",
+    "expect_100_continue",
     "logger",
 )
 PROTOCOL_METHODS = (
@@ -155,6 +158,22 @@ def test_httptools_stops_at_an_upgrade_offer_where_its_head_ends() -> None:
     source = inspect.getsource(httptools_impl.HttpToolsProtocol.on_headers_complete)
     assert "self.parser.should_upgrade() and self._should_upgrade()" in source
     assert "name = name.lower()" in inspect.getsource(httptools_impl.HttpToolsProtocol.on_header)
+
+
+def test_the_protocol_collects_a_header_as_uvicorn_does() -> None:
+    """gateway.http.protocol's ``on_header`` does uvicorn's work inline (one call less a
+    header field): uvicorn's must still be exactly that work, or the copy is stale."""
+    ours = inspect.getsource(HeaderTimeoutProtocol.on_header)
+    theirs = inspect.getsource(httptools_impl.HttpToolsProtocol.on_header)
+    body = [line.strip() for line in theirs.splitlines()[1:] if line.strip()]
+    assert body == [
+        "name = name.lower()",
+        'if name == b"expect" and value.lower() == b"100-continue":',
+        "self.expect_100_continue = True",
+        "self.headers.append((name, value))",
+    ]
+    assert "\n".join(body) in "\n".join(line.strip() for line in ours.splitlines())
+    assert "super().on_header" not in ours
 
 
 def test_the_pipeline_holds_the_newest_request_on_its_left() -> None:
