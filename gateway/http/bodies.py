@@ -79,13 +79,10 @@ def unread_body(request: Request) -> UnreadBody:
 
 def unread_body_of(scope: Scope) -> UnreadBody:
     """:func:`unread_body` from the scope's raw headers (before any framework runs)."""
-    length: bytes | None = None
-    waits = False
-    for name, value in scope.get("headers", ()):
-        if name == b"content-length":
-            length = value
-        elif name == b"expect":
-            waits = value.strip().lower() == b"100-continue"
+    found = _header_map(scope)
+    length = found.get(b"content-length")
+    expect = found.get(b"expect")
+    waits = expect is not None and expect.strip().lower() == b"100-continue"
     small = length is not None and length.isdigit() and int(length) <= SMALL_UNREAD_BYTES
     client = scope.get("client")  # (host, port): the connection
     return UnreadBody(waits, small, tuple(client) if client else None)
@@ -93,14 +90,19 @@ def unread_body_of(scope: Scope) -> UnreadBody:
 
 def header(request: Request, name: bytes) -> str | None:
     """The first value of a request header (``name`` lower case): what
-    ``request.headers.get`` answers, from a map of the raw pairs made once a request (a
-    /classify reads three; a headers object scans its list for each)."""
-    scope = request.scope
+    ``request.headers.get`` answers, from the request's map of them."""
+    value = _header_map(request.scope).get(name)
+    return None if value is None else value.decode("latin-1")
+
+
+def _header_map(scope: Scope) -> dict[bytes, bytes]:
+    """The raw header pairs as a map, each name's first value, made once a request (the
+    refusal from the head and a /classify read five; a headers object scans its list for
+    each). Nothing rewrites a scope's headers once the server has parsed them."""
     found: dict[bytes, bytes] | None = scope.get(_HEADER_MAP)
     if found is None:
-        found = scope[_HEADER_MAP] = dict(reversed(scope["headers"]))  # (the first wins)
-    value = found.get(name)
-    return None if value is None else value.decode("latin-1")
+        found = scope[_HEADER_MAP] = dict(reversed(scope.get("headers", ())))
+    return found
 
 
 _HEADER_MAP = "gateway.header_map"

@@ -181,7 +181,11 @@ class Admission:
         gate = self.gate
         if gate is None or not gate.gates:
             return self.ceiling
-        return min(self.ceiling, sum(g.limit for g in gate.gates.values()))
+        # (a loop, not sum() over a generator: this is read several times a request)
+        total = 0
+        for model_gate in gate.gates.values():
+            total += model_gate.limit
+        return min(self.ceiling, total)
 
     def _model_open(self, model: str) -> bool:
         gate = self.gate
