@@ -11,9 +11,8 @@ import asyncio
 import re
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 from starlette.requests import ClientDisconnect, Request
@@ -288,8 +287,7 @@ async def _scan(scan: JsonScan, data: bytes) -> None:
             await asyncio.sleep(0)
 
 
-@dataclass(frozen=True)
-class JsonBody:
+class JsonBody(NamedTuple):
     """A JSON body read under its bounds: the document, the JSON's size in bytes, and
     what follows the JSON (the binary tensors of a /v2 request; empty elsewhere)."""
 

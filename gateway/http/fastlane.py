@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 from urllib.parse import parse_qsl
 
 from starlette.requests import ClientDisconnect, Request
@@ -79,8 +78,7 @@ def _query(raw: bytes) -> tuple[int | None, float | None] | None:
     return top_k, threshold
 
 
-@dataclass(frozen=True)
-class LaneMatch:
+class LaneMatch(NamedTuple):
     """A request the lane takes: its route, parameters and path parameters."""
 
     route: BaseRoute

@@ -12,7 +12,7 @@ before its answer (nginx's 499: never a success, never the gateway's fault).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from gateway.observe.logs import ACCESS_LOGGER, access_writer
 from gateway.observe.metrics import GatewayMetrics
@@ -25,9 +25,9 @@ CLIENT_GONE = 499
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "GRPC"})
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """One finished call."""
+class Outcome(NamedTuple):
+    """One finished call (a named tuple: one a request, and a frozen dataclass sets each
+    field through ``object.__setattr__``)."""
 
     route: str  # a route template or an RPC's full name: bounded label values
     method: str

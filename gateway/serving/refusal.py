@@ -37,15 +37,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from gateway.errors import OverloadedError, ServiceUnavailableError, ShuttingDownError
 from gateway.serving.admission import ANONYMOUS, Admission, Tenant
 from gateway.serving.retries import RetryDamper
 
 
-@dataclass(frozen=True)
-class UnreadBody:
+class UnreadBody(NamedTuple):
     """What a request's headers say of its body, before a byte of it is read."""
 
     expects_continue: bool = False  # the client waits for 100 Continue before sending it
