@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -228,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [s for s in bench.scenarios() if any(s.name.startswith(n) for n in options.scenarios)]
     if not chosen:
         parser.error(f"no scenario named {options.scenarios}")
+    signal.signal(signal.SIGTERM, _stopped)
     counts: list[Count] = []
     with tempfile.TemporaryDirectory(prefix="instructions-") as name:
         folder = Path(name)
@@ -248,6 +250,13 @@ def main(argv: list[str] | None = None) -> int:
     options.out.parent.mkdir(parents=True, exist_ok=True)
     options.out.write_text(json.dumps({"summary": report, "counts": [vars(c) for c in counts]}, indent=1))
     return 0
+
+
+def _stopped(signum: int, frame: object) -> None:
+    """A run stopped from outside (``kill``) unwinds as an interrupted one does: its
+    processes under valgrind stopped, Triton stopped, the worktree's folder removed
+    (Python's default for SIGTERM ends at once, leaving them running)."""
+    raise SystemExit(128 + signum)
 
 
 if __name__ == "__main__":
