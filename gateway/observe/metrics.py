@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from time import perf_counter
+from typing import NamedTuple
 
 import httpx
 from prometheus_client import (
@@ -30,7 +31,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.observe.families import HistogramValues, LoopCounter, LoopGauge, LoopHistogram
+from gateway.observe.families import CounterValue, HistogramValues, LoopCounter, LoopGauge, LoopHistogram
 
 # Prometheus text format 0.0.4: what both generate_latest and Triton write, and what
 # every Prometheus parses.
@@ -63,6 +64,14 @@ class _Timed:
         self._histogram.observe(perf_counter() - self._started)
 
 
+class CallSeries(NamedTuple):
+    """What one kind of finished call updates (:meth:`GatewayMetrics.call_series`)."""
+
+    requests: CounterValue
+    duration: HistogramValues
+    body: HistogramValues
+
+
 class GatewayMetrics:
     """Every metric the gateway exports, registered in ``registry``."""
 
@@ -74,6 +83,7 @@ class GatewayMetrics:
         # app is built, never at import.
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = registry
+        self._calls: dict[tuple[str, str, int, str], CallSeries] = {}
         self._replicas: ReplicaCollector | None = None
         self.requests = LoopCounter(
             "gateway_requests",
@@ -291,6 +301,20 @@ class GatewayMetrics:
             registry=registry,
         )
         self.build = Info("gateway_build", "Gateway version and configuration.", registry=registry)
+
+    def call_series(self, route: str, method: str, status: int, model: str) -> CallSeries:
+        """The series a finished call of this kind updates (its count, its duration, its
+        body's size), found once per kind: three label lookups a call are one. The keys
+        are as bounded as the labels (route templates, methods, statuses, models)."""
+        key = (route, method, status, model)
+        found = self._calls.get(key)
+        if found is None:
+            found = self._calls[key] = CallSeries(
+                self.requests.labels(route, method, str(status), model),
+                self.request_duration.labels(route, method, model),
+                self.request_body.labels(route),
+            )
+        return found
 
     def predictions(
         self,

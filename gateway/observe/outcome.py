@@ -44,12 +44,13 @@ def record(metrics: GatewayMetrics, outcome: Outcome) -> None:
     the latency carries it as an exemplar when sampled)."""
     trace_id, sampled = current_trace()
     route, method, model = outcome.route, outcome.method, outcome.model
-    metrics.requests.labels(route, method, str(outcome.status), model).inc()
-    metrics.request_duration.labels(route, method, model).observe(
+    series = metrics.call_series(route, method, outcome.status, model)
+    series.requests.inc()
+    series.duration.observe(
         outcome.seconds, exemplar={"trace_id": trace_id} if sampled and trace_id else None
     )
     if method in BODY_METHODS:
-        metrics.request_body.labels(route).observe(outcome.body_bytes)
+        series.body.observe(outcome.body_bytes)
     if not access_log.isEnabledFor(logging.INFO):
         return
     message = "%s %s %d %.1f ms request_id=%s%s" % (  # noqa: UP031 (logging's own % form, kept)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from gateway.serving.admission import ANONYMOUS, Tenant
 from gateway.serving.caller import Caller
@@ -55,8 +55,7 @@ def bind(call: Call, caller: Caller, headers: Iterable[tuple[bytes, bytes]]) -> 
     return call
 
 
-@dataclass(frozen=True)
-class Answer:
+class Answer(NamedTuple):
     """The classifications, in input order, and the model that produced them."""
 
     model: str

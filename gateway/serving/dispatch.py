@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import replace
 from time import perf_counter
 from typing import Any
 
@@ -55,7 +54,7 @@ def at_least(answers: list[Classification], threshold: float | None) -> list[Cla
     if threshold is None:
         return answers
     return [
-        replace(answer, predictions=[p for p in answer.predictions if p.score >= threshold])
+        answer._replace(predictions=[p for p in answer.predictions if p.score >= threshold])
         for answer in answers
     ]
 

@@ -61,8 +61,7 @@ class ScoredLabel(NamedTuple):
     class_id: int
 
 
-@dataclass(frozen=True)
-class Classification:
+class Classification(NamedTuple):
     """The model's answer for one input, predictions highest score first."""
 
     predictions: list[ScoredLabel]
@@ -70,8 +69,7 @@ class Classification:
     truncated: bool | None = None
 
 
-@dataclass(frozen=True)
-class InferResult:
+class InferResult(NamedTuple):
     """One inference answer: the version that answered and its outputs by name."""
 
     model_version: str
