@@ -28,7 +28,10 @@ def add_response_headers(message: Message, request_id: str, draining: bool) -> N
     headers = [(name, value) for name, value in message.get("headers", ()) if name.lower() not in replaced]
     headers.append((b"x-request-id", request_id.encode("latin-1")))
     headers.append(_NOSNIFF)
-    if not any(name.lower() == b"cache-control" for name, _ in headers):
+    for name, _ in headers:  # (a loop, not any() over a generator: every answer)
+        if name.lower() == b"cache-control":
+            break
+    else:
         headers.append(_NO_STORE)
     if draining:
         headers.append(_CLOSE)  # draining: no new request on this connection

@@ -50,7 +50,10 @@ def bind(call: Call, caller: Caller, headers: Iterable[tuple[bytes, bytes]]) -> 
     call.caller, call.tenant = caller, caller.tenant
     client = caller.client
     if client is None:
-        client = next((v.decode("latin-1") for k, v in headers if k == ROLLOUT_KEY), None)
+        for name, value in headers:  # (a loop, not next() over a generator: every anonymous call)
+            if name == ROLLOUT_KEY:
+                client = value.decode("latin-1")
+                break
     call.client = client
     return call
 
