@@ -35,7 +35,7 @@ def varint(value: int) -> bytes:
 def append_field(pieces: list[bytes | memoryview], tag: bytes, parts: list[bytes | memoryview]) -> int:
     """Append a length-delimited field ``tag`` holding ``parts`` (joined, not copied
     here) to the message being written as ``pieces``; the field's size."""
-    size = sum(len(part) for part in parts)
+    size = sum(map(len, parts))
     pieces.append(tag + varint(size))
     pieces.extend(parts)
     return size
