@@ -113,6 +113,7 @@ def errors_page() -> str:
 def metrics_page() -> str:
     from prometheus_client import CollectorRegistry
 
+    from gateway.observe.families import LoopCounter, LoopGauge, LoopHistogram
     from gateway.observe.metrics import (
         CapacityCollector,
         CapacityReading,
@@ -125,13 +126,17 @@ def metrics_page() -> str:
     metrics = GatewayMetrics(CollectorRegistry(), merges_triton=True, shares_state=True)
     rows = []
     for value in vars(metrics).values():
-        name = getattr(value, "_name", None)
-        if name is None:
-            continue
-        kind = getattr(value, "_type", "")
+        if isinstance(value, LoopCounter | LoopHistogram | LoopGauge):  # the event loop's families
+            name, kind, names, doc = value.name, value.kind, value.labelnames, value.documentation
+        else:  # prometheus-client's own metrics
+            name = getattr(value, "_name", None)
+            if name is None:
+                continue
+            kind = getattr(value, "_type", "")
+            names, doc = getattr(value, "_labelnames", ()), getattr(value, "_documentation", "")
         suffix = {"counter": "_total", "info": "_info"}.get(kind, "")
-        labels = ", ".join(f"`{label}`" for label in getattr(value, "_labelnames", ())) or "-"
-        rows.append((f"{name}{suffix}", kind, labels, _cell(getattr(value, "_documentation", ""))))
+        labels = ", ".join(f"`{label}`" for label in names) or "-"
+        rows.append((f"{name}{suffix}", kind, labels, _cell(doc)))
     # the families computed at scrape time (the admission's capacity, Triton replicas)
     seen = {row[0] for row in rows}
     reading = CapacityReading(

@@ -34,7 +34,7 @@ C = TypeVar("C")
 class _Family(Generic[C]):
     """One metric family: its children by label values, made on first use and kept."""
 
-    _type = ""
+    kind = ""  # the exposition's type
 
     def __init__(
         self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry
@@ -65,7 +65,7 @@ class _Family(Generic[C]):
         raise NotImplementedError
 
     def _family(self) -> Metric:
-        return Metric(self.name, self.documentation, self._type)
+        return Metric(self.name, self.documentation, self.kind)
 
     def describe(self) -> Iterator[Metric]:
         """The family without samples: what the registry checks names against."""
@@ -98,7 +98,7 @@ class CounterValue:
 class LoopCounter(_Family[CounterValue]):
     """A counter family (``<name>_total`` samples); unlabelled, it is its own series."""
 
-    _type = "counter"
+    kind = "counter"
 
     def __init__(
         self, name: str, documentation: str, labelnames: Sequence[str] = (), *, registry: CollectorRegistry
@@ -144,7 +144,7 @@ class HistogramValues:
 class LoopHistogram(_Family[HistogramValues]):
     """A histogram family (``_bucket``, ``_count`` and ``_sum`` samples; +Inf is added)."""
 
-    _type = "histogram"
+    kind = "histogram"
 
     def __init__(
         self,
@@ -179,6 +179,9 @@ class LoopHistogram(_Family[HistogramValues]):
 class LoopGauge:
     """An unlabelled gauge that goes up and down (requests in flight)."""
 
+    kind = "gauge"
+    labelnames: tuple[str, ...] = ()
+
     def __init__(self, name: str, documentation: str, *, registry: CollectorRegistry) -> None:
         self.name = name
         self.documentation = documentation
@@ -192,9 +195,9 @@ class LoopGauge:
         self.value -= amount
 
     def describe(self) -> Iterator[Metric]:
-        yield Metric(self.name, self.documentation, "gauge")
+        yield Metric(self.name, self.documentation, self.kind)
 
     def collect(self) -> Iterator[Metric]:
-        family = Metric(self.name, self.documentation, "gauge")
+        family = Metric(self.name, self.documentation, self.kind)
         family.add_sample(self.name, {}, self.value)
         yield family
