@@ -156,7 +156,7 @@ class AccessWriter:
 
     def __init__(self, handler: BatchingHandler, json: bool) -> None:
         self._handler = handler
-        self._json = json
+        self.json = json  # JSON lines, which carry the fields; else text, which does not
         self._stamps = _Stamps()
         self._root = logging.getLogger()
         self._logger = logging.getLogger(ACCESS_LOGGER)
@@ -182,7 +182,7 @@ class AccessWriter:
         handler = self._handler
         with handler.lock:  # type: ignore[union-attr]  # a Handler's lock exists once created
             stamp = self._stamps(time.time())
-            if self._json:
+            if self.json:
                 line = jsoncodec.dumps(
                     {"time": stamp, "level": "INFO", "logger": ACCESS_LOGGER, "message": message, **fields}
                 ).decode()

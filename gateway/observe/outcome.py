@@ -12,7 +12,9 @@ before its answer (nginx's 499: never a success, never the gateway's fault).
 from __future__ import annotations
 
 import logging
-from typing import NamedTuple
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 from gateway.observe.logs import ACCESS_LOGGER, access_writer
 from gateway.observe.metrics import GatewayMetrics
@@ -61,23 +63,30 @@ def record(metrics: GatewayMetrics, outcome: Outcome) -> None:
         outcome.request_id,
         f" trace_id={trace_id}" if trace_id else "",
     )
-    fields = {
-        "request_id": outcome.request_id,
-        "trace_id": trace_id or "",
-        "method": method,
-        "route": route,
-        "path": outcome.path[:200],
-        "status": outcome.status,
-        "model": model,
-        "duration_ms": round(outcome.seconds * 1000, 3),
-        "body_bytes": outcome.body_bytes,
-    }
     writer = access_writer()
     if writer is not None:  # the line the record below would make, without the record
-        writer.write(message, fields)
+        writer.write(message, _fields(outcome, trace_id) if writer.json else _NO_FIELDS)
         return
     # What Logger.info(message, extra=fields) makes, without its checks of the extra
     # names (these are known).
     line = logging.getLogRecordFactory()(ACCESS, logging.INFO, "", 0, message, None, None)
-    line.__dict__.update(fields)
+    line.__dict__.update(_fields(outcome, trace_id))
     access_log.handle(line)
+
+
+_NO_FIELDS: Mapping[str, Any] = MappingProxyType({})  # (a text line has its fields in its message)
+
+
+def _fields(outcome: Outcome, trace_id: str | None) -> dict[str, Any]:
+    """The access line's fields, as a JSON line or a log record carries them."""
+    return {
+        "request_id": outcome.request_id,
+        "trace_id": trace_id or "",
+        "method": outcome.method,
+        "route": outcome.route,
+        "path": outcome.path[:200],
+        "status": outcome.status,
+        "model": outcome.model,
+        "duration_ms": round(outcome.seconds * 1000, 3),
+        "body_bytes": outcome.body_bytes,
+    }
