@@ -1,7 +1,9 @@
 """A short run of `make bench-instructions` (gateway/bench/instructions.py): the gateway and
 the reference gateway counted by callgrind in front of a real Triton. No figure is
 asserted beyond what any working count gives: the counts are a process's, with its idle
-taken off, and the gateway, doing more per request than the reference, counts more."""
+taken off, each a Python request's order of size. Which of the two counts more is the
+benchmark's answer, not this test's: since the gateway's hot path was cut (2026-12-03), 20
+requests of it read 0.92-1.1x the reference's."""
 
 from __future__ import annotations
 
@@ -37,5 +39,5 @@ def test_instructions_are_counted_per_request_with_the_idle_taken_off(
     # a Python request through FastAPI and grpc.aio is hundreds of thousands of
     # instructions, not a handful (a count that missed the requests) nor billions
     assert 2e5 < text["reference"] < 2e7, text
-    assert text["gateway"] > text["reference"], text  # its checks, metrics and log line
+    assert 2e5 < text["gateway"] < 2e7, text
     assert text["gateway/reference"] == text["gateway"] / text["reference"]
