@@ -79,9 +79,11 @@ def unread_body(request: Request) -> UnreadBody:
 def unread_body_of(scope: Scope) -> UnreadBody:
     """:func:`unread_body` from the scope's raw headers (before any framework runs)."""
     found = _header_map(scope)
-    length = found.get(b"content-length")
-    expect = found.get(b"expect")
-    waits = expect is not None and expect.strip().lower() == b"100-continue"
+    length = found.get(b"content-length")  # (httptools refuses a second one)
+    # uvicorn waits to send 100 Continue when any Expect field asks it: so is it read here
+    waits = b"expect" in found and any(
+        name == b"expect" and value.strip().lower() == b"100-continue" for name, value in scope["headers"]
+    )
     small = length is not None and length.isdigit() and int(length) <= SMALL_UNREAD_BYTES
     client = scope.get("client")  # (host, port): the connection
     return UnreadBody(waits, small, tuple(client) if client else None)

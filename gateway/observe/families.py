@@ -104,12 +104,14 @@ class LoopCounter(_Family[CounterValue]):
         self, name: str, documentation: str, labelnames: Sequence[str] = (), *, registry: CollectorRegistry
     ) -> None:
         super().__init__(name, documentation, labelnames, registry)
-        self._only = CounterValue()
+        self._only: CounterValue | None = None
         if not self.labelnames:
-            self._children[()] = self._only
+            self._only = self._children[()] = CounterValue()
 
     def inc(self, amount: float = 1.0) -> None:
-        """The unlabelled counter's increment."""
+        """The unlabelled counter's increment (a labelled one's is its series': ``labels``)."""
+        if self._only is None:
+            raise ValueError(f"{self.name}: {len(self.labelnames)} label values expected")
         self._only.inc(amount)
 
     def _child(self, values: tuple[str, ...]) -> CounterValue:

@@ -105,6 +105,8 @@ def test_label_values_are_checked_once_per_series() -> None:
     with pytest.raises(TypeError):
         family.labels("1", 2)  # type: ignore[arg-type]
     assert family.labels("1", "2") is family.labels(a="1", b="2")
+    with pytest.raises(ValueError, match="2 label values expected"):
+        family.inc()  # as prometheus-client refuses it: a labelled family has no series of its own
     with pytest.raises(ValueError, match="only goes up"):
         family.labels("1", "2").inc(-1)
     with pytest.raises(ValueError, match="sorted"):
